@@ -74,7 +74,7 @@ def add_grpo_args(p):
     g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature; log-probs are recomputed at the same value")
     g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling; 1.0 keeps the sampled distribution equal to π_θ")
     g.add_argument("--max-new-tokens", type=int, default=128, help="tokens per generated segment")
-    g.add_argument("--vllm-mem", type=float, default=0.3, help="vLLM gpu_memory_utilization (on CPU: share of RAM for the KV cache)")
+    g.add_argument("--vllm-kv-gib", type=float, default=1.0, help="vLLM KV-cache size in GiB (fixed, so a colocated engine never competes with training for memory)")
     g = p.add_argument_group("GRPO")
     g.add_argument("--beta", type=float, default=0.04, help="β, k3 KL coefficient (DeepSeekMath Eq. 3: 0.04; DAPO: 0 → no reference model)")
     g.add_argument("--eps-low", type=float, default=0.2, help="ε_low, lower clip (DAPO Eq. 8: 0.2)")
@@ -312,7 +312,7 @@ class VLLMSampler:
         from vllm import LLM
         self.tok = tok
         self.llm = LLM(model=unwrap(model).name_or_path, dtype="bfloat16", enforce_eager=True, seed=args.seed + dist.rank,
-                       gpu_memory_utilization=args.vllm_mem, max_model_len=getattr(args, "max_model_len", 2048),
+                       kv_cache_memory_bytes=int(args.vllm_kv_gib * 2**30), max_model_len=getattr(args, "max_model_len", 2048),
                        distributed_executor_backend="external_launcher" if dist.world > 1 else None)
         self.sync(model)  # the policy may already differ from the folder (resume, SFT)
 
