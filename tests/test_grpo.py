@@ -123,7 +123,7 @@ def test_grpo_update_matches_naive_loop_and_accumulation(tiny_model_dir, agg):
         opt = torch.optim.SGD(model.parameters(), lr=1.0)
         before = {k: v.clone() for k, v in model.state_dict().items()}
         grpo.grpo_update(model, None, opt, [grpo.Rollout(r.prompt_ids, r.ids, r.mask, reward=r.reward, group=r.group) for r in rs],
-                         make_args("--micro-batch", str(mb), "--loss-agg", agg, "--beta", "0", "--grad-clip", "1e9"), dist)
+                         make_args("--micro-batch", str(mb), "--loss-agg", agg, "--beta", "0", "--grad-clip", "1e9", "--no-autocast"), dist)
         grads.append({k: before[k] - v for k, v in model.state_dict().items()})
     # naive: one sequence at a time, token by token, Python sums
     model, dist = _fresh(tiny_model_dir)
@@ -159,7 +159,7 @@ def test_sft_loss_is_cross_entropy_on_targets_only(tiny_model_dir):
     model, dist = _fresh(tiny_model_dir)
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     ex = [([1, 2, 3], [4, 5]), ([6, 7], [8, 9, 10])]
-    m = grpo.sft_update(model, opt, ex, make_args(), dist)
+    m = grpo.sft_update(model, opt, ex, make_args("--no-autocast"), dist)
     with torch.no_grad():
         nll = [-torch.log_softmax(model(torch.tensor([p + t])).logits[0, len(p) - 1 + i], -1)[tok]
                for p, t in ex for i, tok in enumerate(t)]
