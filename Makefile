@@ -1,4 +1,5 @@
 # nanoskill: `make demo` and `make test` install what is missing into .venv, then run.
+SHELL  := /bin/bash
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -26,8 +27,21 @@ $(STAMP): requirements.txt requirements-nodeps.txt
 	$(BIN)/python -c "import torch, transformers, vllm, sentence_transformers, gguf, accelerate"
 	touch $@
 
+# The main job on the embedded model: grpo.py's toy task, then each paper script's tiny preset.
+# Everything lands in runs/demo/ (logs, metrics, plots) and runs/demo/REPORT.md collects the results.
+DEMO_SCRIPTS ?= grpo
 demo: install
-	$(BIN)/python demo.py
+	mkdir -p runs/demo
+	echo "# nanoskill demo report" > runs/demo/REPORT.md
+	set -eo pipefail; for s in $(DEMO_SCRIPTS); do \
+	  echo "== $$s.py --preset tiny"; \
+	  $(BIN)/python $$s.py --preset tiny --run-dir runs/demo/$$s 2>runs/demo/$$s.err | tee runs/demo/$$s.log; \
+	  printf '\n## %s.py --preset tiny\n\n```\n' $$s >> runs/demo/REPORT.md; \
+	  grep -v '^ *step ' runs/demo/$$s.log | tail -n 40 >> runs/demo/REPORT.md; \
+	  printf '```\n' >> runs/demo/REPORT.md; \
+	  for png in runs/demo/$$s/*.png; do [ -e "$$png" ] && echo "![$$png]($${png#runs/demo/})" >> runs/demo/REPORT.md; done; \
+	done
+	@echo "report: runs/demo/REPORT.md"
 
 test: install
 	$(BIN)/python -m pytest -q tests

@@ -691,7 +691,8 @@ def toy_eval(sampler, tok, args, n=64):
 
 PRESETS = {
     # 2-core CPU, embedded 135M model: a few minutes
-    "tiny": dict(steps=20, prompts_per_step=6, G=6, max_new_tokens=32, lr=2e-5, beta=0.04, micro_batch=18, temperature=0.7),
+    "tiny": dict(steps=20, prompts_per_step=6, G=6, max_new_tokens=32, lr=2e-5, beta=0.04, micro_batch=18, temperature=0.7,
+                 sampler="auto"),
     # 8 GPUs, same model family at DeepSeekMath-like settings
     "paper": dict(steps=500, prompts_per_step=64, G=16, max_new_tokens=128, lr=1e-6, beta=0.04, micro_batch=16,
                   temperature=0.7, sampler="vllm"),

@@ -8,6 +8,7 @@ reward, β, AdamW learning rate and loss aggregation (token mean = TRL "dapo"), 
 prompt batch per step, and the whole batch in one forward (micro-batch = P·G).
 Both sample with HF `generate` here (TRL's colocated vLLM needs a GPU), so the ratio
 compares the trainers, not the engines; grpo.py with its vLLM sampler is a third line.
+Precision matches too: bf16 autocast over fp32 weights in both (--no-autocast: fp32 in both).
 The first step of each is warm-up and not timed."""
 import argparse
 import os
@@ -73,7 +74,7 @@ def trl():
     cfg = GRPOConfig(output_dir="/tmp/nanoskill-bench-trl", per_device_train_batch_size=args.prompts * args.G,
                      num_generations=args.G, max_completion_length=args.max_new_tokens, temperature=args.temperature,
                      top_k=0, beta=args.beta, learning_rate=args.lr, loss_type="dapo", epsilon=args.eps_low,
-                     max_steps=args.steps + 1, gradient_accumulation_steps=1, use_cpu=True, bf16=False,
+                     max_steps=args.steps + 1, gradient_accumulation_steps=1, use_cpu=True, bf16=args.autocast,
                      logging_steps=1, save_strategy="no", report_to=[], shuffle_dataset=False, seed=args.seed,
                      lr_scheduler_type="constant", weight_decay=args.weight_decay, max_grad_norm=args.grad_clip)
     model = AutoModelForCausalLM.from_pretrained(path, dtype="float32")
