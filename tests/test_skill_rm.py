@@ -1,0 +1,399 @@
+"""Tests of skill_rm.py: readouts (§3), JETTS knockout (§5), skill loading and gating, the
+tool-call parser, the python_sandbox against hostile code, the instruction checkers, the
+judge loop's mechanics, and a smoke run of the tiny preset."""
+import json
+import random
+import shutil
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+import skill_rm as S  # noqa: E402
+
+SKILLS = ROOT / "data" / "skills"
+
+
+def judge_args(**kw):
+    a = dict(max_resources=4, resource_chars=8000, sandbox_timeout=3.0, sandbox_mem_mb=256, retries=1,
+             judge_max_new_tokens=32, judge_temperature=0.0)
+    a.update(kw)
+    return SimpleNamespace(**a)
+
+
+# ----- §3 readouts -----
+
+def test_readout_pointwise_score_is_clamped():
+    assert S.readout_pointwise({"score": 0.75}) == (0.75, True)
+    assert S.readout_pointwise({"score": 7}) == (1.0, True)
+    assert S.readout_pointwise({"score": -2}) == (0.0, True)
+    assert S.readout_pointwise({"score": "3/4"}) == (0.75, True)
+    assert S.readout_pointwise({"score": "50%"}) == (0.5, True)
+
+
+def test_readout_pointwise_checklist_ratio():
+    assert S.readout_pointwise({"satisfied_count": 2, "total_count": 3})[0] == pytest.approx(2 / 3)
+    items = [{"constraint": "a", "satisfied": True}, {"constraint": "b", "satisfied": False},
+             {"constraint": "c", "satisfied": "true"}, {"constraint": "d", "satisfied": False}]
+    assert S.readout_pointwise({"checklist": items}) == (0.5, True)
+    assert S.readout_pointwise({"satisfied_count": 0, "total_count": 0}) == (1.0, True)  # total 0 → 1.0
+
+
+def test_readout_pointwise_unparseable_is_half_and_invalid():
+    for j in (None, "garbage", {}, {"score": "high"}, {"checklist": "x"}, {"score": float("nan")}):
+        assert S.readout_pointwise(j) == (0.5, False)
+
+
+def test_readout_pairwise_both_orders():
+    # order 1 shows the chosen as A, order 2 as B
+    assert S.readout_pairwise("A", "B")["win"] == 1.0
+    assert S.readout_pairwise("A", "A")["win"] == 0.0      # pure position bias: +1 − 1 = 0, no win
+    assert S.readout_pairwise("B", "A")["win"] == 0.0
+    assert S.readout_pairwise("A", None) == {"win": 1.0, "sum": 1, "valid": 0.0, "consistent": 0.0}
+    assert S.readout_pairwise("Tie", "Tie")["win"] == 0.0  # ties are non-wins
+
+
+def test_readout_selection_best_of_4():
+    assert S.readout_selection("C", "C", 4) == 1.0
+    assert S.readout_selection("A", "C", 4) == 0.0
+    assert S.readout_selection(None, "C", 4) == 0.25
+    assert S.readout_selection("Z", "C", 4) == 0.25
+
+
+def test_anchored_pairwise_reward():
+    assert S.anchored_pairwise_reward("A", "A") == 1.0
+    assert S.anchored_pairwise_reward("B", "A") == 0.0
+    assert S.anchored_pairwise_reward(None, "A") == 0.5
+    assert S.anchored_pairwise_reward("Tie", "B") == 0.5
+
+
+def test_judgment_label_normalises():
+    assert S.judgment_label({"verdict": "[[B]]"}, "AB") == "B"
+    assert S.judgment_label({"verdict": "Assistant A"}, "AB") == "A"
+    assert S.judgment_label({"choice": "(c)"}, "ABCD") == "C"
+    assert S.judgment_label({"verdict": "tie"}, "AB") == "Tie"
+    assert S.judgment_label({"verdict": "E"}, "ABCD") is None
+    assert S.judgment_label(None, "AB") is None
+
+
+# ----- §5 JETTS sequential knockout -----
+
+def _pools(P, N, seed):
+    rng = random.Random(seed)
+    return [[rng.random() for _ in range(N)] for _ in range(P)]
+
+
+def perfect_judge(pools):
+    return lambda reqs: ["A" if pools[p][a] >= pools[p][b] else "B" for p, a, b in reqs]
+
+
+def test_knockout_perfect_judge_reaches_oracle():
+    pools = _pools(50, 8, 0)
+    out = S.sequential_knockout(pools, perfect_judge(pools), seed=3, ks=[1, 2, 4, 8])
+    assert out["seqko@8"] == pytest.approx(out["oracle@8"])
+    assert out["seqko@1"] <= out["seqko@2"] <= out["seqko@4"] <= out["seqko@8"]
+
+
+def test_knockout_coin_flip_judge_is_random_at_n():
+    pools = _pools(3000, 8, 1)
+    rng = random.Random(5)
+    out = S.sequential_knockout(pools, lambda reqs: [rng.choice("AB") for _ in reqs], seed=0, ks=[8])
+    assert abs(out["seqko@8"] - out["random@8"]) < 0.02
+    assert out["oracle@8"] - out["seqko@8"] > 0.2
+
+
+def test_knockout_invalid_judge_uses_seeded_coin_and_is_deterministic():
+    pools = _pools(20, 6, 2)
+    a = S.sequential_knockout(pools, lambda reqs: [None] * len(reqs), seed=7, ks=[1, 2, 4, 6])
+    b = S.sequential_knockout(pools, lambda reqs: [None] * len(reqs), seed=7, ks=[1, 2, 4, 6])
+    c = S.sequential_knockout(pools, lambda reqs: [None] * len(reqs), seed=8, ks=[1, 2, 4, 6])
+    assert a == b and a != c
+
+
+def test_knockout_matches_naive_loop():
+    pools = _pools(5, 4, 3)
+    out = S.sequential_knockout(pools, perfect_judge(pools), seed=11, ks=[1, 2, 4])
+    best2 = []
+    for p in range(5):  # seqko@2 by hand: max of the first two candidates in the seeded order
+        order, _, _ = S.knockout_schedule(4, 11, p)
+        best2.append(max(pools[p][order[0]], pools[p][order[1]]))
+    assert out["seqko@2"] == pytest.approx(sum(best2) / 5)
+
+
+# ----- skills: loading, validation, gating -----
+
+def test_skills_load():
+    skills = S.load_skills(SKILLS)
+    assert {"reward_judge_fair", "instruction_following_pointwise"} <= set(skills)
+    s = skills["instruction_following_pointwise"]
+    assert "constraints" in s.body and s.resource("text_checks")["type"] == "verifier"
+    assert "constraint_labels" not in s.index_text()  # oracle entries are not even listed
+
+
+def _copy_skill(tmp_path, name="reward_judge_fair"):
+    dst = tmp_path / name
+    shutil.copytree(SKILLS / name, dst)
+    return dst
+
+
+@pytest.mark.parametrize("breakage, message", [
+    (lambda d: (d / "SKILL.md").unlink(), "SKILL.md is missing"),
+    (lambda d: (d / "SKILL.md").write_text("# no front matter\n"), "no YAML front matter"),
+    (lambda d: (d / "SKILL.md").write_text("---\nname: other\ndescription: x\n---\nbody\n"), "differs from the folder name"),
+    (lambda d: (d / "SKILL.md").write_text("---\nname: reward_judge_fair\n---\nbody\n"), "'description' is missing"),
+    (lambda d: (d / "resources.yaml").unlink(), "resources.yaml"),
+    (lambda d: (d / "resources.yaml").write_text("- id: a\n  type: magic\n  path: SKILL.md\n  applies_to: [all]\n  cost: low\n"
+                                                  "  hard_or_soft: soft\n  leakage_level: none\n  allowed_setting: all\n"), "type 'magic'"),
+    (lambda d: (d / "resources.yaml").write_text("- id: a\n  type: rubric\n  path: nope.md\n  applies_to: [all]\n  cost: low\n"
+                                                  "  hard_or_soft: soft\n  leakage_level: none\n  allowed_setting: all\n"), "does not exist"),
+    (lambda d: (d / "resources.yaml").write_text("- id: a\n  type: rubric\n  path: ../../x.md\n  applies_to: [all]\n  cost: low\n"
+                                                  "  hard_or_soft: soft\n  leakage_level: none\n  allowed_setting: all\n"), "leaves the skill folder"),
+    (lambda d: (d / "resources.yaml").write_text("- id: a\n  type: rubric\n"), "missing key"),
+    (lambda d: (d / "resources.yaml").write_text("[unclosed"), "not valid YAML"),
+    (lambda d: (d / "verifiers" / "last_number.py").write_text("import os\nos.system('ls')\n"), "would be refused"),
+])
+def test_broken_skill_folder_gives_clear_error(tmp_path, breakage, message):
+    d = _copy_skill(tmp_path)
+    breakage(d)
+    with pytest.raises(S.SkillError, match=message):
+        S.load_skill(d)
+
+
+def test_progressive_disclosure_and_leakage_gate():
+    skills = S.load_skills(SKILLS)
+    args = judge_args(max_resources=2)
+    t = S.JudgeTask("Say hi.", ["hi", "hello"], "pairwise", "skill_rm")
+    call = lambda tool, **a: S.execute_tool(t, {"name": tool, "arguments": a}, skills, args)
+    assert "not available" in call("view_resource", id="principles")      # before use_skill
+    assert "not available" in call("python_sandbox", code="print(1)")
+    assert "Skill reward_judge_fair loaded" in call("use_skill", name="reward_judge_fair")
+    assert "already loaded" in call("use_skill", name="instruction_following_pointwise")
+    assert call("view_resource", id="reference_answers").startswith("refused")  # oracle-only
+    assert "Judging principles" in call("view_resource", id="principles")
+    assert "Bias controls" in call("view_resource", id="bias_controls")
+    assert call("view_resource", id="aggregation").startswith("refused: at most 2")
+    assert "2" in call("python_sandbox", code="print(len(candidates))")
+    assert "final number" in call("run_verifier", id="last_number")
+
+
+# ----- the tool-call text format -----
+
+@pytest.mark.parametrize("text, name, args", [
+    ('<tool_call>{"name": "use_skill", "arguments": {"name": "reward_judge_fair"}}</tool_call>', "use_skill", {"name": "reward_judge_fair"}),
+    ('Let me check.\n<tool_call>{"name": "final_answer", "arguments": {"verdict": "B"}}', "final_answer", {"verdict": "B"}),
+    ("<tool_call>{'name': 'view_resource', 'arguments': {'id': 'principles'}}</tool_call>", "view_resource", {"id": "principles"}),
+    ('<tool_call>{"name": "final_answer", "arguments": {"verdict": "A",},}</tool_call>', "final_answer", {"verdict": "A"}),
+    ('{"name": "final_answer", "arguments": {"choice": "C"}}', "final_answer", {"choice": "C"}),
+    ('<tool_call>{"name": "use_skill", "arguments": "reward_judge_fair"}</tool_call>', "use_skill", {"name": "reward_judge_fair"}),
+    ('<tool_call>{"name": "final_answer", "arguments": {"verdict": "A"', "final_answer", {"verdict": "A"}),
+    ('I will call final_answer(verdict="B")\n', "final_answer", {"verdict": "B"}),
+    ('view_resource("bias_controls")\n', "view_resource", {"id": "bias_controls"}),
+])
+def test_tool_call_parser_accepts_variants(text, name, args):
+    assert S.parse_tool_call(text) == {"name": name, "arguments": args}
+
+
+@pytest.mark.parametrize("text", ["", "Assistant A is better.", "<tool_call>not json</tool_call>",
+                                  '<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>', "{{{{", None,
+                                  '<tool_call>{"arguments": {"verdict": "A"}}</tool_call>', "final_answer(((", "}" * 5 + "{" * 5])
+def test_tool_call_parser_malformed_is_none(text):
+    assert S.parse_tool_call(text) is None
+
+
+def test_tool_call_parser_code_block_only_when_allowed():
+    text = "```python\nprint(len(candidates))\n```"
+    assert S.parse_tool_call(text) is None
+    assert S.parse_tool_call(text, allow_code_block=True) == {"name": "python_sandbox", "arguments": {"code": "print(len(candidates))\n"}}
+
+
+def test_text_verdict_fallbacks():
+    assert S.parse_text_verdict("blah [[A]] then [[B]]", "AB") == "B"
+    assert S.parse_text_verdict("My final verdict is: Assistant A.", "AB") == "A"
+    assert S.parse_text_verdict("I cannot decide", "AB") is None
+    assert S.parse_text_rating("Rating: [[7]]") == 0.7
+    assert S.parse_text_rating("no number") is None
+
+
+# ----- python_sandbox: containment of hostile code -----
+
+HOSTILE = {
+    "infinite_loop": "while True:\n    pass\n",
+    "fork_bomb": "import os\nwhile True:\n    os.fork()\n",
+    "huge_allocation": "x = bytearray(10 ** 11)\nprint(len(x))\n",
+    "read_outside": "print(open('/etc/passwd').read())\n",
+    "socket": "import socket\ns = socket.socket()\ns.connect(('10.255.255.1', 80))\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_sandbox_refuses_hostile_snippet_statically(name):
+    res = S.run_sandboxed(HOSTILE[name], timeout_s=2.0, mem_mb=256)
+    if name == "infinite_loop":  # passes the static check: must be contained at run time
+        assert res["error"].startswith("timeout")
+    elif name == "huge_allocation":  # also passes it: the address-space limit stops it
+        assert res["error"].startswith("memory limit")
+    else:
+        assert res["error"].startswith("refused:")
+    assert not res["ok"]
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_sandbox_contains_hostile_snippet_without_static_check(name):
+    t0 = time.time()
+    res = S.run_sandboxed(HOSTILE[name], timeout_s=2.0, mem_mb=256, static_check=False)
+    assert time.time() - t0 < 2.0 + 3.0  # ends within the limits
+    assert not res["ok"] and res["error"]
+    expected = {"infinite_loop": "timeout", "fork_bomb": "os.fork is not allowed", "huge_allocation": "memory",
+                "read_outside": "outside the working folder", "socket": "not allowed"}[name]
+    assert expected in res["error"]
+    assert "root:" not in res["stdout"]
+
+
+def test_sandbox_more_escapes_are_contained():
+    for code in ("import posix\nposix.system('touch /tmp/pwned_by_sandbox')",
+                 "f = open('../../../etc/hostname')", "import subprocess\nsubprocess.run(['ls'])",
+                 "while True:\n    print('x' * 10000)"):
+        res = S.run_sandboxed(code, timeout_s=2.0, mem_mb=256, static_check=False)
+        assert not res["ok"], code
+    assert not Path("/tmp/pwned_by_sandbox").exists()
+
+
+def test_sandbox_runs_benign_code_with_variables():
+    res = S.run_sandboxed("import re, math\nprint(len(candidates), prompt.upper(), math.isqrt(17))",
+                          variables={"prompt": "hi", "candidates": ["a", "b", "c"]})
+    assert res["ok"] and res["stdout"].strip() == "3 HI 4"
+    res = S.run_sandboxed("x = 1/0")
+    assert "ZeroDivisionError" in res["error"]
+
+
+def test_sandbox_runs_humaneval_style_tests():
+    prog = "def add(a, b):\n    return a + b\n\ndef check(f):\n    assert f(1, 2) == 3\n\ncheck(add)\n"
+    assert S.run_sandboxed(prog, static_check=False, allowed_imports=S.CODE_IMPORTS)["ok"]
+    assert not S.run_sandboxed(prog.replace("a + b", "a - b"), static_check=False)["ok"]
+
+
+# ----- instruction checkers -----
+
+def test_instruction_checkers_on_hand_made_responses():
+    c = S.check_constraint
+    assert c({"type": "lowercase"}, "all good here.") and not c({"type": "lowercase"}, "Not good.")
+    assert c({"type": "uppercase"}, "YES SIR!") and not c({"type": "uppercase"}, "YES sir")
+    assert c({"type": "max_words", "n": 3}, "one two three") and not c({"type": "max_words", "n": 3}, "one two three four")
+    assert c({"type": "min_words", "n": 2}, "one two") and not c({"type": "min_words", "n": 2}, "one")
+    assert c({"type": "bullets", "n": 2}, "* a\n* b") and not c({"type": "bullets", "n": 2}, "* a\n* b\n* c")
+    assert c({"type": "include_keyword", "word": "river"}, "The River flows.") and not c({"type": "include_keyword", "word": "river"}, "rivers")
+    assert c({"type": "exclude_word", "word": "very"}, "every day") and not c({"type": "exclude_word", "word": "very"}, "Very nice")
+    assert c({"type": "end_phrase", "phrase": "That is all."}, "Done. That is all.") and not c({"type": "end_phrase", "phrase": "That is all."}, "That is all. Bye")
+    assert c({"type": "quotes"}, '"hello"') and not c({"type": "quotes"}, 'hello"')
+    assert c({"type": "start_word", "word": "Today"}, '"Today, I went"') and not c({"type": "start_word", "word": "Today"}, "Yesterday")
+    assert c({"type": "no_commas"}, "no commas here") and not c({"type": "no_commas"}, "a, b")
+    assert not c({"type": "unknown"}, "anything")
+    s = S.constraint_scores([{"type": "lowercase"}, {"type": "no_commas"}], "hello, world")
+    assert s == {"checks": [True, False], "all": 0.0, "frac": 0.5}
+
+
+def test_repair_and_break_build_chosen_and_rejected():
+    rng = random.Random(0)
+    for p in S.if_prompts(0, 40, "train"):
+        chosen = S.repair_response(p["constraints"], "Hello, this is a very nice thing. I like it a lot, really.")
+        assert S.constraint_scores(p["constraints"], chosen)["all"] == 1.0, (p, chosen)
+        for con in p["constraints"]:
+            assert not S.check_constraint(con, S.break_response(con, chosen, rng))
+
+
+def test_benchmark_file_is_consistent():
+    items = S.read_jsonl(ROOT / "data/skill_rm/bench.jsonl")
+    assert {"precise_if", "math", "code", "focus"} <= {it["category"] for it in items}
+    for it in items:
+        assert len(it["rejected"]) >= 3 and it["chosen"] not in it["rejected"]
+        if it["category"] == "precise_if":
+            assert S.constraint_scores(it["meta"]["constraints"], it["chosen"])["all"] == 1.0
+            assert all(S.constraint_scores(it["meta"]["constraints"], r)["all"] < 1.0 for r in it["rejected"])
+        if it["category"] in ("math", "focus"):
+            assert S.math_correct(it["chosen"], it["meta"]["answer"])
+            assert not any(S.math_correct(r, it["meta"]["answer"]) for r in it["rejected"])
+    pools = S.read_jsonl(ROOT / "data/skill_rm/bon_pools.jsonl")
+    assert pools and all(len(p["candidates"]) == len(p["scores"]) for p in pools)
+
+
+# ----- the judge loop (scripted replies; the loop itself is what is tested) -----
+
+class ScriptedSampler:
+    """Returns the next scripted reply for each prompt, in order (the judge model's side)."""
+
+    def __init__(self, replies):
+        self.replies, self.k = replies, 0
+
+    def generate(self, prompts, n, max_new_tokens, temperature, top_p=1.0, stop=None):
+        out = []
+        for _ in prompts:
+            text = self.replies[min(self.k, len(self.replies) - 1)]
+            self.k += 1
+            out.append([SimpleNamespace(ids=[1], text=text)])
+        return out
+
+
+class CharTok:
+    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=True):
+        return [ord(c) % 256 for m in messages for c in m["content"][:50]]
+
+
+def test_judge_loop_progressive_disclosure_then_final():
+    skills = S.load_skills(SKILLS)
+    replies = ['<tool_call>{"name": "view_resource", "arguments": {"id": "principles"}}</tool_call>',
+               '<tool_call>{"name": "use_skill", "arguments": {"name": "reward_judge_fair"}}</tool_call>',
+               '<tool_call>{"name": "python_sandbox", "arguments": {"code": "print(candidates[1])"}}</tool_call>',
+               '<tool_call>{"name": "final_answer", "arguments": {"verdict": "B", "evidence": ["b is right"]}}</tool_call>']
+    t = S.JudgeTask("What is 2+2?", ["5", "4"], "pairwise", "skill_rm")
+    S.run_judges(ScriptedSampler(replies), CharTok(), [t], skills, judge_args(), max_turns=5)
+    assert t.done and t.judgment["verdict"] == "B" and t.turns == 4
+    assert "not available" in t.trace[0]["observation"]
+    assert t.skill.name == "reward_judge_fair"
+    assert t.trace[2]["observation"].startswith("stdout:\n4")
+    assert "final judgment" in S.format_trace(t)
+    assert "python_sandbox" not in t.messages[0]["content"]  # the first prompt names only use_skill and final_answer
+
+
+def test_judge_loop_retry_then_forced_final():
+    skills = S.load_skills(SKILLS)
+    t = S.JudgeTask("Say hi.", ["hi"], "pointwise", "skill_rm")
+    S.run_judges(ScriptedSampler(["no idea", "still no idea", "Rating: [[8]]"]), CharTok(), [t], skills, judge_args(), max_turns=5)
+    assert t.turns == 3 and t.done
+    assert "no valid tool call" in t.trace[0]["observation"]  # one retry
+    assert "call final_answer now" in t.messages[-2]["content"]  # then the forced final turn
+    assert S.readout_pointwise(t.judgment) == (0.8, True)
+    t = S.JudgeTask("Say hi.", ["hi"], "pointwise", "skill_rm")
+    S.run_judges(ScriptedSampler(["garbage"]), CharTok(), [t], skills, judge_args(), max_turns=5)
+    assert t.judgment is None and S.readout_pointwise(t.judgment) == (0.5, False)
+
+
+def test_judge_loop_turn_budget_and_plain_judge():
+    skills = S.load_skills(SKILLS)
+    loop = '<tool_call>{"name": "use_skill", "arguments": {"name": "reward_judge_fair"}}</tool_call>'
+    t = S.JudgeTask("q", ["a", "b"], "pairwise", "skill_rm")
+    S.run_judges(ScriptedSampler([loop]), CharTok(), [t], skills, judge_args(), max_turns=3)
+    assert t.turns == 4 and t.judgment is None  # 3 turns + 1 forced, never a final answer
+    t = S.JudgeTask("q", ["a", "b"], "pairwise", "baseline")
+    S.run_judges(ScriptedSampler(["A is fine but [[B]]"]), CharTok(), [t], skills, judge_args(), max_turns=3)
+    assert t.turns == 1 and S.judgment_label(t.judgment, "AB") == "B"
+
+
+# ----- smoke test of the tiny preset (shrunk further to stay well under 3 minutes) -----
+
+def test_smoke_tiny_preset(tmp_path, capsys):
+    res = S.main(["--preset", "tiny", "--bench-per-cat", "1", "--methods", "baseline,skill_rm", "--formats", "pairwise",
+                  "--bon-prompts", "2", "--bon-N", "2", "--rl-steps", "1", "--rl-prompts", "1", "--G", "2",
+                  "--rl-eval-prompts", "2", "--rl-rewards", "skill_rm", "--max-turns", "2", "--rl-max-turns", "2",
+                  "--judge-max-new-tokens", "24", "--max-new-tokens", "16", "--beta", "0", "--show-trace", "1",
+                  "--run-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "pairwise accuracy" in out and "seqko@2" in out and "prompt_strict" in out and "final judgment" in out
+    assert {"baseline|pairwise|math", "skill_rm|pairwise|code"} <= set(res["benchmark"])
+    assert 0.0 <= res["bon"]["skill_rm"]["seqko@2"] <= 1.0
+    assert set(res["rl"]) == {"initial", "skill_rm"}
+    assert json.loads((tmp_path / "results.json").read_text())["rl"]["skill_rm"]["inst_level"] >= 0.0
+    assert (tmp_path / "rl_skill_rm" / "metrics.jsonl").exists()
