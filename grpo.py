@@ -494,16 +494,15 @@ def _micro_batches(rows, size):
 
 def grpo_update(model, ref_model, optimizer, rollouts, args, dist):
     """One GRPO step on this rank's rollouts (whole groups): μ optimizer steps, metrics reduced over ranks."""
-    n_before = len({r.group for r in rollouts})
-    n_dropped = 0
+    metrics = {"reward": float(np.mean([r.reward for r in rollouts])) if rollouts else 0.0,   # before any group is dropped
+               "completion_len": float(np.mean([sum(r.mask) for r in rollouts])) if rollouts else 0.0,
+               "n_groups": len({r.group for r in rollouts}), "n_groups_dropped": 0}
     if args.dynamic_sampling:
-        rollouts, n_dropped = dynamic_sampling(rollouts)
+        rollouts, metrics["n_groups_dropped"] = dynamic_sampling(rollouts)
     assign_advantages(rollouts, args)
     rows = [(r.prompt_ids, r.ids, r.mask, r.adv) for r in rollouts if sum(r.mask) > 0]
     n_tokens, n_seqs = all_reduce_sum([sum(sum(m) for _, _, m, _ in rows), len(rows)], dist)
-    metrics = {"reward": float(np.mean([r.reward for r in rollouts])) if rollouts else 0.0,
-               "n_groups": n_before, "n_groups_dropped": n_dropped, "n_tokens": n_tokens / dist.world,
-               "completion_len": float(np.mean([sum(r.mask) for r in rollouts])) if rollouts else 0.0}
+    metrics["n_tokens"] = n_tokens / dist.world
     if n_tokens == 0:  # every rank agrees (the counts are all-reduced): nothing to learn from
         return reduce_metrics({**metrics, "skipped": 1.0}, dist)
     # DDP averages gradients over ranks, so each rank's share of the global normaliser is total / world

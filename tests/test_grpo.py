@@ -177,7 +177,8 @@ def test_bad_inputs_do_not_crash(tiny_model_dir):
     m = grpo.grpo_update(model, None, opt, one, make_args(), dist)
     assert m["skipped"] == 0.0 and math.isfinite(m["loss"]) and one[0].adv == [0.0, 0.0]
     equal = [grpo.Rollout([1, 2], [3], [1], reward=0.5, group=0) for _ in range(4)]
-    assert grpo.grpo_update(model, None, opt, equal, make_args("--dynamic-sampling"), dist)["n_groups_dropped"] == 1
+    m = grpo.grpo_update(model, None, opt, equal, make_args("--dynamic-sampling"), dist)
+    assert m["n_groups_dropped"] == 1 and m["skipped"] == 1.0 and m["reward"] == 0.5  # reward counts dropped groups too
     assert all(p.isfinite().all() for p in model.parameters())
 
 
