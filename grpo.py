@@ -268,7 +268,9 @@ def cut_at_stop(tok, ids, stop):
     """Truncate ids right after EOS or the first stop string, so both samplers agree."""
     if tok.eos_token_id in ids:
         ids = ids[: ids.index(tok.eos_token_id) + 1]
-    for t in range(1, len(ids) + 1) if stop else ():
+    if not stop or not any(s in tok.decode(ids) for s in stop):
+        return ids  # one decode on the common path; the prefix scan below only when a stop string is there
+    for t in range(1, len(ids) + 1):
         if any(s in tok.decode(ids[:t]) for s in stop):
             return ids[:t]
     return ids
