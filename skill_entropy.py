@@ -73,16 +73,17 @@ import json
 import os
 import random
 import re
-import resource
-import signal
-import subprocess
 import sys
-import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+
+from grpo import (CODE_IMPORTS, HFSampler, add_grpo_args, barrier, chat_ids, grpo_update, load_checkpoint, load_model,
+                  load_policy, log_metrics, make_optimizer, make_sampler, parse_with_preset, plot_curves,
+                  reduce_metrics, run_sandboxed, sample_group_rollouts, save_checkpoint, seed_everything,
+                  setup_distributed, sft_update, unwrap)
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data" / "skill_entropy"
@@ -112,7 +113,7 @@ PRESETS = {
 }
 
 
-def build_parser(add_grpo_args):
+def build_parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("stage", nargs="?", default="all", choices=STAGES, help="stage to run (default: all)")
@@ -249,70 +250,6 @@ def make_seed(bank, d, s, idx, seed=0):
 
 # ----- rewards -----
 
-# --- minimal code sandbox (to be replaced by grpo.run_sandboxed; the lead dedupes) ---
-# A child `python -I` (isolated: no site dir, no env vars, no cwd on sys.path) in a fresh
-# temporary directory, an empty environment, its own process group and rlimits on CPU
-# time, address space, file size, open files and processes; a guard prelude disables
-# fork/exec/subprocess/sockets and writes outside the folder. Wall-clock timeout kills
-# the whole process group. Not a security boundary (ctypes can undo the guard).
-
-_GUARD = r'''
-import builtins, os, socket, subprocess, shutil, io
-_root = os.path.realpath(os.getcwd())
-def _deny(*a, **k): raise PermissionError("sandbox: not allowed")
-for _n in ("fork", "forkpty", "system", "popen", "execv", "execve", "execl", "execle", "execlp",
-           "execvp", "execvpe", "spawnv", "spawnve", "spawnl", "posix_spawn", "posix_spawnp",
-           "kill", "killpg", "rmdir",
-           "removedirs", "chdir", "chroot", "putenv", "setuid"):
-    if hasattr(os, _n): setattr(os, _n, _deny)
-subprocess.Popen = _deny; shutil.rmtree = _deny
-socket.socket = _deny; socket.create_connection = _deny
-_open = builtins.open
-def _guarded_open(file, mode="r", *a, **k):
-    if any(c in mode for c in "wax+") and not os.path.realpath(str(file)).startswith(_root + os.sep):
-        raise PermissionError("sandbox: write outside the sandbox folder")
-    return _open(file, mode, *a, **k)
-builtins.open = _guarded_open; io.open = _guarded_open
-for _n in ("remove", "unlink", "rename", "replace"):
-    _f = getattr(os, _n)
-    def _w(p, *a, _f=_f, **k):
-        if not os.path.realpath(str(p)).startswith(_root + os.sep): _deny()
-        return _f(p, *a, **k)
-    setattr(os, _n, _w)
-del _n
-'''
-
-
-def run_sandboxed(code, timeout_s=5.0, mem_mb=512):
-    """Run Python source in the sandbox; returns (passed: bool, output tail)."""
-    mem = mem_mb * 2**20
-
-    def limits():  # runs in the child between fork and exec
-        resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-        resource.setrlimit(resource.RLIMIT_CPU, (int(timeout_s) + 1, int(timeout_s) + 1))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (2**20, 2**20))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))  # no new processes (not enforced for root)
-
-    with tempfile.TemporaryDirectory(prefix="ske_sandbox_") as tmp:
-        (Path(tmp) / "prog.py").write_text(_GUARD + "\n" + code)
-        proc = subprocess.Popen([sys.executable, "-I", "prog.py"], cwd=tmp, env={},
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, preexec_fn=limits, start_new_session=True)
-        try:
-            out, _ = proc.communicate(timeout=timeout_s)
-            ok = proc.returncode == 0
-        except subprocess.TimeoutExpired:
-            out, ok = b"timeout", False
-        finally:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)  # the group: also any escaped children
-            except (ProcessLookupError, PermissionError):
-                pass
-            proc.wait()
-    return ok, out.decode("utf-8", "replace")[-2000:]
-
 # --- per-domain scorers eval_d (§2, B.3): each maps (prediction, step) to [0, 1] ---
 
 
@@ -345,8 +282,12 @@ def score_code(pred, step, timeout_s=5.0, mem_mb=512):
         return 0.0
     if f"def {m['entry_point']}" not in code:  # a body only: complete the given prompt
         code = m["prompt"] + code
-    ok, _ = run_sandboxed(f"{code}\n\n{m['test']}\n\ncheck({m['entry_point']})\n", timeout_s, mem_mb)
-    return float(ok)
+    # grpo.run_sandboxed: a separate `python -I` with rlimits, an empty environment, a
+    # temporary folder and an audit hook (no fork/exec, sockets or files outside it);
+    # HumanEval's own tests are trusted, so the static check is off.
+    res = run_sandboxed(f"{code}\n\n{m['test']}\n\ncheck({m['entry_point']})\n", timeout_s, mem_mb,
+                        allowed_imports=CODE_IMPORTS, static_check=False)
+    return float(res["ok"])
 
 
 def score_choice(pred, step):
@@ -579,7 +520,7 @@ def single_prompt(step):
     return [{"role": "user", "content": f"{step['seed_question']}\n\nGive your final answer inside <answer></answer>."}]
 
 
-def make_generate(sampler, tok, chat_ids):
+def make_generate(sampler, tok):
     """messages list → greedy (or sampled) completions, one per prompt."""
     def gen(messages, max_new_tokens, temperature=0.0):
         if not messages:
@@ -981,12 +922,12 @@ def make_reward_fn(bank, table, train_ske, embed, key_emb, judge, args, lambda_a
     return reward
 
 
-def run_sft(g, args, dist, tasks, teacher_gen, judge, doms, out_dir):
+def run_sft(args, dist, tasks, teacher_gen, judge, doms, out_dir):
     """SFT warm-up (§4.2): the teacher's correct skill-annotated traces, else gold traces."""
     prompts = [task_prompt(t, doms) for t in tasks]
     texts = teacher_gen(prompts, args.max_new_tokens)
     examples, n_teacher = [], 0
-    policy, tok = g.load_policy(args, dist)
+    policy, tok = load_policy(args, dist)
     for t, pr, txt in zip(tasks, prompts, texts):
         p = parse_response(txt, len(t["steps"]))
         ok = p is not None and r_ans_reward(score_steps(t["steps"], p[1], args, judge)) >= args.sft_min_rans
@@ -996,59 +937,59 @@ def run_sft(g, args, dist, tasks, teacher_gen, judge, doms, out_dir):
             target = gold_trace(t)
         else:
             continue
-        examples.append((g.chat_ids(tok, pr), tok.encode(target, add_special_tokens=False) + [tok.eos_token_id]))
-    opt = g.make_optimizer(policy, argparse.Namespace(**{**vars(args), "lr": args.sft_lr}))
+        examples.append((chat_ids(tok, pr), tok.encode(target, add_special_tokens=False) + [tok.eos_token_id]))
+    opt = make_optimizer(policy, argparse.Namespace(**{**vars(args), "lr": args.sft_lr}))
     rng = random.Random(args.seed)
     step = 0
     for epoch in range(args.sft_epochs):
         rng.shuffle(examples)
         for i in range(0, len(examples), args.prompts_per_step):
-            m = g.sft_update(policy, opt, examples[i:i + args.prompts_per_step], args, dist)
-            g.log_metrics(out_dir, step, dict(m, epoch=epoch), dist, keys=("sft_loss", "grad_norm", "epoch"))
+            m = sft_update(policy, opt, examples[i:i + args.prompts_per_step], args, dist)
+            log_metrics(out_dir, step, dict(m, epoch=epoch), dist, keys=("sft_loss", "grad_norm", "epoch"))
             step += 1
     extra = dict(done=True, n_examples=len(examples), n_teacher_traces=n_teacher)
-    g.save_checkpoint(out_dir, policy, tok, None, step, extra, dist)
+    save_checkpoint(out_dir, policy, tok, None, step, extra, dist)
     return policy, tok, extra
 
 
-def run_grpo(g, args, dist, tasks, init_dir, out_dir, reward_fn, doms):
+def run_grpo(args, dist, tasks, init_dir, out_dir, reward_fn, doms):
     """GRPO on the RL split from the SFT weights; the SFT model is also π_ref (β > 0)."""
-    policy, tok = g.load_policy(args, dist)
-    g.load_checkpoint(init_dir, policy, None, dist)
+    policy, tok = load_policy(args, dist)
+    load_checkpoint(init_dir, policy, None, dist)
     ref = None
     if args.beta > 0:
-        ref = g.load_model(args.model, dist, args.dtype, trainable=False)[0]
-        g.load_checkpoint(init_dir, ref, None, dist)
-    opt = g.make_optimizer(policy, args)
+        ref = load_model(args.model, dist, args.dtype, trainable=False)[0]
+        load_checkpoint(init_dir, ref, None, dist)
+    opt = make_optimizer(policy, args)
     start = 0
     if (Path(out_dir) / "ckpt" / "state.pt").exists():  # reuse a finished run; continue an unfinished one with --resume
         done = torch_load_extra(out_dir).get("done")
         if done or args.resume:
-            ck = g.load_checkpoint(out_dir, policy, None if done else opt, dist)
+            ck = load_checkpoint(out_dir, policy, None if done else opt, dist)
             start = args.rl_steps if done else ck[0] + 1
-    sampler = g.make_sampler(args, policy, tok, dist)
+    sampler = make_sampler(args, policy, tok, dist)
     P = max(1, args.prompts_per_step // dist.world)
     for step in range(start, args.rl_steps):
         t0 = time.time()
         lo = (step * args.prompts_per_step + dist.rank * P)
         batch = [tasks[(lo + j) % len(tasks)] for j in range(P)]
-        prompts = [g.chat_ids(tok, task_prompt(t, doms)) for t in batch]
-        rollouts = g.sample_group_rollouts(sampler, prompts, args.G, args)
+        prompts = [chat_ids(tok, task_prompt(t, doms)) for t in batch]
+        rollouts = sample_group_rollouts(sampler, prompts, args.G, args)
         parts = reward_fn([r.text for r in rollouts], [batch[r.group] for r in rollouts])
         for r, p in zip(rollouts, parts):
             r.reward, r.info = p["reward"], p
         t_gen = time.time() - t0
-        m = g.grpo_update(policy, ref, opt, rollouts, args, dist)
+        m = grpo_update(policy, ref, opt, rollouts, args, dist)
         sampler.sync(policy)
-        m.update(g.reduce_metrics({k: float(np.mean([p[k] for p in parts])) for k in ("r_ans", "r_ent", "format_ok", "matched")}, dist))
+        m.update(reduce_metrics({k: float(np.mean([p[k] for p in parts])) for k in ("r_ans", "r_ent", "format_ok", "matched")}, dist))
         m.update(time_gen=t_gen, time_step=time.time() - t0)
-        g.log_metrics(out_dir, step, m, dist, keys=("reward", "r_ans", "r_ent", "format_ok", "matched", "kl", "loss", "grad_norm", "completion_len", "time_step"))
+        log_metrics(out_dir, step, m, dist, keys=("reward", "r_ans", "r_ent", "format_ok", "matched", "kl", "loss", "grad_norm", "completion_len", "time_step"))
         if (step + 1) % args.save_every == 0 and step + 1 < args.rl_steps:
-            g.save_checkpoint(out_dir, policy, tok, opt, step, {"done": False}, dist)
+            save_checkpoint(out_dir, policy, tok, opt, step, {"done": False}, dist)
     if start < args.rl_steps:
-        g.save_checkpoint(out_dir, policy, tok, None, args.rl_steps - 1, {"done": True}, dist)
+        save_checkpoint(out_dir, policy, tok, None, args.rl_steps - 1, {"done": True}, dist)
     if dist.is_main and (Path(out_dir) / "metrics.jsonl").exists():
-        g.plot_curves(out_dir, ("reward", "r_ans", "r_ent", "format_ok"))
+        plot_curves(out_dir, ("reward", "r_ans", "r_ent", "format_ok"))
     del ref, opt, sampler
     return policy, tok
 
@@ -1263,13 +1204,12 @@ def write_json(path, obj):
 
 
 def main(argv=None):
-    import grpo as g
     t_start = time.time()
-    args = g.parse_with_preset(build_parser(g.add_grpo_args), PRESETS, argv=argv)
+    args = parse_with_preset(build_parser(), PRESETS, argv=argv)
     if not (0 <= args.lambda_ans <= 1 and 0 <= args.lambda_ent <= 1):
         raise SystemExit("--lambda-ans/--lambda-ent must lie in [0, 1]")
-    dist = g.setup_distributed()
-    g.seed_everything(args.seed + dist.rank)
+    dist = setup_distributed()
+    seed_everything(args.seed + dist.rank)
     run = Path(args.run_dir)
     run.mkdir(parents=True, exist_ok=True)
     bank = load_bank(args.bank, args.skills_per_domain, args.domains)
@@ -1283,9 +1223,9 @@ def main(argv=None):
         """Greedy generation with a frozen model (reference, proposer, judge, teacher, annotator)."""
         name = name or args.ref_model or args.model
         if name not in frozen:
-            m, tok = g.load_model(name, dist, args.frozen_dtype, trainable=False)
-            sampler = g.HFSampler(m, tok) if args.sampler == "hf" else g.make_sampler(args, m, tok, dist)
-            frozen[name] = make_generate(sampler, tok, g.chat_ids)
+            m, tok = load_model(name, dist, args.frozen_dtype, trainable=False)
+            sampler = HFSampler(m, tok) if args.sampler == "hf" else make_sampler(args, m, tok, dist)
+            frozen[name] = make_generate(sampler, tok)
         return frozen[name]
 
     emb = {}
@@ -1323,7 +1263,7 @@ def main(argv=None):
         print(f"[ske] {acc['n_generations']} two-step generations in {time.time() - t0:.0f}s; mean step score "
               f"{acc['mean_step_score']:.3f}; θ = {table['thetas'][0]:.3f}, {table['thetas'][1]:.3f}; "
               f"Spearman(Eq.3 direct, Eq.7) = {table['spearman_direct_vs_factorised']:.3f} → {run / 'fig2_ske.png'}")
-    g.barrier(dist)
+    barrier(dist)
     j = j or cached(run / "ske_table.json", ske_cfg)
     if j is None:
         raise SystemExit(f"no skill-entropy table in {run} for these settings; run the `ske` stage first")
@@ -1349,7 +1289,7 @@ def main(argv=None):
         by = lambda ts, k: {v: sum(t[k] == v for t in ts) for v in sorted({t[k] for t in ts})}
         print(f"[synth] {len(train)} train / {len(test)} test tasks in {time.time() - t0:.0f}s; proposer "
               f"{by(train + test, 'proposer')}; test levels {by(test, 'level')}")
-    g.barrier(dist)
+    barrier(dist)
     tj = tj or cached(run / "tasks.json", syn_cfg)
     tasks = tj["tasks"] if tj else []
     if "train" in stages and not [t for t in tasks if t["split"] == "train"]:
@@ -1391,12 +1331,12 @@ def main(argv=None):
         def evaluate(name, model, tok):
             if dist.is_main:
                 t0 = time.time()
-                gen = make_generate(g.HFSampler(g.unwrap(model), tok), tok, g.chat_ids)
+                gen = make_generate(HFSampler(unwrap(model), tok), tok)
                 res = summarize(bench_eval(gen, judge, test, args, doms, embed, keys, key_emb, "cross"), doms)
                 t3["rows"][name] = dict(res, seconds=time.time() - t0)
                 write_json(run / "table3.json", t3)
         if "base" in rows and "base" not in t3["rows"]:
-            m, tok = g.load_model(args.model, dist, args.dtype, trainable=False)
+            m, tok = load_model(args.model, dist, args.dtype, trainable=False)
             evaluate("base", m, tok)
             del m
         if any(r != "base" for r in rows):
@@ -1404,14 +1344,14 @@ def main(argv=None):
             sft_done = (sft_dir / "ckpt" / "state.pt").exists() and torch_load_extra(sft_dir).get("done")
             if not sft_done:
                 t0 = time.time()
-                policy, tok, extra = run_sft(g, args, dist, sft_tasks, gen_of(args.teacher), judge, doms, sft_dir)
+                policy, tok, extra = run_sft(args, dist, sft_tasks, gen_of(args.teacher), judge, doms, sft_dir)
                 print(f"[train] SFT on {extra['n_examples']} traces ({extra['n_teacher_traces']} from the teacher) in {time.time() - t0:.0f}s")
                 if "sft" in rows:
                     evaluate("sft", policy, tok)
                 del policy
             elif "sft" in rows and "sft" not in t3["rows"]:
-                m, tok = g.load_model(args.model, dist, args.dtype, trainable=False)
-                g.load_checkpoint(sft_dir, m, None, dist)
+                m, tok = load_model(args.model, dist, args.dtype, trainable=False)
+                load_checkpoint(sft_dir, m, None, dist)
                 evaluate("sft", m, tok)
         for row in rows:
             if row in ("base", "sft") or row in t3["rows"]:
@@ -1422,7 +1362,7 @@ def main(argv=None):
                 lam = (x, 1.0 - x)
             t0 = time.time()
             reward_fn = make_reward_fn(bank, table, train_ske, embed, key_emb, judge, args, *lam)
-            policy, tok = run_grpo(g, args, dist, rl_tasks, run / "sft", run / row, reward_fn, doms)
+            policy, tok = run_grpo(args, dist, rl_tasks, run / "sft", run / row, reward_fn, doms)
             print(f"[train] {row} (λ_ans={lam[0]}, λ_ent={lam[1]}): {args.rl_steps} GRPO steps in {time.time() - t0:.0f}s")
             evaluate(row, policy, tok)
             del policy

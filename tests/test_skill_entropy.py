@@ -203,40 +203,49 @@ def test_judge_parse():
     assert se.parse_judge("8") == 0.8 and se.parse_judge("Score: 10/10") == 1.0 and se.parse_judge("great") == 0.0
 
 
-# ----- sandbox -----
+# ----- sandbox (score_code → grpo.run_sandboxed) -----
+# Each hostile solution would also return the right answer, so a pass would mean it escaped.
+
+ADD = {"meta": dict(prompt="def add(x, y):\n", test="def check(f):\n    assert f(1, 2) == 3\n", entry_point="add")}
+
+
+def hostile(body):
+    return "def add(x, y):\n" + "".join("    " + line + "\n" for line in body.splitlines()) + "    return x + y\n"
+
+
+def test_sandbox_scorer_passes_clean_code():
+    assert se.score_code(hostile("pass"), ADD) == 1.0
 
 
 def test_sandbox_infinite_loop_times_out():
     t = time.time()
-    ok, out = se.run_sandboxed("while True: pass", timeout_s=1.0)
-    assert not ok and time.time() - t < 10
+    assert se.score_code(hostile("while True: pass"), ADD, timeout_s=1.0) == 0.0
+    assert time.time() - t < 10
 
 
 def test_sandbox_fork_attempt_fails():
-    ok, out = se.run_sandboxed("import os\nos.fork()\nprint('forked')", timeout_s=2.0)
-    assert not ok and "forked" not in out
-    ok, _ = se.run_sandboxed("import subprocess\nsubprocess.run(['true'])", timeout_s=2.0)
-    assert not ok
+    assert se.score_code(hostile("import os\nos.fork()"), ADD, timeout_s=2.0) == 0.0
+    assert se.score_code(hostile("import subprocess\nsubprocess.run(['true'])"), ADD, timeout_s=2.0) == 0.0
 
 
 def test_sandbox_memory_hog_fails():
-    ok, out = se.run_sandboxed("x = bytearray(4 * 1024**3)\nprint('allocated')", timeout_s=5.0, mem_mb=256)
-    assert not ok and "allocated" not in out
+    t = time.time()
+    assert se.score_code(hostile("x = bytearray(4 * 1024**3)"), ADD, timeout_s=5.0, mem_mb=256) == 0.0
+    assert time.time() - t < 10
 
 
 def test_sandbox_write_outside_folder_fails(tmp_path):
     target = tmp_path / "escape.txt"
-    ok, _ = se.run_sandboxed(f"open({str(target)!r}, 'w').write('x')", timeout_s=2.0)
-    assert not ok and not target.exists()
-    ok, out = se.run_sandboxed("open('inside.txt', 'w').write('x'); print(open('inside.txt').read())", timeout_s=2.0)
-    assert ok and out.strip() == "x"
+    assert se.score_code(hostile(f"open({str(target)!r}, 'w').write('x')"), ADD, timeout_s=2.0) == 0.0
+    assert not target.exists()
+    assert se.score_code(hostile("open('inside.txt', 'w').write('x')\nassert open('inside.txt').read() == 'x'"),
+                         ADD, timeout_s=2.0) == 1.0
 
 
 def test_sandbox_no_network_and_empty_env():
-    ok, _ = se.run_sandboxed("import socket\nsocket.socket()", timeout_s=2.0)
-    assert not ok
-    ok, out = se.run_sandboxed("import os\nprint(sorted(k for k in os.environ if k not in ('LC_CTYPE',)))", timeout_s=2.0)
-    assert ok and out.strip() == "[]"
+    assert se.score_code(hostile("import socket\nsocket.socket()"), ADD, timeout_s=2.0) == 0.0
+    assert se.score_code(hostile("import os\nassert not [k for k in os.environ if k != 'LC_CTYPE']"), ADD,
+                         timeout_s=2.0) == 1.0
 
 
 # ----- bank, seeds, rejection sampling, verifier rules -----
