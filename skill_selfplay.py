@@ -7,8 +7,10 @@ Skills" (Huang et al., 2026), ../shared/papers/skill_selfplay.txt, Algorithm 2.
 Run (CPU, embedded SmolLM2-135M, two small self-play iterations, ~5 min each):
     python skill_selfplay.py --family tool  --preset tiny
     python skill_selfplay.py --family zebra --preset tiny
-Paper scale (Table 5; needs a GPU and a 4B+ model in a local folder):
-    python skill_selfplay.py --family tool --preset paper --model /path/to/Qwen3-4B-Instruct
+Several processes (same code; gloo on CPU, NCCL on GPUs):
+    torchrun --nproc_per_node=2 skill_selfplay.py --family tool --preset tiny
+Paper scale (Table 5; needs GPUs and a 4B+ model in a local folder):
+    torchrun --nproc_per_node=8 skill_selfplay.py --family tool --preset paper --model /path/to/Qwen3-4B-Instruct
 Ablations (§4.3): --unguided, --skill-only, --uniform-routing, --frozen-skills,
 --frozen-proposer, --frozen-feedback-solver (both frozen flags = "Frozen both").
 
@@ -65,9 +67,16 @@ Differences from the paper:
  8. Curriculum records with v_solve outside [0.25, 0.75] are dropped for both
     families (Table 5 states the band for tool calls only; --zebra-band off
     drops it for zebra).
- 9. One process on one device: the proposer, the solver and the frozen
-    initial model (KL reference, controller, frozen feedback solver) share it;
-    the paper trains on 8 GPUs.
+ 9. Data parallel over ranks (torchrun; gloo on CPU, NCCL on GPUs): every rank
+    holds the proposer and the solver (DDP, gradients averaged) and the frozen
+    initial model (KL reference, controller, frozen feedback solver), generates
+    and probes its share of the proposer prompts, rolls out its share of each
+    solver batch and evaluates its share of the held-out items. The proposer
+    batch is gathered, so ρ, σ and D(t) are the same on every rank; rank 0 runs
+    the controller (refinement, induction) and broadcasts S(t+1); only rank 0
+    writes files and prints. The paper's 8-GPU setup (verl, colocated rollout
+    engine) is not reproduced; reported solver/proposer `reward` is the mean of
+    the ranks' means.
 """
 import argparse
 import collections
@@ -81,10 +90,11 @@ import sys
 import time
 
 import numpy as np
+import torch.distributed as torch_dist
 
-from grpo import (HFSampler, Rollout, add_grpo_args, chat_ids, grpo_update, load_checkpoint, load_model,
-                  log_metrics, make_optimizer, make_sampler, parse_with_preset, plot_curves, save_checkpoint,
-                  sample_group_rollouts, seed_everything, setup_distributed)
+from grpo import (HFSampler, Rollout, add_grpo_args, barrier, chat_ids, grpo_update, load_checkpoint, load_model,
+                  load_policy, log_metrics, make_optimizer, make_sampler, parse_with_preset, plot_curves,
+                  reduce_metrics, save_checkpoint, sample_group_rollouts, seed_everything, setup_distributed)
 
 # ----- config -----
 
@@ -1142,43 +1152,60 @@ def probe_records(family, recs, probe_sampler, tok, args):
     return recs
 
 
-def proposer_round(step, t, proposer_sampler, probe_sampler, tok, pkgs, stats, args, rng):
+def gather(items, dist):
+    """Every rank's list, concatenated in rank order, on every rank (a copy of items for one process)."""
+    if dist.world == 1:
+        return list(items)
+    parts = [None] * dist.world
+    torch_dist.all_gather_object(parts, list(items))
+    return [x for part in parts for x in part]
+
+
+def proposer_round(step, t, proposer_sampler, probe_sampler, tok, pkgs, stats, args, rng, dist):
     """One proposer batch: routed skill prompts + exploration prompts, G rollouts each,
-    gated and probed. Returns (rollouts with proposer rewards, records)."""
+    gated and probed. Each rank generates and probes its share of the prompts; the
+    records are gathered so that ρ, σ and the curriculum are the same on every rank.
+    Returns (this rank's rollouts with proposer rewards, all records, all unparsed count)."""
     n_skill = 0 if args.unguided else args.proposer_prompts if args.skill_only else args.proposer_prompts // 2
     n_explore = args.proposer_prompts - n_skill
     probs = routing_probs([stats[p["name"]] for p in pkgs], args.kappa, args.w_min, args.w_max, args.beta_route,
                           args.tau, args.uniform_routing) if n_skill else []
-    chosen = rng.choices(pkgs, weights=probs, k=n_skill) if n_skill else []
+    chosen = rng.choices(pkgs, weights=probs, k=n_skill) if n_skill else []  # same rng state on every rank
     streams = [("skill", p) for p in chosen] + [("explore", None) for _ in range(n_explore)]
-    prompts = [chat_ids(tok, proposer_messages(args.family, p)) for _, p in streams]
-    outs = proposer_sampler.generate(prompts, args.proposer_G, args.proposer_max_new_tokens, args.temperature)
-    rollouts, recs = [], []
-    for g, ((stream, pkg), samples) in enumerate(zip(streams, outs)):
+    mine = list(range(dist.rank, len(streams), dist.world))  # global prompt indices g of this rank
+    prompts = [chat_ids(tok, proposer_messages(args.family, streams[g][1])) for g in mine]
+    outs = proposer_sampler.generate(prompts, args.proposer_G, args.proposer_max_new_tokens, args.temperature) if mine else []
+    rollouts, local = [], []
+    for g, prompt, samples in zip(mine, prompts, outs):
+        stream, pkg = streams[g]
         for j, s in enumerate(samples):
             rec = check_proposal(args.family, s.text, pkg, random.Random(f"{args.data_seed}-{t}-{step}-{g}-{j}"))
-            ro = Rollout(prompts[g], s.ids, [1] * len(s.ids), s.text, group=g)
             if rec is not None:
                 rec.update(stream=stream, skill=pkg["name"] if pkg else None, iteration=t, proposal=s.text)
-                recs.append(rec)
-            ro.info = {"rec": rec}
-            rollouts.append(ro)
-    probe_records(args.family, recs, probe_sampler, tok, args)
-    # App. C: ρ(x_i) = |C_i| / B over the task texts of this proposer batch (B = all rollouts)
-    parsed = [ro for ro in rollouts if ro.info["rec"] is not None]
-    rho = repetition_penalty([ro.info["rec"]["x_text"] or ro.text for ro in parsed], args.rep_threshold, len(rollouts))
-    for ro, penalty in zip(parsed, rho):
-        ro.info["rec"]["rho"] = penalty
-    for ro in rollouts:
-        rec = ro.info["rec"]
+            rollouts.append(Rollout(prompt, s.ids, [1] * len(s.ids), s.text, group=g))
+            local.append({"g": g, "j": j, "stream": stream, "skill": pkg["name"] if pkg else None, "rec": rec,
+                          "text": s.text})
+    probe_records(args.family, [x["rec"] for x in local if x["rec"] is not None], probe_sampler, tok, args)
+    batch = sorted(gather(local, dist), key=lambda x: (x["g"], x["j"]))  # the whole batch, in the same order everywhere
+    recs = [x["rec"] for x in batch if x["rec"] is not None]
+    # App. C: ρ(x_i) = |C_i| / B over the task texts of this proposer batch (B = all rollouts of all ranks)
+    rho = repetition_penalty([r["x_text"] or r["proposal"] for r in recs], args.rep_threshold, len(batch))
+    for r, penalty in zip(recs, rho):
+        r["rho"] = penalty
+    by_key = {(x["g"], x["j"]): x["rec"] for x in batch}
+    for ro, x in zip(rollouts, local):
+        rec = by_key[(x["g"], x["j"])]
         # proposer reward: −1 for an unparseable proposal, else R_propose (Eq. 2) − ρ
         ro.reward = args.parse_penalty if rec is None else rec["R"] - rec["rho"]
-    for rec in recs:  # σ: routing statistics of App. B, and this iteration's Eq. 8 estimate
-        if rec["stream"] != "skill":
+    for x in batch:  # σ: routing statistics of App. B, and this iteration's Eq. 8 estimate
+        if x["stream"] != "skill":
             continue
-        st = stats[rec["skill"]]
+        rec, st = x["rec"], stats[x["skill"]]
         st["a"] += 1
         st["a_t"] += 1
+        if rec is None:  # an unparseable skill attempt counts as an attempt with R = 0
+            st["failed_t"] = (st["failed_t"] + ["unparseable proposal"])[-5:]
+            continue
         st["n_ver"] += int(rec["ok_schema"] and rec["ok_contract"])
         st["n_con"] += int(rec["ok_schema"] and rec["ok_contract"] and rec["consistent"])
         st["n_fd"] += int(rec["valid"] and args.v_lo <= rec["v_solve"] <= args.v_hi)
@@ -1186,16 +1213,7 @@ def proposer_round(step, t, proposer_sampler, probe_sampler, tok, pkgs, stats, a
         st["R_t"] += rec["R"]
         if not rec["valid"]:
             st["failed_t"] = (st["failed_t"] + [rec["why"]])[-5:]
-    n_unparsed = sum(ro.info["rec"] is None for ro in rollouts)
-    for g, (stream, pkg) in enumerate(streams):  # unparseable skill attempts count as attempts with R = 0
-        if stream == "skill":
-            for ro in rollouts[g * args.proposer_G:(g + 1) * args.proposer_G]:
-                if ro.info["rec"] is None:
-                    st = stats[pkg["name"]]
-                    st["a"] += 1
-                    st["a_t"] += 1
-                    st["failed_t"] = (st["failed_t"] + ["unparseable proposal"])[-5:]
-    return rollouts, recs, n_unparsed
+    return rollouts, recs, sum(x["rec"] is None for x in batch)
 
 
 CONTROLLER_INDUCE = ("You maintain a library of skills for generating {what}. Here is a generated task that was "
@@ -1288,11 +1306,12 @@ def refine_packages(pkgs, stats, controller_sampler, tok, args, t):
 
 # ----- training loop -----
 
-def solver_round(D, solver_sampler, tok, args, rng):
-    """Solver GRPO rollouts on a batch of the curriculum D(t) (Eq. 7): only x is shown."""
-    batch = rng.sample(D, min(args.solver_batch, len(D)))
+def solver_round(D, solver_sampler, tok, args, rng, dist):
+    """Solver GRPO rollouts on a batch of the curriculum D(t) (Eq. 7): only x is shown.
+    The batch is drawn with the shared rng (same on every rank); each rank rolls out its share."""
+    batch = rng.sample(D, min(args.solver_batch, len(D)))[dist.rank::dist.world]
     prompts = [chat_ids(tok, solver_messages(args.family, r["task"])) for r in batch]
-    rollouts = sample_group_rollouts(solver_sampler, prompts, args.solver_G, args)
+    rollouts = sample_group_rollouts(solver_sampler, prompts, args.solver_G, args) if batch else []
     for ro in rollouts:
         ro.reward = solve_reward(args.family, ro.text, batch[ro.group])[0]
     return rollouts
@@ -1317,54 +1336,60 @@ def iteration_metrics(recs, D, pkgs, stats, changes, t):
 
 # ----- evaluation -----
 
-def eval_tool(sampler, tok, args):
-    """BFCL accuracy per category (avg@k over --eval-samples) and the unweighted BFCL average."""
+def eval_tool(sampler, tok, args, dist):
+    """BFCL accuracy per category (avg@k over --eval-samples) and the unweighted BFCL average.
+    Items are sharded over ranks; the per-sample hits are gathered, so every rank gets the same totals."""
     res = {}
     for cat in BFCL_CATEGORIES:
-        items = load_bfcl(cat, args.eval_n)
+        items = load_bfcl(cat, args.eval_n)[dist.rank::dist.world]
         prompts = [chat_ids(tok, bfcl_messages(e, cat)) for e, _ in items]
-        outs = sampler.generate(prompts, args.eval_samples, args.max_new_tokens, args.eval_temperature)
+        outs = sampler.generate(prompts, args.eval_samples, args.max_new_tokens, args.eval_temperature) if items else []
         hits = []
         for (e, gt), samples in zip(items, outs):
             for s in samples:
                 calls = parse_tool_calls(s.text)  # BFCL simple categories need exactly one call
-                hits.append(len(calls) == 1 and bfcl_check(calls[0], e["function"][0], gt, cat)[0])
+                hits.append(bool(len(calls) == 1 and bfcl_check(calls[0], e["function"][0], gt, cat)[0]))
+        hits = gather(hits, dist)
         res[f"bfcl_{cat}"] = float(np.mean(hits)) if hits else 0.0
     res["bfcl_avg"] = float(np.mean([res[f"bfcl_{c}"] for c in BFCL_CATEGORIES]))
     return res
 
 
-def eval_zebra(sampler, tok, args):
-    """Grid accuracy per scale, overall grid and cell accuracy (avg@k), plus reasoning-gym's zebra puzzles."""
+def eval_zebra(sampler, tok, args, dist):
+    """Grid accuracy per scale, overall grid and cell accuracy (avg@k), plus reasoning-gym's zebra puzzles.
+    Puzzles are sharded over ranks; the per-sample scores are gathered."""
     scales = [s for s in args.zebra_eval_scales.split(",") if s]
-    puzzles = make_zebra_puzzles(args.eval_seed, scales, args.zebra_eval_per_scale)
+    puzzles = make_zebra_puzzles(args.eval_seed, scales, args.zebra_eval_per_scale)[dist.rank::dist.world]
     prompts = [chat_ids(tok, solver_messages("zebra", p)) for _, p, _ in puzzles]
     outs = sampler.generate(prompts, args.eval_samples, args.max_new_tokens, args.eval_temperature) if prompts else []
-    grid, cell, by_scale = [], [], collections.defaultdict(list)
+    scored = []  # (scale, full grid correct, cell accuracy) per sample
     for (scale, p, sol), samples in zip(puzzles, outs):
         for s in samples:
             _, _, full, acc, _ = zebra_reward(s.text, p, sol)
-            grid.append(full), cell.append(acc), by_scale[scale].append(full)
+            scored.append((scale, float(full), float(acc)))
+    grid, cell, by_scale = [], [], collections.defaultdict(list)
+    for scale, full, acc in gather(scored, dist):
+        grid.append(full), cell.append(acc), by_scale[scale].append(full)
     res = {f"zebra_{s}": float(np.mean(by_scale[s])) for s in scales}
     res.update(zebra_grid=float(np.mean(grid)) if grid else 0.0, zebra_cell=float(np.mean(cell)) if cell else 0.0)
     if args.rg_eval_n:
         import reasoning_gym
         ds = reasoning_gym.create_dataset("zebra_puzzles", seed=args.eval_seed, size=args.rg_eval_n)
-        entries = [ds[i] for i in range(args.rg_eval_n)]
+        entries = [ds[i] for i in range(dist.rank, args.rg_eval_n, dist.world)]
         outs = sampler.generate([chat_ids(tok, [{"role": "user", "content": e["question"]}]) for e in entries],
-                                args.eval_samples, args.max_new_tokens, args.eval_temperature)
+                                args.eval_samples, args.max_new_tokens, args.eval_temperature) if entries else []
         scores = []
         for e, samples in zip(entries, outs):
             for s in samples:
                 last = (s.text.strip().splitlines() or [""])[-1]
                 words_ = re.findall(r"[A-Za-z]+", last)
-                scores.append(ds.score_answer(words_[-1].lower() if words_ else "", e))
-        res["rg_zebra"] = float(np.mean(scores))
+                scores.append(float(ds.score_answer(words_[-1].lower() if words_ else "", e)))
+        res["rg_zebra"] = float(np.mean(gather(scores, dist)))
     return res
 
 
-def evaluate(sampler, tok, args):
-    return eval_tool(sampler, tok, args) if args.family == "tool" else eval_zebra(sampler, tok, args)
+def evaluate(sampler, tok, args, dist):
+    return eval_tool(sampler, tok, args, dist) if args.family == "tool" else eval_zebra(sampler, tok, args, dist)
 
 
 def print_table(history, family):
@@ -1436,14 +1461,13 @@ def main(argv=None):
                               "frozen_feedback_solver") if getattr(args, f))
     if args.unguided and args.skill_only:
         raise SystemExit("--unguided and --skill-only exclude each other")
-    dist = setup_distributed()
-    if dist.world > 1:
-        raise SystemExit("skill_selfplay.py runs as one process (one device); launch it with python, not torchrun")
-    seed_everything(args.seed)
+    dist = setup_distributed()  # python: rank 0 of 1; torchrun: gloo on CPU, NCCL on GPUs
+    seed_everything(args.seed + dist.rank)  # rank-specific samples; shared choices use rng seeded without the rank
+    say = print if dist.is_main else (lambda *a, **k: None)
     run_dir = args.run_dir
     os.makedirs(run_dir, exist_ok=True)
-    proposer, tok = load_model(args.model, dist, args.dtype)
-    solver, _ = load_model(args.model, dist, args.dtype)
+    proposer, tok = load_policy(args, dist)  # DDP-wrapped when world > 1: gradients are averaged over ranks
+    solver, _ = load_policy(args, dist)
     # π^(0), frozen: KL reference of both policies, the controller π_control, the frozen feedback solver, the base row
     base, _ = load_model(args.model, dist, args.dtype, trainable=False)
     ref = base if args.beta > 0 else None
@@ -1460,15 +1484,16 @@ def main(argv=None):
             extra = ck_s[1]
             start, history, rows = extra["iteration"], extra["history"], extra["rows"]
             pkgs, stats = load_library(extra["library"], args.family)
-            print(f"resumed {run_dir} after iteration {start} (library {extra['library']})")
+            say(f"resumed {run_dir} after iteration {start} (library {extra['library']})")
     p_sampler, s_sampler = make_sampler(args, proposer, tok, dist), make_sampler(args, solver, tok, dist)
     base_sampler = HFSampler(base, tok)
     probe_sampler = base_sampler if args.frozen_feedback_solver else s_sampler
     if not history:
         t0 = time.time()
-        history.append(("base", evaluate(base_sampler, tok, args)))
-        print(f"held-out eval of the base model: {time.time() - t0:.0f}s")
-    print_table(history, args.family)
+        history.append(("base", evaluate(base_sampler, tok, args, dist)))
+        say(f"held-out eval of the base model: {time.time() - t0:.0f}s")
+    if dist.is_main:
+        print_table(history, args.family)
     for t in range(start, args.T):
         times, rng = {}, random.Random(f"{args.seed}-{t}")
         for st in stats.values():
@@ -1476,10 +1501,12 @@ def main(argv=None):
         # 1. proposer: skill + exploration streams, probes by the frozen solver, GRPO (Eq. 5)
         t0, recs = time.time(), []
         for s in range(args.proposer_steps):
-            rollouts, batch_recs, n_unparsed = proposer_round(s, t, p_sampler, probe_sampler, tok, pkgs, stats, args, rng)
+            rollouts, batch_recs, n_unparsed = proposer_round(s, t, p_sampler, probe_sampler, tok, pkgs, stats, args,
+                                                              rng, dist)
             recs += batch_recs
             if args.frozen_proposer:
-                m = {"reward": float(np.mean([r.reward for r in rollouts])), "skipped": 1.0}
+                m = reduce_metrics({"reward": float(np.mean([r.reward for r in rollouts])) if rollouts else 0.0,
+                                    "skipped": 1.0}, dist)
             else:
                 # Eq. (5): J_propose(π) = E_{s~S, (x,c)~π(·|s)}[R_propose(x, c; π_solve^(t))], GRPO over G proposals per prompt
                 m = grpo_update(proposer, ref, opt_p, rollouts, args, dist)
@@ -1495,18 +1522,18 @@ def main(argv=None):
         D = build_curriculum(recs, args.M, alpha, args.v_lo, args.v_hi,
                              band=args.family == "tool" or args.zebra_band == "on")
         for s in range(args.solver_steps if D else 0):
-            rollouts = solver_round(D, s_sampler, tok, args, rng)
+            rollouts = solver_round(D, s_sampler, tok, args, rng, dist)
             # Eq. (7): J_solve(π) = E_{(x,c)~D(t), y~π(·|x)}[R_solve(x, y, c)], GRPO over G answers per task
             m = grpo_update(solver, ref, opt_s, rollouts, args, dist)
             s_sampler.sync(solver)
             log_metrics(os.path.join(run_dir, "solver"), t * args.solver_steps + s, m, dist,
                         keys=("reward", "kl", "loss", "grad_norm", "completion_len", "n_groups_dropped"))
         if not D:
-            print(f"iteration {t}: the curriculum is empty (no valid candidate in the frontier band); solver not updated")
+            say(f"iteration {t}: the curriculum is empty (no valid candidate in the frontier band); solver not updated")
         times["time_solve"] = time.time() - t0
-        # 3. library evolution (§3.4): refine, prune (Eq. 8), induce (Eq. 9-10)
+        # 3. library evolution (§3.4): refine, prune (Eq. 8), induce (Eq. 9-10); rank 0 runs the controller
         t0, changes = time.time(), []
-        if not (args.frozen_skills or args.unguided):
+        if not (args.frozen_skills or args.unguided) and dist.is_main:
             changes += refine_packages(pkgs, stats, base_sampler, tok, args, t)
             pruned = prune_set(pkgs, stats, args.gamma_prune, args.prune_min_attempts)
             changes += [{"iteration": t, "op": "prune", "skill": n, "reason":
@@ -1518,20 +1545,26 @@ def main(argv=None):
             # S(t+1) = (S(t) \ S_prune) ∪ S_new
             pkgs = kept + new
             stats.update({p["name"]: new_stats() for p in new})
+        if dist.world > 1:  # S(t+1), σ and the change log of rank 0 on every rank
+            box = [(pkgs, stats, changes)]
+            torch_dist.broadcast_object_list(box, src=0)
+            pkgs, stats, changes = box[0]
         lib_t = os.path.join(run_dir, "library", f"iter_{t + 1}")
-        save_library(lib_t, pkgs, stats)
-        with open(os.path.join(run_dir, "library_changes.jsonl"), "a") as f:
-            for c in changes:
-                f.write(json.dumps(c) + "\n")
-        os.makedirs(os.path.join(run_dir, "records"), exist_ok=True)
-        with open(os.path.join(run_dir, "records", f"iter_{t}.jsonl"), "w") as f:
-            for r in recs:
-                f.write(json.dumps({k: r.get(k) for k in ("stream", "skill", "valid", "why", "v_solve", "R", "rho",
-                                                          "x_text", "contract")}) + "\n")
+        if dist.is_main:
+            save_library(lib_t, pkgs, stats)
+            with open(os.path.join(run_dir, "library_changes.jsonl"), "a") as f:
+                for c in changes:
+                    f.write(json.dumps(c) + "\n")
+            os.makedirs(os.path.join(run_dir, "records"), exist_ok=True)
+            with open(os.path.join(run_dir, "records", f"iter_{t}.jsonl"), "w") as f:
+                for r in recs:
+                    f.write(json.dumps({k: r.get(k) for k in ("stream", "skill", "valid", "why", "v_solve", "R", "rho",
+                                                              "x_text", "contract")}) + "\n")
+        barrier(dist)  # the library folder exists before any rank may need it (resume)
         times["time_evolve"] = time.time() - t0
         # 4. held-out evaluation of π_solve^(t+1)
         t0 = time.time()
-        res = evaluate(s_sampler, tok, args)
+        res = evaluate(s_sampler, tok, args, dist)
         history.append((f"iter {t + 1}", res))
         times["time_eval"] = time.time() - t0
         row = {**iteration_metrics(recs, D, pkgs, stats, changes, t + 1), **res, **times}
@@ -1542,8 +1575,9 @@ def main(argv=None):
         extra = {"iteration": t + 1, "history": history, "rows": rows, "library": lib_t}
         save_checkpoint(os.path.join(run_dir, "proposer"), proposer, tok, opt_p, t, extra, dist)
         save_checkpoint(os.path.join(run_dir, "solver"), solver, tok, opt_s, t, extra, dist)
-        print_table(history, args.family)
-    if not args.no_plots and rows:
+        if dist.is_main:
+            print_table(history, args.family)
+    if not args.no_plots and rows and dist.is_main:
         recs_by_iter = []
         for t in range(args.T):
             path = os.path.join(run_dir, "records", f"iter_{t}.jsonl")
@@ -1553,6 +1587,8 @@ def main(argv=None):
         for sub in ("proposer", "solver"):
             if os.path.exists(os.path.join(run_dir, sub, "metrics.jsonl")):
                 plot_curves(os.path.join(run_dir, sub), ("reward", "kl"))
+    if dist.world > 1:
+        torch_dist.destroy_process_group()
     return {"history": history, "rows": rows}
 
 
