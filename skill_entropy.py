@@ -56,8 +56,10 @@ Differences from the paper:
 11. Skill-Distill, SkillRL and STAT baselines and the external benchmarks (D.9–D.10) are
     not reproduced. Off-the-shelf data (§4.4) is reasoning-gym gsm_symbolic with traces
     written by the teacher, not OpenR1-Math.
-12. The code sandbox is minimal (rlimits + a Python-level guard, see the sandbox
-    section); it is not a security boundary against hostile code.
+12. Code steps run in grpo.run_sandboxed (shared with skill_rm.py): a separate isolated
+    Python with rlimits, an empty environment, a temporary folder and an audit hook; it
+    contains loops, forks, memory hogs, sockets and writes outside its folder, but it is
+    not a container (no seccomp, no namespaces when unprivileged).
 13. Scale: the tiny preset keeps one skill per domain (9 skills; --skills-per-domain 0 uses
     all 33) and one Monte-Carlo sample per Acc cell, so its SkE table is very noisy; Acc
     cells are pooled over every chain that covers them and a (d, s) cell gets its own
@@ -952,8 +954,11 @@ def run_sft(args, dist, tasks, teacher_gen, judge, doms, out_dir):
     return policy, tok, extra
 
 
-def run_grpo(args, dist, tasks, init_dir, out_dir, reward_fn, doms):
-    """GRPO on the RL split from the SFT weights; the SFT model is also π_ref (β > 0)."""
+def run_grpo(args, dist, tasks, init_dir, out_dir, reward_fn, doms, samplers):
+    """GRPO on the RL split from the SFT weights; the SFT model is also π_ref (β > 0).
+
+    `samplers` keeps one rollout engine for every Table 3 row: each run pushes its own
+    weights into it (a vLLM engine cannot be torn down and rebuilt in one process)."""
     policy, tok = load_policy(args, dist)
     load_checkpoint(init_dir, policy, None, dist)
     ref = None
@@ -967,7 +972,10 @@ def run_grpo(args, dist, tasks, init_dir, out_dir, reward_fn, doms):
         if done or args.resume:
             ck = load_checkpoint(out_dir, policy, None if done else opt, dist)
             start = args.rl_steps if done else ck[0] + 1
-    sampler = make_sampler(args, policy, tok, dist)
+    if "<policy rollouts>" not in samplers:
+        samplers["<policy rollouts>"] = make_sampler(args, policy, tok, dist)
+    sampler = samplers["<policy rollouts>"]
+    sampler.sync(policy)
     P = max(1, args.prompts_per_step // dist.world)
     for step in range(start, args.rl_steps):
         t0 = time.time()
@@ -990,7 +998,7 @@ def run_grpo(args, dist, tasks, init_dir, out_dir, reward_fn, doms):
         save_checkpoint(out_dir, policy, tok, None, args.rl_steps - 1, {"done": True}, dist)
     if dist.is_main and (Path(out_dir) / "metrics.jsonl").exists():
         plot_curves(out_dir, ("reward", "r_ans", "r_ent", "format_ok"))
-    del ref, opt, sampler
+    del ref, opt
     return policy, tok
 
 def torch_load_extra(run_dir):
@@ -1362,7 +1370,7 @@ def main(argv=None):
                 lam = (x, 1.0 - x)
             t0 = time.time()
             reward_fn = make_reward_fn(bank, table, train_ske, embed, key_emb, judge, args, *lam)
-            policy, tok = run_grpo(args, dist, rl_tasks, run / "sft", run / row, reward_fn, doms)
+            policy, tok = run_grpo(args, dist, rl_tasks, run / "sft", run / row, reward_fn, doms, frozen)
             print(f"[train] {row} (λ_ans={lam[0]}, λ_ent={lam[1]}): {args.rl_steps} GRPO steps in {time.time() - t0:.0f}s")
             evaluate(row, policy, tok)
             del policy
