@@ -77,6 +77,11 @@ Differences from the paper:
     writes files and prints. The paper's 8-GPU setup (verl, colocated rollout
     engine) is not reproduced; reported solver/proposer `reward` is the mean of
     the ranks' means.
+10. Prompts are made easier for a small model: the proposer's reply is
+    prefilled with the opening of the JSON object (PROPOSER_PREFIX, part of
+    the prompt, not trained on), and the solver's format instruction shows a
+    filled-in example call. The tiny preset samples at temperature 0.7; the
+    paper preset keeps 1.0.
 """
 import argparse
 import collections
@@ -99,13 +104,15 @@ from grpo import (HFSampler, Rollout, add_grpo_args, barrier, chat_ids, grpo_upd
 # ----- config -----
 
 PRESETS = {
-    # ~5 minutes per family on a 2-core CPU with the embedded 135M model
-    "tiny": dict(T=2, K=2, M=4, proposer_prompts=2, proposer_G=4, proposer_steps=1,
-                 solver_G=4, solver_steps=2, solver_batch=2, eval_n=3, eval_samples=1,
-                 eval_temperature=0.0, max_new_tokens=96, proposer_max_new_tokens=320,
-                 controller_max_new_tokens=120, induce_min=1, zebra_eval_per_scale=2,
-                 zebra_eval_scales="small,medium", rg_eval_n=3, lr=1e-5, beta=1e-2, weight_decay=1e-2,
-                 grad_clip=1.0, sampler="hf", micro_batch=8),
+    # ~5 minutes per family on a 2-core CPU with the embedded 135M model; temperature 0.7 because
+    # SmolLM2-135M at 1.0 (top-k off) rarely writes well-formed JSON; micro_batch 2 bounds the memory of
+    # the backward pass over ~900-token proposer sequences (8 used ~16 GiB)
+    "tiny": dict(T=2, K=2, M=4, proposer_prompts=2, proposer_G=2, proposer_steps=1,
+                 solver_G=4, solver_steps=2, solver_batch=2, eval_n=2, eval_samples=1,
+                 eval_temperature=0.0, max_new_tokens=64, proposer_max_new_tokens=384,
+                 controller_max_new_tokens=96, induce_min=1, zebra_eval_per_scale=2,
+                 zebra_eval_scales="small,medium", rg_eval_n=2, lr=1e-5, beta=1e-2, weight_decay=1e-2,
+                 grad_clip=1.0, sampler="hf", micro_batch=2, temperature=0.7),
     # Table 5 (tool: M=8000, 5/15 steps; zebra: M=1920, 3/10 steps, set by --family)
     "paper": dict(T=5, K=10, M=8000, proposer_prompts=256, proposer_G=4, proposer_steps=5,
                   solver_G=5, solver_steps=15, solver_batch=64, eval_n=0, eval_samples=8,
@@ -473,8 +480,10 @@ def parse_grid(text, p):
 
 TOOL_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool,
               "array": list, "object": dict}
-TOOL_FORMAT = ('Reply with exactly one tool call in this form:\n<tool_call>{"name": "<tool name>", '
-               '"arguments": {<argument name>: <value>, ...}}</tool_call>')
+# a filled-in call, not placeholders: SmolLM2-135M copies "<argument name>: <value>" literally
+TOOL_FORMAT = ('Reply with exactly one tool call: the tool\'s name and its arguments as JSON inside <tool_call> tags. '
+               'For example, for a tool "get_weather" with a string parameter "city":\n'
+               '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>')
 
 
 def tool_messages(tools, dialogue):
@@ -1047,6 +1056,9 @@ TOOL_TASK_SPEC = ('A task is one JSON object with keys "tools" (a list of tool s
                   '"parameters": {"type": "object", "properties": {arg: {"type": string|integer|number|boolean|array|object}}, '
                   '"required": [...]}}), "dialogue" (a list of {"role": "user"|"assistant"|"observation", "content"}, '
                   'starting with the user) and "call" ({"name", "arguments"}: the one correct next tool call).')
+# The proposer's reply is prefilled with the opening of the JSON object (the prefix is part of the
+# prompt, not of the trained tokens): a small model then continues a task instead of chatting.
+PROPOSER_PREFIX = {"tool": '{"tools": [{"name": "', "zebra": '{"houses": '}
 ZEBRA_TASK_SPEC = ('A puzzle is one JSON object with keys "houses" (2-6), "attributes" ({name: [one value per house]}, '
                    'all values distinct) and "clues" (a list of {"type": fixed|not_house, "a": value, "house": k} or '
                    '{"type": same_house|next_to|left_of|directly_left_of, "a": value, "b": value}).')
@@ -1173,18 +1185,20 @@ def proposer_round(step, t, proposer_sampler, probe_sampler, tok, pkgs, stats, a
     chosen = rng.choices(pkgs, weights=probs, k=n_skill) if n_skill else []  # same rng state on every rank
     streams = [("skill", p) for p in chosen] + [("explore", None) for _ in range(n_explore)]
     mine = list(range(dist.rank, len(streams), dist.world))  # global prompt indices g of this rank
-    prompts = [chat_ids(tok, proposer_messages(args.family, streams[g][1])) for g in mine]
+    prefix = PROPOSER_PREFIX[args.family]
+    prompts = [chat_ids(tok, proposer_messages(args.family, streams[g][1])) + tok.encode(prefix, add_special_tokens=False)
+               for g in mine]
     outs = proposer_sampler.generate(prompts, args.proposer_G, args.proposer_max_new_tokens, args.temperature) if mine else []
     rollouts, local = [], []
     for g, prompt, samples in zip(mine, prompts, outs):
         stream, pkg = streams[g]
         for j, s in enumerate(samples):
-            rec = check_proposal(args.family, s.text, pkg, random.Random(f"{args.data_seed}-{t}-{step}-{g}-{j}"))
+            text = prefix + s.text
+            rec = check_proposal(args.family, text, pkg, random.Random(f"{args.data_seed}-{t}-{step}-{g}-{j}"))
             if rec is not None:
-                rec.update(stream=stream, skill=pkg["name"] if pkg else None, iteration=t, proposal=s.text)
+                rec.update(stream=stream, skill=pkg["name"] if pkg else None, iteration=t, proposal=text)
             rollouts.append(Rollout(prompt, s.ids, [1] * len(s.ids), s.text, group=g))
-            local.append({"g": g, "j": j, "stream": stream, "skill": pkg["name"] if pkg else None, "rec": rec,
-                          "text": s.text})
+            local.append({"g": g, "j": j, "stream": stream, "skill": pkg["name"] if pkg else None, "rec": rec})
     probe_records(args.family, [x["rec"] for x in local if x["rec"] is not None], probe_sampler, tok, args)
     batch = sorted(gather(local, dist), key=lambda x: (x["g"], x["j"]))  # the whole batch, in the same order everywhere
     recs = [x["rec"] for x in batch if x["rec"] is not None]
@@ -1559,7 +1573,7 @@ def main(argv=None):
             with open(os.path.join(run_dir, "records", f"iter_{t}.jsonl"), "w") as f:
                 for r in recs:
                     f.write(json.dumps({k: r.get(k) for k in ("stream", "skill", "valid", "why", "v_solve", "R", "rho",
-                                                              "x_text", "contract")}) + "\n")
+                                                              "x_text", "contract", "proposal")}) + "\n")
         barrier(dist)  # the library folder exists before any rank may need it (resume)
         times["time_evolve"] = time.time() - t0
         # 4. held-out evaluation of π_solve^(t+1)
