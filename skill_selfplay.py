@@ -106,7 +106,7 @@ from grpo import (HFSampler, Rollout, add_grpo_args, barrier, chat_ids, grpo_upd
 PRESETS = {
     # ~5 minutes per family on a 2-core CPU with the embedded 135M model; temperature 0.7 because
     # SmolLM2-135M at 1.0 (top-k off) rarely writes well-formed JSON; micro_batch 2 bounds the memory of
-    # the backward pass over ~900-token proposer sequences (8 used ~16 GiB)
+    # the backward pass over ~900-token proposer sequences (a run with 8 peaked at 16.6 GB RSS, with 2 at 6.3)
     "tiny": dict(T=2, K=2, M=4, proposer_prompts=2, proposer_G=2, proposer_steps=1,
                  solver_G=4, solver_steps=2, solver_batch=2, eval_n=2, eval_samples=1,
                  eval_temperature=0.0, max_new_tokens=64, proposer_max_new_tokens=384,
