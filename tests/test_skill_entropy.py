@@ -321,7 +321,7 @@ def test_tiny_preset_smoke(tmp_path):
            "--skills-per-domain", "1", "--direct-pairs", "2", "--n-train", "4", "--n-sft", "2", "--n-test", "3",
            "--train-len", "2,3", "--test-len", "2,3", "--llm-proposer-tasks", "1", "--max-new-tokens", "24",
            "--acc-max-new-tokens", "12", "--propose-max-new-tokens", "24", "--rl-steps", "1",
-           "--prompts-per-step", "2", "--G", "2", "--label-seeds", "1", "--n-label", "1"]
+           "--prompts-per-step", "2", "--G", "2", "--label-seeds", "1", "--n-label", "1", "--sft-epochs", "2"]
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
