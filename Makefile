@@ -27,19 +27,24 @@ $(STAMP): requirements.txt requirements-nodeps.txt
 	$(BIN)/python -c "import torch, transformers, vllm, sentence_transformers, gguf, accelerate"
 	touch $@
 
-# The main job on the embedded model: grpo.py's toy task, then each paper script's tiny preset.
-# Everything lands in runs/demo/ (logs, metrics, plots) and runs/demo/REPORT.md collects the results.
-DEMO_SCRIPTS ?= grpo
+# The main job on the embedded model: grpo.py's toy task, then each paper script's tiny preset
+# (skill_selfplay twice, once per task family). Everything lands in runs/demo/ (logs, metrics,
+# plots) and runs/demo/REPORT.md collects each run's tables and plots.
+# Run a subset with e.g. `make demo DEMO_RUNS="grpo talentrl"`.
+DEMO_RUNS ?= grpo skill_entropy skill_rm skill_selfplay:tool skill_selfplay:zebra talentrl
 demo: install
 	mkdir -p runs/demo
 	echo "# nanoskill demo report" > runs/demo/REPORT.md
-	set -eo pipefail; for s in $(DEMO_SCRIPTS); do \
-	  echo "== $$s.py --preset tiny"; \
-	  $(BIN)/python $$s.py --preset tiny --run-dir runs/demo/$$s 2>runs/demo/$$s.err | tee runs/demo/$$s.log; \
-	  printf '\n## %s.py --preset tiny\n\n```\n' $$s >> runs/demo/REPORT.md; \
-	  grep -v '^ *step ' runs/demo/$$s.log | tail -n 40 >> runs/demo/REPORT.md; \
+	set -eo pipefail; for r in $(DEMO_RUNS); do \
+	  s=$${r%%:*}; fam=$${r#*:}; name=$$s; extra=""; \
+	  if [ "$$fam" != "$$r" ]; then name=$$s-$$fam; extra="--family $$fam"; fi; \
+	  echo "== $$s.py --preset tiny $$extra"; \
+	  start=$$(date +%s); \
+	  $(BIN)/python $$s.py --preset tiny $$extra --run-dir runs/demo/$$name 2>runs/demo/$$name.err | tee runs/demo/$$name.log; \
+	  printf '\n## %s.py --preset tiny %s (%s s)\n\n```\n' $$s "$$extra" $$(( $$(date +%s) - start )) >> runs/demo/REPORT.md; \
+	  grep -v '^ *step ' runs/demo/$$name.log | tail -n 60 >> runs/demo/REPORT.md; \
 	  printf '```\n' >> runs/demo/REPORT.md; \
-	  for png in runs/demo/$$s/*.png; do [ -e "$$png" ] && echo "![$$png]($${png#runs/demo/})" >> runs/demo/REPORT.md; done; \
+	  for png in runs/demo/$$name/*.png runs/demo/$$name/*/*.png; do [ -e "$$png" ] || continue; echo "![$$png]($${png#runs/demo/})" >> runs/demo/REPORT.md; done; \
 	done
 	@echo "report: runs/demo/REPORT.md"
 

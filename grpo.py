@@ -80,6 +80,7 @@ def add_grpo_args(p):
     g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling; 1.0 keeps the sampled distribution equal to π_θ")
     g.add_argument("--max-new-tokens", type=int, default=128, help="tokens per generated segment")
     g.add_argument("--vllm-kv-gib", type=float, default=1.0, help="vLLM KV-cache size in GiB (fixed, so a colocated engine never competes with training for memory)")
+    g.add_argument("--max-model-len", type=int, default=2048, help="vLLM context length (prompt + completion); longer prompts get an empty completion")
     g = p.add_argument_group("GRPO")
     g.add_argument("--beta", type=float, default=0.04, help="β, k3 KL coefficient (DeepSeekMath Eq. 3: 0.04; DAPO: 0 → no reference model)")
     g.add_argument("--eps-low", type=float, default=0.2, help="ε_low, lower clip (DAPO Eq. 8: 0.2)")
@@ -317,9 +318,9 @@ class VLLMSampler:
 
     def __init__(self, model, tok, args, dist):
         from vllm import LLM
-        self.tok = tok
+        self.tok, self.max_len = tok, args.max_model_len
         self.llm = LLM(model=unwrap(model).name_or_path, dtype="bfloat16", enforce_eager=True, seed=args.seed + dist.rank,
-                       kv_cache_memory_bytes=int(args.vllm_kv_gib * 2**30), max_model_len=getattr(args, "max_model_len", 2048),
+                       kv_cache_memory_bytes=int(args.vllm_kv_gib * 2**30), max_model_len=args.max_model_len,
                        distributed_executor_backend="external_launcher" if dist.world > 1 else None)
         self.sync(model)  # the policy may already differ from the folder (resume, SFT)
 
@@ -327,8 +328,15 @@ class VLLMSampler:
         from vllm import SamplingParams
         sp = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, stop=stop,
                             include_stop_str_in_output=True)
-        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
-        return [[Sample(cut_at_stop(self.tok, list(c.token_ids), stop), c.text) for c in o.outputs] for o in outs]
+        fits = [i for i, p in enumerate(prompts) if len(p) < self.max_len]  # vLLM rejects longer prompts
+        if len(fits) < len(prompts):
+            print(f"nanoskill: {len(prompts) - len(fits)} prompt(s) longer than --max-model-len {self.max_len}: "
+                  "empty completion", file=sys.stderr)
+        outs = self.llm.generate([{"prompt_token_ids": prompts[i]} for i in fits], sp, use_tqdm=False) if fits else []
+        res = [[Sample([], "") for _ in range(n)] for _ in prompts]
+        for i, o in zip(fits, outs):
+            res[i] = [Sample(cut_at_stop(self.tok, list(c.token_ids), stop), c.text) for c in o.outputs]
+        return res
 
     @torch.no_grad()
     def sync(self, model):

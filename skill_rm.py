@@ -84,7 +84,7 @@ ROOT = Path(__file__).resolve().parent
 
 PRESETS = {
     # 2-core CPU, ~5 minutes, embedded SmolLM2-135M as judge and policy.
-    "tiny": dict(sampler="hf", lr=2e-6, beta=0.0, bench_per_cat=2, bon_prompts=3, bon_N=4, rl_steps=2, rl_prompts=2,
+    "tiny": dict(sampler="auto", lr=2e-6, beta=0.0, bench_per_cat=2, bon_prompts=3, bon_N=4, rl_steps=2, rl_prompts=2,
                  rl_eval_prompts=6, G=4, judge_max_new_tokens=64, max_new_tokens=48,
                  max_turns=3, rl_max_turns=3),
     # the paper's judge settings: temperature 0, 5 turns (7 in RL), 4 rollouts/prompt.
@@ -109,6 +109,7 @@ def build_parser():
     g.add_argument("--sandbox-timeout", type=float, default=3.0, help="python_sandbox wall-clock limit, s (NOTES §2: 3)")
     g.add_argument("--sandbox-mem-mb", type=int, default=256, help="python_sandbox address-space limit, MiB")
     g.add_argument("--judge-batch", type=int, default=16, help="judge prompts per generate call (memory)")
+    g.add_argument("--judge-max-model-len", type=int, default=8192, help="vLLM context of the judge engine (SmolLM2: 8192)")
     g.add_argument("--show-trace", type=int, default=0, help="print the full judge trace of this many samples")
     g = p.add_argument_group("benchmark")
     g.add_argument("--bench", default=str(ROOT / "data/skill_rm/bench.jsonl"), help="benchmark file (built by --build-bench)")
@@ -1234,7 +1235,13 @@ def main(argv=None):
         judge = copy.deepcopy(policy).to(torch.bfloat16).eval().requires_grad_(False)  # same weights, no reload
     else:
         judge = load_model(args.judge_model, dist, "bfloat16", trainable=False)[0]
-    judge_sampler = HFSampler(judge, tok, batch=args.judge_batch)
+    # a second vLLM engine when the policy samples with vLLM (never re-synced: the judge is frozen);
+    # judge prompts (system + skill resources + candidates) need a long context
+    if args.sampler != "hf" and dist.world == 1:
+        judge_sampler = make_sampler(argparse.Namespace(**{**vars(args), "max_model_len": args.judge_max_model_len}),
+                                     judge, tok, dist)
+    else:  # under torchrun each rank judges its own rollouts with HF generate
+        judge_sampler = HFSampler(judge, tok, batch=args.judge_batch)
     results = {"args": vars(args)}
     methods, formats = args.methods.split(","), args.formats.split(",")
     if not args.skip_bench:

@@ -244,7 +244,8 @@ def test_multi_turn_rollout_masks_environment_replies(tiny_model_dir):
 
 
 def test_vllm_greedy_equals_hf_greedy_after_weight_update():
-    """Embedded model: an SFT update changes the greedy answer; after sync vLLM agrees with HF."""
+    """Embedded model: an SFT update changes the greedy answer; after sync vLLM agrees with HF.
+    A prompt longer than --max-model-len gets an empty completion instead of an error."""
     code = r'''
 import grpo, argparse, json
 p = argparse.ArgumentParser(); grpo.add_grpo_args(p); args = p.parse_args(["--lr", "1e-4"])
@@ -260,13 +261,15 @@ for _ in range(8):
 stale = v.generate(q, 1, 12, 0.0)[0][0].text
 v.sync(m)
 hf, vl = h.generate(q, 1, 12, 0.0)[0][0], v.generate(q, 1, 12, 0.0)[0][0]
-print("RESULT", json.dumps([before, stale, hf.text, vl.text, hf.ids == vl.ids]))
+mixed = v.generate([q[0] * 300, q[0]], 1, 12, 0.0)  # a prompt over --max-model-len: empty, the batch goes on
+print("RESULT", json.dumps([before, stale, hf.text, vl.text, hf.ids == vl.ids, mixed[0][0].text, mixed[1][0].text]))
 '''
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
     line = [l for l in out.stdout.splitlines() if l.startswith("RESULT")]
     assert line, out.stderr[-3000:]
-    before, stale, hf, vl, same_ids = json.loads(line[0][len("RESULT "):])
+    before, stale, hf, vl, same_ids, too_long, short = json.loads(line[0][len("RESULT "):])
     assert "banana split" in hf and hf == vl and same_ids
+    assert too_long == "" and short == vl
     assert stale == before and "banana split" not in stale  # without the sync vLLM still has the old weights
 
 

@@ -385,7 +385,7 @@ def test_judge_loop_turn_budget_and_plain_judge():
 # ----- smoke test of the tiny preset (shrunk further to stay well under 3 minutes) -----
 
 def test_smoke_tiny_preset(tmp_path, capsys):
-    res = S.main(["--preset", "tiny", "--bench-per-cat", "1", "--methods", "baseline,skill_rm", "--formats", "pairwise",
+    res = S.main(["--preset", "tiny", "--sampler", "hf", "--bench-per-cat", "1", "--methods", "baseline,skill_rm", "--formats", "pairwise",
                   "--bon-prompts", "2", "--bon-N", "2", "--rl-steps", "1", "--rl-prompts", "1", "--G", "2",
                   "--rl-eval-prompts", "2", "--rl-rewards", "skill_rm", "--max-turns", "2", "--rl-max-turns", "2",
                   "--judge-max-new-tokens", "24", "--max-new-tokens", "16", "--beta", "0", "--show-trace", "1",
