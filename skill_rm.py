@@ -563,15 +563,16 @@ def build_benchmark(sampler, tok, args, per_cat, seed=1234):
     print(f"build: {len(items)} items so far; next: best-of-N pools", flush=True)
     write_jsonl(args.bench, items)  # saved now: the pools below take longest
     # best-of-N pools (JETTS): N policy samples per prompt, true score from the hidden checker
-    pools = []
+    math_pools, if_pools = [], []
     bp = math_items(seed + 2, per_cat)
     for k, (m, outs) in enumerate(zip(bp, generate_texts(sampler, tok, [m["prompt"] for m in bp], args.bon_N, args))):
-        pools.append({"id": f"bon-math-{k}", "category": "math", "prompt": m["prompt"], "candidates": outs,
-                      "scores": [float(math_correct(o, m["answer"])) for o in outs]})
+        math_pools.append({"id": f"bon-math-{k}", "category": "math", "prompt": m["prompt"], "candidates": outs,
+                           "scores": [float(math_correct(o, m["answer"])) for o in outs]})
     ip = if_prompts(seed + 2, per_cat, "bon")
     for k, (p, outs) in enumerate(zip(ip, generate_texts(sampler, tok, [p["prompt"] for p in ip], args.bon_N, args))):
-        pools.append({"id": f"bon-if-{k}", "category": "precise_if", "prompt": p["prompt"], "candidates": outs,
-                      "scores": [constraint_scores(p["constraints"], o)["frac"] for o in outs]})
+        if_pools.append({"id": f"bon-if-{k}", "category": "precise_if", "prompt": p["prompt"], "candidates": outs,
+                         "scores": [constraint_scores(p["constraints"], o)["frac"] for o in outs]})
+    pools = [p for pair in zip(math_pools, if_pools) for p in pair]  # interleaved: --bon-prompts k covers both
     return items, pools
 
 
