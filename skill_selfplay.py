@@ -1331,6 +1331,29 @@ def solver_round(D, solver_sampler, tok, args, rng, dist):
     return rollouts
 
 
+def solver_phase(recs, t, solver, ref, opt_s, s_sampler, tok, args, rng, dist):
+    """Step 2 of iteration t: the curriculum D(t) from this iteration's records (Eq. 6), then
+    --solver-steps GRPO steps of the solver on batches of D(t) (Eq. 7), each logged to
+    <run-dir>/solver. An empty D(t) leaves the solver untouched. Returns (D(t), per-step metrics)."""
+    alpha = 0.0 if args.unguided else 1.0 if args.skill_only else args.alpha
+    D = build_curriculum(recs, args.M, alpha, args.v_lo, args.v_hi,
+                         band=args.family == "tool" or args.zebra_band == "on")
+    if not D:
+        if dist.is_main:
+            print(f"iteration {t}: the curriculum is empty (no valid candidate in the frontier band); solver not updated")
+        return D, []
+    steps = []
+    for s in range(args.solver_steps):
+        rollouts = solver_round(D, s_sampler, tok, args, rng, dist)
+        # Eq. (7): J_solve(π) = E_{(x,c)~D(t), y~π(·|x)}[R_solve(x, y, c)], GRPO over G answers per task
+        m = grpo_update(solver, ref, opt_s, rollouts, args, dist)
+        s_sampler.sync(solver)
+        log_metrics(os.path.join(args.run_dir, "solver"), t * args.solver_steps + s, m, dist,
+                    keys=("reward", "kl", "loss", "grad_norm", "completion_len", "n_groups_dropped"))
+        steps.append(m)
+    return D, steps
+
+
 def iteration_metrics(recs, D, pkgs, stats, changes, t):
     """Figure 5/6 diagnostics of one iteration."""
     m = {"iteration": t, "n_proposals_parsed": len(recs), "pool_size": len(D), "lib_size": len(pkgs)}
@@ -1532,18 +1555,7 @@ def main(argv=None):
         times["time_propose"] = time.time() - t0
         # 2. curriculum D(t) (Eq. 6) and solver GRPO (Eq. 7)
         t0 = time.time()
-        alpha = 0.0 if args.unguided else 1.0 if args.skill_only else args.alpha
-        D = build_curriculum(recs, args.M, alpha, args.v_lo, args.v_hi,
-                             band=args.family == "tool" or args.zebra_band == "on")
-        for s in range(args.solver_steps if D else 0):
-            rollouts = solver_round(D, s_sampler, tok, args, rng, dist)
-            # Eq. (7): J_solve(π) = E_{(x,c)~D(t), y~π(·|x)}[R_solve(x, y, c)], GRPO over G answers per task
-            m = grpo_update(solver, ref, opt_s, rollouts, args, dist)
-            s_sampler.sync(solver)
-            log_metrics(os.path.join(run_dir, "solver"), t * args.solver_steps + s, m, dist,
-                        keys=("reward", "kl", "loss", "grad_norm", "completion_len", "n_groups_dropped"))
-        if not D:
-            say(f"iteration {t}: the curriculum is empty (no valid candidate in the frontier band); solver not updated")
+        D, _ = solver_phase(recs, t, solver, ref, opt_s, s_sampler, tok, args, rng, dist)
         times["time_solve"] = time.time() - t0
         # 3. library evolution (§3.4): refine, prune (Eq. 8), induce (Eq. 9-10); rank 0 runs the controller
         t0, changes = time.time(), []

@@ -1,5 +1,6 @@
 """Tests of skill_selfplay.py: the paper's equations against hand values, the zebra
-runtime, the BFCL-semantics checker, package validators, and a tiny smoke run."""
+runtime, the BFCL-semantics checker, package validators, the solver phase (Eq. 6-7) on
+real tasks with the tiny random model, and tiny smoke runs."""
 import copy
 import json
 import math
@@ -400,3 +401,159 @@ def test_smoke_two_rank_gloo_and_resume(tmp_path, tiny_model_dir):
     stdout = run([sys.executable] + flags + ["--T", "2", "--resume"])  # the other launcher: nothing left to do
     assert "resumed" in stdout and stdout.count("Avg.") == 1
     assert len(open(tmp_path / "metrics.jsonl").readlines()) == 2
+
+
+# ----- solver phase (Eq. 6-7) on a curriculum of real tasks -----
+
+def curriculum_records(family):
+    """Valid tasks that went through the proposer's own gate (check_proposal): a package's worked example in
+    the skill stream (its validator ν applies) and a second task in the exploration stream (a runtime puzzle
+    for zebra), plus a valid task outside the frontier band and an invalid one. The probe outcome is set by
+    hand (consistent, v_solve given): a random model's K probes never put a task in the band."""
+    pkgs, _ = S.load_library(os.path.join(ROOT, "data", "selfplay", family), family)
+    if family == "tool":  # short reference calls, so a primed tiny model can reproduce them
+        by_tool = {p["example"]["call"]["name"]: p for p in pkgs}
+        skill, explore, outside = by_tool["set_light"], by_tool["search_products"]["example"], by_tool["get_weather"]["example"]
+    else:
+        skill = min(pkgs, key=lambda p: p["example"]["houses"] * len(p["example"]["attributes"]))
+        explore, outside = [p for _, p, _ in S.make_zebra_puzzles(7, ["small"], 2)]
+    recs = []
+    for stream, task, pkg, v in (("skill", skill["example"], skill, 0.5), ("explore", explore, None, 0.4),
+                                 ("explore", outside, None, 0.9)):
+        text = json.dumps(task)
+        r = S.check_proposal(family, text, pkg, random.Random(0))
+        assert r["ok_schema"] and r["ok_contract"], r["why"]
+        r.update(stream=stream, skill=pkg["name"] if pkg else None, iteration=0, proposal=text, v_solve=v,
+                 consistent=True)
+        recs.append(r)
+    broken = S.check_proposal(family, json.dumps({"houses": 1} if family == "zebra" else {"tools": []}), None,
+                              random.Random(0))
+    assert not broken["ok_schema"]
+    recs.append({**broken, "stream": "explore", "skill": None, "v_solve": 0.5, "consistent": False})
+    for r in recs:  # Eq. (4) and Eq. (2), as probe_records computes them
+        r["valid"] = r["ok_schema"] and r["ok_contract"] and r["consistent"]
+        r["R"] = S.propose_reward(r["valid"], r["v_solve"])
+    return pkgs, recs
+
+
+def solver_args(model_dir, family, run_dir, *extra):
+    p = S.build_parser()
+    S.add_grpo_args(p)
+    return S.parse_with_preset(p, S.PRESETS, argv=[
+        "--family", family, "--preset", "tiny", "--model", model_dir, "--solver-G", "8", "--solver-batch", "2",
+        "--solver-steps", "1", "--max-new-tokens", "96", "--weight-decay", "0", "--no-autocast",
+        "--run-dir", str(run_dir), *extra])
+
+
+class RecordingSampler(S.HFSampler):
+    """The real HF sampler of the solver; it also keeps every prompt it was given and every answer."""
+
+    def __init__(self, model, tok):
+        super().__init__(model, tok)
+        self.calls = []
+
+    def generate(self, prompts, n, *a, **k):
+        outs = super().generate(prompts, n, *a, **k)
+        self.calls.append((prompts, outs))
+        return outs
+
+
+def answer_text(family, rec):
+    return f"<tool_call>{json.dumps(rec['contract'])}</tool_call>" if family == "tool" else json.dumps(rec["contract"])
+
+
+def prime(model, tok, family, task, steps=100):
+    """SFT (grpo.sft_update) on the right answer and on "No." for one task, so the solver's samples for it are
+    a mix of reward-1 and reward-0 answers: a group whose rewards vary, hence a nonzero GRPO gradient."""
+    import torch
+    from grpo import Dist, sft_update
+    args = type("A", (), {"micro_batch": 8, "autocast": False, "grad_clip": 1.0})()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
+    prompt = S.chat_ids(tok, S.solver_messages(family, task["task"]))
+    examples = [(prompt, tok.encode(text, add_special_tokens=False) + [tok.eos_token_id])
+                for text in (answer_text(family, task), "No.")]
+    for _ in range(steps):
+        m = sft_update(model, opt, examples, args, Dist())
+    return m["sft_loss"]
+
+
+@pytest.mark.parametrize("family", ["tool", "zebra"])
+def test_eq7_solver_phase_trains_on_curriculum(family, tiny_model_dir, tmp_path):
+    """Eq. (6) then Eq. (7) on real tasks: the solver sees exactly the in-band valid tasks and never package
+    text, its rewards are Eq. 14/15 of its own answers, and an update with varying rewards moves its weights."""
+    import torch
+    from grpo import Dist, load_model, make_optimizer
+    pkgs, recs = curriculum_records(family)
+    args = solver_args(tiny_model_dir, family, tmp_path)
+    dist = Dist()
+    solver, tok = load_model(args.model, dist, args.dtype)
+    in_band = [r for r in recs if r["valid"] and args.v_lo <= r["v_solve"] <= args.v_hi]
+    assert len(in_band) == 2
+    torch.manual_seed(0)
+    assert prime(solver, tok, family, in_band[0]) < 0.1  # → log 2 / (answer tokens) once both are memorised
+    ref = copy.deepcopy(solver).requires_grad_(False)  # π^(0) of this solver: KL reference
+    before = {k: v.clone() for k, v in solver.state_dict().items()}
+    sampler, opt = RecordingSampler(solver, tok), make_optimizer(solver, args)
+    torch.manual_seed(1)
+    D, steps = S.solver_phase(recs, 1, solver, ref, opt, sampler, tok, args, random.Random(0), dist)  # iteration t = 1
+    # Eq. (6): the two in-band valid records, the skill stream first; out-of-band and invalid ones are dropped
+    assert [id(r) for r in D] == [id(r) for r in in_band]
+    # the solver saw x only: exactly the prompts of the curriculum tasks, no package text anywhere
+    (prompts, outs), = sampler.calls
+    by_prompt = {tuple(S.chat_ids(tok, S.solver_messages(family, r["task"]))): r for r in D}
+    assert sorted(map(tuple, prompts)) == sorted(by_prompt)
+    for p in prompts:
+        text = tok.decode(p)
+        assert "Follow this skill" not in text and "Rules:" not in text and "Hints:" not in text
+        for pkg in pkgs:
+            assert pkg["rules"] not in text and pkg["hints"] not in text and pkg["description"] not in text
+    # Eq. (14)/(15) on the solver's own answers; some group's rewards vary
+    rewards = [[S.solve_reward(family, s.text, by_prompt[tuple(p)])[0] for s in samples]
+               for p, samples in zip(prompts, outs)]
+    assert all(len(g) == args.solver_G for g in rewards)
+    assert any(max(g) > min(g) for g in rewards), rewards
+    assert max(max(g) for g in rewards) == pytest.approx(1.0)  # the exact answer is sampled at least once
+    # grpo_update ran on these rollouts: metrics, log line and changed weights
+    assert len(steps) == args.solver_steps
+    m = steps[0]
+    assert {"reward", "kl", "loss", "grad_norm", "completion_len", "n_groups", "n_groups_dropped", "n_tokens",
+            "clip_frac", "skipped"} <= set(m)
+    assert m["skipped"] == 0.0 and m["n_groups"] == 2 and m["grad_norm"] > 0
+    assert m["reward"] == pytest.approx(sum(map(sum, rewards)) / sum(map(len, rewards)))
+    logged = [json.loads(line) for line in open(tmp_path / "solver" / "metrics.jsonl")]
+    assert [row["step"] for row in logged] == [1] and logged[0]["reward"] == pytest.approx(m["reward"])  # t·steps + s
+    after = solver.state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+def test_eq7_empty_curriculum_leaves_solver_untouched(tiny_model_dir, tmp_path):
+    """No valid record in the band: D(t) is empty, nothing is sampled, no optimizer step, nothing logged."""
+    import torch
+    from grpo import Dist, load_model, make_optimizer
+    for family in ("tool", "zebra"):
+        _, recs = curriculum_records(family)
+        outside = [r for r in recs if not (r["valid"] and 0.25 <= r["v_solve"] <= 0.75)]
+        args = solver_args(tiny_model_dir, family, tmp_path / family)
+        solver, tok = load_model(args.model, Dist(), args.dtype)
+        before = {k: v.clone() for k, v in solver.state_dict().items()}
+        sampler, opt = RecordingSampler(solver, tok), make_optimizer(solver, args)
+        D, steps = S.solver_phase(outside, 0, solver, None, opt, sampler, tok, args, random.Random(0), Dist())
+        assert D == [] and steps == [] and sampler.calls == [] and opt.state_dict()["state"] == {}
+        assert all(torch.equal(before[k], v) for k, v in solver.state_dict().items())
+        assert not os.path.exists(tmp_path / family / "solver" / "metrics.jsonl")
+
+
+def test_eq7_constant_rewards_leave_solver_unchanged(tiny_model_dir, tmp_path):
+    """The contrast to the test above: the unprimed random solver scores 0 on every answer, so every group's
+    advantages are 0 and (π_θ = π_ref, no weight decay) the GRPO step of Eq. 7 leaves the weights as they were."""
+    import torch
+    from grpo import Dist, load_model, make_optimizer
+    _, recs = curriculum_records("tool")
+    args = solver_args(tiny_model_dir, "tool", tmp_path, "--max-new-tokens", "16")
+    solver, tok = load_model(args.model, Dist(), args.dtype)
+    ref, _ = load_model(args.model, Dist(), args.dtype, trainable=False)  # π^(0), loaded apart as main() does
+    before = {k: v.clone() for k, v in solver.state_dict().items()}
+    sampler, opt = RecordingSampler(solver, tok), make_optimizer(solver, args)
+    D, (m,) = S.solver_phase(recs, 0, solver, ref, opt, sampler, tok, args, random.Random(0), Dist())
+    assert len(D) == 2 and m["reward"] == 0.0 and m["skipped"] == 0.0 and m["n_tokens"] > 0 and m["grad_norm"] == 0.0
+    assert all(torch.equal(before[k], v) for k, v in solver.state_dict().items())
