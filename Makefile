@@ -42,7 +42,7 @@ demo: install
 	  start=$$(date +%s); \
 	  $(BIN)/python $$s.py --preset tiny $$extra --run-dir runs/demo/$$name 2>runs/demo/$$name.err | tee runs/demo/$$name.log; \
 	  printf '\n## %s.py --preset tiny %s (%s s)\n\n```\n' $$s "$$extra" $$(( $$(date +%s) - start )) >> runs/demo/REPORT.md; \
-	  grep -v '^ *step ' runs/demo/$$name.log | tail -n 60 >> runs/demo/REPORT.md; \
+	  grep -v -E '^ *step |^\((MainProcess|EngineCore)|^(INFO|WARNING|DEBUG) ' runs/demo/$$name.log | tail -n 60 >> runs/demo/REPORT.md; \
 	  printf '```\n' >> runs/demo/REPORT.md; \
 	  for png in runs/demo/$$name/*.png runs/demo/$$name/*/*.png; do [ -e "$$png" ] || continue; echo "![$$png]($${png#runs/demo/})" >> runs/demo/REPORT.md; done; \
 	done
