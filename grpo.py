@@ -310,7 +310,7 @@ class HFSampler:
         return [out[k * n:(k + 1) * n] for k in range(len(prompts))]
 
     def sync(self, model):
-        pass  # HF generate reads the live training weights
+        self.model = model  # HF generate reads the live weights of whichever model it was last pointed at
 
 
 class VLLMSampler:

@@ -957,11 +957,20 @@ def run_sft(args, dist, tasks, teacher_gen, judge, doms, out_dir):
     return policy, tok, extra
 
 
+def rows_sampler(samplers, args, model, tok, dist):
+    """The one rollout engine of every Table 3 row, loaded with `model`'s weights (a vLLM
+    engine cannot be torn down and rebuilt in one process: the others break)."""
+    if "<policy rollouts>" not in samplers:
+        samplers["<policy rollouts>"] = make_sampler(args, model, tok, dist)  # starts with model's weights
+    else:
+        samplers["<policy rollouts>"].sync(model)
+    return samplers["<policy rollouts>"]
+
+
 def run_grpo(args, dist, tasks, init_dir, out_dir, reward_fn, doms, samplers):
     """GRPO on the RL split from the SFT weights; the SFT model is also π_ref (β > 0).
 
-    `samplers` keeps one rollout engine for every Table 3 row: each run pushes its own
-    weights into it (a vLLM engine cannot be torn down and rebuilt in one process)."""
+    `samplers` holds the rollout engine shared by every Table 3 row (`rows_sampler`)."""
     policy, tok = load_policy(args, dist)
     load_checkpoint(init_dir, policy, None, dist)
     ref = None
@@ -975,10 +984,7 @@ def run_grpo(args, dist, tasks, init_dir, out_dir, reward_fn, doms, samplers):
         if done or args.resume:
             ck = load_checkpoint(out_dir, policy, None if done else opt, dist)
             start = args.rl_steps if done else ck[0] + 1
-    if "<policy rollouts>" not in samplers:
-        samplers["<policy rollouts>"] = make_sampler(args, policy, tok, dist)
-    sampler = samplers["<policy rollouts>"]
-    sampler.sync(policy)
+    sampler = rows_sampler(samplers, args, policy, tok, dist)
     P = max(1, args.prompts_per_step // dist.world)
     for step in range(start, args.rl_steps):
         t0 = time.time()
@@ -1347,10 +1353,7 @@ def main(argv=None):
             if dist.is_main:
                 t0 = time.time()
                 if dist.world == 1 and args.sampler != "hf":  # the rows' shared engine, loaded with this model
-                    if "<policy rollouts>" not in frozen:
-                        frozen["<policy rollouts>"] = make_sampler(args, model, tok, dist)
-                    sampler = frozen["<policy rollouts>"]
-                    sampler.sync(model)
+                    sampler = rows_sampler(frozen, args, model, tok, dist)
                 else:  # under torchrun only rank 0 evaluates: no collective engine calls
                     sampler = HFSampler(unwrap(model), tok)
                 res = summarize(bench_eval(make_generate(sampler, tok), judge, test, args, doms, embed, keys, key_emb,

@@ -281,3 +281,20 @@ def test_toy_demo_smoke(tmp_path):
     assert "held-out greedy accuracy" in out.stdout and "step     1 |" in out.stdout
     assert (tmp_path / "curves.png").stat().st_size > 1000 and len(grpo.read_metrics(tmp_path)) == 2
     assert (tmp_path / "ckpt" / "model" / "config.json").exists()
+
+
+def test_hf_sampler_sync_points_at_the_given_model(tiny_model_dir):
+    """HF generate has no weight copy: `sync(model)` makes later samples come from that model."""
+    import torch
+    dist = grpo.setup_distributed()
+    a, tok = grpo.load_model(tiny_model_dir, dist)
+    b, _ = grpo.load_model(tiny_model_dir, dist)
+    with torch.no_grad():
+        for p in b.parameters():
+            p.add_(torch.randn_like(p))  # b: different weights, same architecture
+    q = [grpo.chat_ids(tok, [{"role": "user", "content": "Name a fruit."}])]
+    s = grpo.HFSampler(a, tok)
+    from_a = s.generate(q, 1, 8, 0.0)[0][0].ids
+    s.sync(b)
+    from_b = s.generate(q, 1, 8, 0.0)[0][0].ids
+    assert from_b == grpo.HFSampler(b, tok).generate(q, 1, 8, 0.0)[0][0].ids and from_b != from_a
