@@ -49,7 +49,7 @@ demo: install
 	@echo "report: runs/demo/REPORT.md"
 
 test: install
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -o tmp_path_retention_policy=failed tests
 
 bench: install
 	$(BIN)/python -m pip install -q trl
