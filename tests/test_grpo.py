@@ -245,7 +245,8 @@ def test_multi_turn_rollout_masks_environment_replies(tiny_model_dir):
 
 def test_vllm_greedy_equals_hf_greedy_after_weight_update():
     """Embedded model: an SFT update changes the greedy answer; after sync vLLM agrees with HF.
-    A prompt longer than --max-model-len gets an empty completion instead of an error."""
+    A prompt longer than --max-model-len gets an empty completion instead of an error. A JSON schema
+    constrains decoding (one for all prompts or one per prompt)."""
     code = r'''
 import grpo, argparse, json
 p = argparse.ArgumentParser(); grpo.add_grpo_args(p); args = p.parse_args(["--lr", "1e-4"])
@@ -262,13 +263,25 @@ stale = v.generate(q, 1, 12, 0.0)[0][0].text
 v.sync(m)
 hf, vl = h.generate(q, 1, 12, 0.0)[0][0], v.generate(q, 1, 12, 0.0)[0][0]
 mixed = v.generate([q[0] * 300, q[0]], 1, 12, 0.0)  # a prompt over --max-model-len: empty, the batch goes on
-print("RESULT", json.dumps([before, stale, hf.text, vl.text, hf.ids == vl.ids, mixed[0][0].text, mixed[1][0].text]))
+yes_no = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}}, "required": ["answer"],
+          "additionalProperties": False}
+fruit = {"type": "object", "properties": {"fruit": {"enum": ["kiwi", "plum"]}}, "required": ["fruit"],
+         "additionalProperties": False}
+one = v.generate(q, 3, 24, 1.0, json_schema=yes_no)[0]                 # one schema for every prompt
+per = v.generate([q[0], q[0]], 2, 24, 1.0, json_schema=[yes_no, fruit])  # one schema per prompt
+print("RESULT", json.dumps([before, stale, hf.text, vl.text, hf.ids == vl.ids, mixed[0][0].text, mixed[1][0].text,
+                            [s.text for s in one], [[s.text for s in g] for g in per]]))
 '''
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
     line = [l for l in out.stdout.splitlines() if l.startswith("RESULT")]
     assert line, out.stderr[-3000:]
-    before, stale, hf, vl, same_ids, too_long, short = json.loads(line[0][len("RESULT "):])
+    before, stale, hf, vl, same_ids, too_long, short, one, per = json.loads(line[0][len("RESULT "):])
     assert "banana split" in hf and hf == vl and same_ids
+    # json_schema: constrained decoding (structured outputs), one schema for all prompts or one per prompt
+    assert all(json.loads(t)["answer"] in ("yes", "no") for t in one)
+    assert all(t == json.dumps(json.loads(t), separators=(",", ":")) for t in one)  # compact: no optional spaces
+    assert all(json.loads(t)["answer"] in ("yes", "no") for t in per[0])
+    assert all(json.loads(t)["fruit"] in ("kiwi", "plum") for t in per[1])
     assert too_long == "" and short == vl
     assert stale == before and "banana split" not in stale  # without the sync vLLM still has the old weights
 

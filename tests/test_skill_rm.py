@@ -328,7 +328,7 @@ class ScriptedSampler:
     def __init__(self, replies):
         self.replies, self.k = replies, 0
 
-    def generate(self, prompts, n, max_new_tokens, temperature, top_p=1.0, stop=None):
+    def generate(self, prompts, n, max_new_tokens, temperature, top_p=1.0, stop=None, json_schema=None):
         out = []
         for _ in prompts:
             text = self.replies[min(self.k, len(self.replies) - 1)]

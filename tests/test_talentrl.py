@@ -291,7 +291,7 @@ class ScriptedSampler:
     def __init__(self, tok, answers):
         self.tok, self.answers = tok, answers
 
-    def generate(self, prompts, n, max_new_tokens, temperature, top_p=1.0, stop=None):
+    def generate(self, prompts, n, max_new_tokens, temperature, top_p=1.0, stop=None, json_schema=None):
         from grpo import Sample
         out = []
         for p in prompts:
