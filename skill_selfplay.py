@@ -1760,9 +1760,7 @@ def main(argv=None):
         for sub in ("proposer", "solver"):
             if os.path.exists(os.path.join(run_dir, sub, "metrics.jsonl")):
                 plot_curves(os.path.join(run_dir, sub), ("reward", "kl"))
-    if dist.world > 1:
-        torch_dist.destroy_process_group()
-    return {"history": history, "rows": rows}
+    return {"history": history, "rows": rows}  # the process group is left to exit (vLLM's engines tear down their own)
 
 
 if __name__ == "__main__":
