@@ -119,9 +119,11 @@ from grpo import (HFSampler, Rollout, add_grpo_args, barrier, chat_ids, grpo_upd
 # ----- config -----
 
 PRESETS = {
-    # ~5 minutes per family on a 2-core CPU with the embedded 135M model; temperature 0.7 because
-    # SmolLM2-135M at 1.0 (top-k off) rarely writes well-formed JSON; micro_batch 2 bounds the memory of
-    # the backward pass over ~900-token proposer sequences (a run with 8 peaked at 16.6 GB RSS, with 2 at 6.3)
+    # ~4.5 minutes per family on a 2-core CPU with the embedded 135M model, sampling with vLLM (the
+    # collection pass of 16 prompts × G is cheap there); temperature 0.7 because SmolLM2-135M at 1.0
+    # (top-k off) rarely writes well-formed JSON; micro_batch 2 bounds the memory of the backward pass over
+    # ~900-token proposer sequences (a run with 8 peaked at 16.6 GB RSS, with 2 at 6.3); the aids of
+    # difference 10 (grammar, solver aid) are what lets the 135M model close the loop for zebra
     "tiny": dict(T=2, K=4, M=8, proposer_prompts=2, proposer_G=2, proposer_steps=1, collect_prompts=16,
                  solver_G=4, solver_steps=2, solver_batch=4, eval_n=4, eval_samples=1,
                  eval_temperature=0.0, max_new_tokens=96, proposer_max_new_tokens=320,
