@@ -1103,68 +1103,44 @@ ZEBRA_TASK_SPEC = ('A puzzle is one JSON object with keys "houses" (2-6), "attri
 # the syntax and the key layout only; every semantic check of Eq. 4 (tool names, required arguments,
 # distinct values, uniqueness, ν, probes) is still done by check_proposal and probe_records.
 _TEXT = lambda n: {"type": "string", "minLength": 1, "maxLength": n}
+
+
+def _OBJECT(required, /, **props):
+    """A JSON-schema object with exactly these properties (a property may itself be called "required")."""
+    return {"type": "object", "additionalProperties": False, "required": required, "properties": props}
+
+
+_PARAM = _OBJECT(["type"], type={"enum": ["string", "integer", "number", "boolean", "array"]}, description=_TEXT(80),
+                 items=_OBJECT([], type={"enum": ["string", "integer", "number"]}),
+                 enum={"type": "array", "items": _TEXT(30), "maxItems": 6})
+_TOOL = _OBJECT(["name", "description", "parameters"], name={"type": "string", "pattern": "^[a-z][a-z_]{1,30}$"},
+                description=_TEXT(60),
+                parameters=_OBJECT(["type", "properties", "required"], type={"const": "object"},
+                                   properties={"type": "object", "maxProperties": 4, "additionalProperties": _PARAM},
+                                   required={"type": "array", "items": _TEXT(30), "maxItems": 4}))
+_TURN = _OBJECT(["role", "content"], role={"enum": ["user", "assistant", "observation"]}, content=_TEXT(160))
+_ARG_VALUE = {"anyOf": [{"type": ["string", "integer", "number", "boolean"]},
+                        {"type": "array", "maxItems": 6, "items": {"type": ["string", "integer", "number"]}}]}
+_CALL = _OBJECT(["name", "arguments"], name=_TEXT(40),
+                arguments={"type": "object", "maxProperties": 4, "additionalProperties": _ARG_VALUE})
 _ZEBRA_VALUE = {"type": "string", "pattern": "^[A-Z][a-z]{1,11}$"}
+
+
+def _zebra_schema(n):
+    """A puzzle with n houses: every attribute lists exactly n values."""
+    clue = _OBJECT(["type", "a"], type={"enum": sorted(ZEBRA_TEXT)}, a=_ZEBRA_VALUE, b=_ZEBRA_VALUE,
+                   house={"type": "integer", "minimum": 1, "maximum": n})
+    return _OBJECT(["houses", "attributes", "clues"], houses={"const": n},
+                   attributes={"type": "object", "minProperties": 2, "maxProperties": 6, "additionalProperties": {
+                       "type": "array", "items": _ZEBRA_VALUE, "minItems": n, "maxItems": n}},
+                   clues={"type": "array", "maxItems": 16, "items": clue})
+
+
 TASK_SCHEMA = {
-    "tool": {"type": "object", "additionalProperties": False, "required": ["tools", "dialogue", "call"], "properties": {
-        "tools": {"type": "array", "minItems": 1, "maxItems": 4, "items": {
-            "type": "object", "additionalProperties": False, "required": ["name", "description", "parameters"],
-            "properties": {"name": {"type": "string", "pattern": "^[a-z][a-z_]{1,30}$"}, "description": _TEXT(60),
-                           "parameters": {"type": "object", "additionalProperties": False,
-                                          "required": ["type", "properties", "required"], "properties": {
-                                              "type": {"const": "object"},
-                                              "properties": {"type": "object", "maxProperties": 4, "additionalProperties": {
-                                                  "type": "object", "additionalProperties": False, "required": ["type"],
-                                                  "properties": {"type": {"enum": ["string", "integer", "number", "boolean",
-                                                                                   "array"]},
-                                                                 "description": _TEXT(80),
-                                                                 "items": {"type": "object", "additionalProperties": False,
-                                                                           "properties": {"type": {"enum": ["string", "integer", "number"]}}},
-                                                                 "enum": {"type": "array", "items": _TEXT(30), "maxItems": 6}}}},
-                                              "required": {"type": "array", "items": _TEXT(30), "maxItems": 4}}}}}},
-        "dialogue": {"type": "array", "minItems": 1, "maxItems": 5, "items": {
-            "type": "object", "additionalProperties": False, "required": ["role", "content"],
-            "properties": {"role": {"enum": ["user", "assistant", "observation"]}, "content": _TEXT(160)}}},
-        "call": {"type": "object", "additionalProperties": False, "required": ["name", "arguments"], "properties": {
-            "name": _TEXT(40), "arguments": {"type": "object", "maxProperties": 4, "additionalProperties": {
-                "anyOf": [{"type": ["string", "integer", "number", "boolean"]},
-                          {"type": "array", "maxItems": 6, "items": {"type": ["string", "integer", "number"]}}]}}}}}},
-    # one alternative per house count, so that every attribute lists exactly one value per house
-    "zebra": {"anyOf": [{"type": "object", "additionalProperties": False, "required": ["houses", "attributes", "clues"],
-                         "properties": {"houses": {"const": n},
-                                        "attributes": {"type": "object", "minProperties": 2, "maxProperties": 6,
-                                                       "additionalProperties": {"type": "array", "items": _ZEBRA_VALUE,
-                                                                                "minItems": n, "maxItems": n}},
-                                        "clues": {"type": "array", "maxItems": 16, "items": {
-                                            "type": "object", "additionalProperties": False, "required": ["type", "a"],
-                                            "properties": {"type": {"enum": sorted(ZEBRA_TEXT)}, "a": _ZEBRA_VALUE,
-                                                           "b": _ZEBRA_VALUE,
-                                                           "house": {"type": "integer", "minimum": 1, "maximum": n}}}}}}
-                        for n in range(2, 7)]},
+    "tool": _OBJECT(["tools", "dialogue", "call"], tools={"type": "array", "minItems": 1, "maxItems": 4, "items": _TOOL},
+                    dialogue={"type": "array", "minItems": 1, "maxItems": 5, "items": _TURN}, call=_CALL),
+    "zebra": {"anyOf": [_zebra_schema(n) for n in range(2, 7)]},  # one alternative per house count
 }
-
-
-def proposer_messages(family, pkg):
-    """Skill stream (pkg given: rules r, hints h, example e) or exploration stream (pkg None)."""
-    if family == "tool":
-        head = "You write training tasks for a function-calling assistant. " + TOOL_TASK_SPEC
-        ask = "Write one NEW task in this JSON format with different tools and values. Output only the JSON."
-    else:
-        head = "You write logic grid puzzles for a solver. " + ZEBRA_TASK_SPEC
-        ask = ("Write one NEW puzzle blueprint in this JSON format (houses and attributes; clues are optional, "
-               "a runtime completes them until the solution is unique). Output only the JSON." if pkg else
-               "Write one NEW puzzle in this JSON format whose clues determine exactly one solution. Output only the JSON.")
-    if pkg is None:
-        return [{"role": "user", "content": head + "\n" + ask}]
-    body = (f"{head}\nFollow this skill: {pkg['title']}: {pkg['description']}\nRules:\n{pkg['rules']}\n"
-            f"Hints: {pkg['hints']}\nExample:\n{json.dumps(pkg['example'])}\n{ask}")
-    return [{"role": "user", "content": body}]
-
-
-def solver_messages(family, task):
-    """x: what the solver sees (never the package)."""
-    if family == "tool":
-        return tool_messages(task["tools"], task["dialogue"])
-    return [{"role": "user", "content": render_zebra_prompt(task)}]
 
 
 def answer_prefix(args):
