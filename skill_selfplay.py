@@ -1143,6 +1143,30 @@ TASK_SCHEMA = {
 }
 
 
+def proposer_messages(family, pkg):
+    """Skill stream (pkg given: rules r, hints h, example e) or exploration stream (pkg None)."""
+    if family == "tool":
+        head = "You write training tasks for a function-calling assistant. " + TOOL_TASK_SPEC
+        ask = "Write one NEW task in this JSON format with different tools and values. Output only the JSON."
+    else:
+        head = "You write logic grid puzzles for a solver. " + ZEBRA_TASK_SPEC
+        ask = ("Write one NEW puzzle blueprint in this JSON format (houses and attributes; clues are optional, "
+               "a runtime completes them until the solution is unique). Output only the JSON." if pkg else
+               "Write one NEW puzzle in this JSON format whose clues determine exactly one solution. Output only the JSON.")
+    if pkg is None:
+        return [{"role": "user", "content": head + "\n" + ask}]
+    body = (f"{head}\nFollow this skill: {pkg['title']}: {pkg['description']}\nRules:\n{pkg['rules']}\n"
+            f"Hints: {pkg['hints']}\nExample:\n{json.dumps(pkg['example'])}\n{ask}")
+    return [{"role": "user", "content": body}]
+
+
+def solver_messages(family, task):
+    """x: what the solver sees (never the package)."""
+    if family == "tool":
+        return tool_messages(task["tools"], task["dialogue"])
+    return [{"role": "user", "content": render_zebra_prompt(task)}]
+
+
 def answer_prefix(args):
     """(prefix, stop) of every tool-call answer (probes, solver GRPO, held-out evaluation, base and trained alike).
     --solver-aid on: the reply is prefilled with the opening of the call, part of the prompt and not trained
