@@ -88,15 +88,16 @@ Differences from the paper:
     prompt, not trained on). Tiny preset only (both flags off in the paper
     preset): --proposer-grammar on decodes proposals under the task's JSON
     schema (TASK_SCHEMA, vLLM structured outputs; syntax and key layout only,
-    every check of Eq. 4 still runs), and --solver-aid on helps every solver
+    every check of Eq. 4 still runs; the HF sampler cannot constrain decoding
+    and uses the prefill instead), and --solver-aid on helps every solver
     answer (probes, solver GRPO and held-out evaluation; base and trained
     solver alike): tool answers are prefilled with '<tool_call>{"name": "' and
     stop after the call; zebra answers are decoded under the puzzle's
     grid_schema (every house and attribute, values from the puzzle's lists;
-    using each value once and placing it right is still the solver's job).
-    Tiny held-out numbers are therefore not comparable with the paper's. The
-    HF sampler cannot constrain decoding and samples freely. The tiny preset
-    samples at temperature 0.7; the paper preset keeps 1.0.
+    using each value once and placing it right is still the solver's job;
+    the HF sampler samples zebra answers freely). Tiny held-out numbers are
+    therefore not comparable with the paper's. The tiny preset samples at
+    temperature 0.7; the paper preset keeps 1.0.
 """
 import argparse
 import collections
@@ -1292,8 +1293,8 @@ def propose(tag, n_prompts, proposer_sampler, probe_sampler, tok, pkgs, stats, a
     chosen = rng.choices(pkgs, weights=probs, k=n_skill) if n_skill else []  # same rng state on every rank
     streams = [("skill", p) for p in chosen] + [("explore", None) for _ in range(n_prompts - n_skill)]
     mine = list(range(dist.rank, len(streams), dist.world))  # global prompt indices g of this rank
-    if args.proposer_grammar == "on":  # the JSON schema of a task constrains decoding instead of a prefilled opening
-        prefix, schema = "", TASK_SCHEMA[args.family]
+    if args.proposer_grammar == "on" and not isinstance(proposer_sampler, HFSampler):
+        prefix, schema = "", TASK_SCHEMA[args.family]  # the task's JSON schema constrains decoding (vLLM)
     else:
         prefix, schema = PROPOSER_PREFIX[args.family], None
     prompts = [chat_ids(tok, proposer_messages(args.family, streams[g][1])) + tok.encode(prefix, add_special_tokens=False)

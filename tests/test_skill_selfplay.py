@@ -370,6 +370,41 @@ def test_solver_aid_tool_prefix_is_prompt_and_part_of_the_scored_answer():
     assert sampler.prompts[0] == plain and sampler.stop is None and rec2["v_solve"] == 0.0 and not rec2["valid"]
 
 
+def test_proposer_grammar_on_vllm_prefill_on_hf():
+    """--proposer-grammar on: a sampler that can constrain decoding gets TASK_SCHEMA and no prefill; the HF
+    sampler, which cannot, gets the PROPOSER_PREFIX prefill instead (and the prefix is part of the proposal)."""
+    from grpo import Dist
+    tok = _tok()
+    p = S.build_parser()
+    S.add_grpo_args(p)
+    args = S.parse_with_preset(p, S.PRESETS, argv=["--family", "zebra", "--preset", "tiny"])
+    assert args.proposer_grammar == "on"
+    pkgs, stats = S.load_library(os.path.join(ROOT, "data", "selfplay", "zebra"), "zebra")
+    reply = ' 2, "attributes": {"Name": ["Ann", "Ben"], "Pet": ["Cat", "Dog"]}, "clues": []}'
+
+    class Constraining(FixedReply):  # stands in for vLLM: records what it was asked
+        def generate(self, prompts, n, *a, **k):
+            self.prompts, self.schema = prompts, k.get("json_schema")
+            return super().generate(prompts, n)
+
+    class HF(S.HFSampler):
+        def __init__(self):
+            self.text = reply
+
+        def generate(self, prompts, n, *a, **k):
+            self.prompts, self.schema = prompts, k.get("json_schema")
+            return FixedReply.generate(self, prompts, n)
+
+    plain = S.chat_ids(tok, S.proposer_messages("zebra", None))
+    for sampler, schema, prefix in ((Constraining('{"houses":' + reply), S.TASK_SCHEMA["zebra"], ""),
+                                    (HF(), None, S.PROPOSER_PREFIX["zebra"])):
+        _, local, _ = S.propose("t", 2, sampler, FixedReply("no"), tok, pkgs, stats, args, random.Random(0), Dist())
+        assert sampler.schema == schema
+        explore = sampler.prompts[-1]  # the exploration-stream prompt
+        assert explore[:len(plain)] == plain and tok.decode(explore[len(plain):]) == prefix
+        assert all(x["rec"] is not None and x["rec"]["proposal"].startswith('{"houses":') for x in local)
+
+
 def test_solver_aid_zebra_grid_schema():
     """--solver-aid on (zebra): each probe is decoded under its own puzzle's grid_schema, which admits the
     solution and any grid of the puzzle's values, and nothing else; off: no schema."""
