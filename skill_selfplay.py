@@ -1180,10 +1180,9 @@ def answer_prefix(args):
 def grid_schema(p):
     """JSON schema of a zebra answer: every house, every attribute, each value one of the attribute's values
     (that each value is used once, and which house holds it, is left to the solver)."""
-    row = {"type": "object", "additionalProperties": False, "required": list(p["attributes"]),
-           "properties": {a: {"enum": list(vals)} for a, vals in p["attributes"].items()}}
+    row = _OBJECT(list(p["attributes"]), **{a: {"enum": list(vals)} for a, vals in p["attributes"].items()})
     houses = [f"House {h}" for h in range(1, p["houses"] + 1)]
-    return {"type": "object", "additionalProperties": False, "required": houses, "properties": {h: row for h in houses}}
+    return _OBJECT(houses, **{h: row for h in houses})
 
 
 def answer_schemas(args, puzzles):
@@ -1191,7 +1190,8 @@ def answer_schemas(args, puzzles):
     return [grid_schema(p) for p in puzzles] if args.family == "zebra" and args.solver_aid == "on" else None
 
 
-def solver_prompt(tok, messages, prefix):
+def prefilled_prompt(tok, messages, prefix):
+    """Chat prompt ids followed by the reply's prefilled opening (part of the prompt, never trained on)."""
     return chat_ids(tok, messages) + (tok.encode(prefix, add_special_tokens=False) if prefix else [])
 
 
@@ -1250,7 +1250,7 @@ def probe_records(family, recs, probe_sampler, tok, args):
     """K probes of the (frozen) solver for every gated record: fills v_solve (Eq. 1), consistency and valid (Eq. 4)."""
     todo = [r for r in recs if r["ok_schema"] and r["ok_contract"]]
     prefix, stop = answer_prefix(args)
-    prompts = [solver_prompt(tok, solver_messages(family, r["task"]), prefix) for r in todo]
+    prompts = [prefilled_prompt(tok, solver_messages(family, r["task"]), prefix) for r in todo]
     outs = probe_sampler.generate(prompts, args.K, args.max_new_tokens, args.temperature, stop=stop,
                                   json_schema=answer_schemas(args, [r["task"] for r in todo])) if prompts else []
     for r, samples in zip(todo, outs):
@@ -1297,8 +1297,7 @@ def propose(tag, n_prompts, proposer_sampler, probe_sampler, tok, pkgs, stats, a
         prefix, schema = "", TASK_SCHEMA[args.family]  # the task's JSON schema constrains decoding (vLLM)
     else:
         prefix, schema = PROPOSER_PREFIX[args.family], None
-    prompts = [chat_ids(tok, proposer_messages(args.family, streams[g][1])) + tok.encode(prefix, add_special_tokens=False)
-               for g in mine]
+    prompts = [prefilled_prompt(tok, proposer_messages(args.family, streams[g][1]), prefix) for g in mine]
     outs = proposer_sampler.generate(prompts, args.proposer_G, args.proposer_max_new_tokens, args.temperature,
                                      json_schema=schema) if mine else []
     rollouts, local = [], []
@@ -1462,7 +1461,7 @@ def solver_round(D, solver_sampler, tok, args, rng, dist):
     The batch is drawn with the shared rng (same on every rank); each rank rolls out its share."""
     batch = rng.sample(D, min(args.solver_batch, len(D)))[dist.rank::dist.world]
     prefix, stop = answer_prefix(args)
-    prompts = [solver_prompt(tok, solver_messages(args.family, r["task"]), prefix) for r in batch]
+    prompts = [prefilled_prompt(tok, solver_messages(args.family, r["task"]), prefix) for r in batch]
     rollouts = sample_group_rollouts(solver_sampler, prompts, args.solver_G, args, stop,
                                      json_schema=answer_schemas(args, [r["task"] for r in batch])) if batch else []
     for ro in rollouts:
@@ -1519,7 +1518,7 @@ def eval_tool(sampler, tok, args, dist):
     res, (prefix, stop) = {}, answer_prefix(args)
     for cat in BFCL_CATEGORIES:
         items = load_bfcl(cat, args.eval_n)[dist.rank::dist.world]
-        prompts = [solver_prompt(tok, bfcl_messages(e, cat), prefix) for e, _ in items]
+        prompts = [prefilled_prompt(tok, bfcl_messages(e, cat), prefix) for e, _ in items]
         outs = sampler.generate(prompts, args.eval_samples, args.max_new_tokens, args.eval_temperature,
                                 stop=stop) if items else []
         hits = []
