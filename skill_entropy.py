@@ -178,7 +178,7 @@ def build_parser():
     g.add_argument("--baselines", default="base,sft,grpo,ske_rl", help="Table 3 rows to run")
     g.add_argument("--lambda-sweep", default="", help="λ_ans values for the D.7 sweep, e.g. 0.9,0.7,0.5,0.3")
     g.add_argument("--n-label", type=int, default=20, help="off-the-shelf problems labelled by `label` (§4.4)")
-    g.add_argument("--compare-runs", default="", help="`compare`: comma-separated run folders (one seed each) → Table 3 mean ± sd")
+    g.add_argument("--compare-runs", default="", help="`compare`: run folders (one seed each), separated by commas or spaces → Table 3 mean ± sd")
     add_grpo_args(p)
     return p
 
@@ -1581,7 +1581,7 @@ def stage_label(args, dist, run, bank, table, gen_of, embed, key_emb, cfg):
 
 def stage_compare(args):
     """Table 3 as mean ± sd over the run folders of --compare-runs (one seed each)."""
-    tabs = [json.loads((Path(r) / "table3.json").read_text())["rows"] for r in args.compare_runs.split(",") if r]
+    tabs = [json.loads((Path(r) / "table3.json").read_text())["rows"] for r in re.split(r"[,\s]+", args.compare_runs) if r]
     names = [k for k in tabs[0] if all(k in t for t in tabs)]
     print(f"\nTable 3 shape over {len(tabs)} runs ({args.compare_runs}): mean ± sd of % per-step score")
     cols = ["overall"] + LEVELS + ["format_ok"]

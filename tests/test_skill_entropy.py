@@ -317,13 +317,15 @@ def test_spearman():
 
 
 def test_tiny_preset_smoke(tmp_path):
-    """Every stage end to end on the embedded model, shrunk further with flags."""
+    """Every stage end to end on the embedded model, shrunk further with flags. Fails when the
+    run shows no signal: a constant SkE table, or every Acc cell at 0."""
     cmd = [sys.executable, str(ROOT / "skill_entropy.py"), "--preset", "tiny", "--sampler", "hf",
-           "--run-dir", str(tmp_path / "run"), "--domains", "math,logic,science,creative_writing",
-           "--skills-per-domain", "1", "--direct-pairs", "2", "--n-train", "4", "--n-sft", "2", "--n-test", "3",
-           "--train-len", "2,3", "--test-len", "2,3", "--llm-proposer-tasks", "1", "--max-new-tokens", "24",
-           "--acc-max-new-tokens", "12", "--propose-max-new-tokens", "24", "--rl-steps", "1",
-           "--prompts-per-step", "2", "--G", "2", "--label-seeds", "1", "--n-label", "1", "--sft-epochs", "2"]
+           "--run-dir", str(tmp_path / "run"), "--domains", "math,information_extraction,creative_writing",
+           "--skills-per-domain", "2", "--acc-samples", "2", "--direct-pairs", "3", "--n-train", "4", "--n-sft", "2",
+           "--n-test", "3", "--train-len", "2,3", "--test-len", "2,3", "--llm-proposer-tasks", "1", "--max-new-tokens", "24",
+           "--acc-max-new-tokens", "12", "--propose-max-new-tokens", "24", "--rl-steps", "1", "--prompts-per-step", "2",
+           "--G", "2", "--label-seeds", "1", "--n-label", "1", "--sft-epochs", "2",
+           "--baselines", "grpo,format_only,shuffled_ske,ske_rl"]
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -331,15 +333,20 @@ def test_tiny_preset_smoke(tmp_path):
     for f in ("bank_labelled.json", "ske_table.json", "fig2_ske.png", "tasks.json", "bench.json", "table3.json",
               "offshelf_labelled.json"):
         assert (run / f).exists(), f
+    ske = json.loads((run / "ske_table.json").read_text())
+    assert ske["mean_step_score"] > 0, "every Acc cell is 0: the reference model answered nothing"
+    assert len({round(v, 6) for v in ske["ske_pairwise"].values()}) >= 3, "SkE is (nearly) constant"
+    assert ske["thetas"][0] < ske["thetas"][1]
     t3 = json.loads((run / "table3.json").read_text())["rows"]
-    assert set(t3) == {"base", "sft", "grpo", "ske_rl"}
+    assert set(t3) == {"grpo", "format_only", "shuffled_ske", "ske_rl"}
     assert all(0.0 <= r["overall"] <= 1.0 for r in t3.values())
     assert "Table 3 shape" in out.stdout
     tasks = json.loads((run / "tasks.json").read_text())["tasks"]
     assert all(t["proposer"] in ("llm", "template") for t in tasks)
-    # a re-run reuses every stage's output
+    # a re-run reuses every stage's output and every checkpoint
     out2 = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert out2.returncode == 0 and "[ske]" not in out2.stdout and "GRPO steps" not in out2.stdout
+    assert "SFT →" not in out2.stdout
 
 
 # ----- synthesis loop and reward function without a model (the LLM is an input here) -----
@@ -667,3 +674,16 @@ def test_row_specs_and_diverse_subset():
         se.row_spec("nope", a)
     ts = [{"skills": [A, B]}, {"skills": [A, B]}, {"skills": [B, C]}]
     assert se.diverse_subset(ts, 2) == [ts[0], ts[2]]
+
+
+def test_compare_prints_mean_and_sd_over_seeds(tmp_path, capsys):
+    runs = []
+    for i, v in enumerate((0.1, 0.2, 0.3)):
+        r = tmp_path / f"seed{i}"
+        r.mkdir()
+        row = dict(overall=v, low=v, medium=v, high=float("nan"), format_ok=1.0)
+        (r / "table3.json").write_text(json.dumps({"rows": {"grpo": row, "ske_rl": dict(row, overall=2 * v)}}))
+        runs.append(str(r))
+    se.main(["compare", "--compare-runs", " ".join(runs)])
+    out = capsys.readouterr().out
+    assert re.search(r"GRPO \(r_ans\)\s+20\.0 ±\s+10\.0", out) and re.search(r"Skill-Entropy RL\s+40\.0 ±\s+20\.0", out)
