@@ -6,9 +6,11 @@ equations restored in NOTES.md §1).
 
     python skill_entropy.py --preset tiny            # every stage, 2-core CPU, ~5 min
     python skill_entropy.py ske --preset tiny        # one stage (bank|ske|synth|bench|train|label|all)
+    make ske-seeds                                   # tiny run for seeds 0 1 2, then `compare`
     torchrun --nproc_per_node 8 skill_entropy.py --preset paper --model Qwen/Qwen3-4B-Instruct-2507
 
-Stages (each writes into --run-dir and is reused when its file already exists):
+Stages (each writes into --run-dir together with the settings that made it; a file or
+checkpoint is reused only when those settings are the same, else recomputed):
   bank   §3.2(1): LLM labels seeds with 3–5 skills, MiniLM clusters the labels
          (bank_labelled.json); the curated data/skill_entropy/bank.json is the default bank.
   ske    §3.1, B.3–B.5: Acc(s), Acc(d), Acc(s,d), Acc(d,s) under the reference model at
@@ -19,6 +21,7 @@ Stages (each writes into --run-dir and is reused when its file already exists):
   bench  §3.3: Skill²-Bench single-/cross-skill evaluation, Table 2 shape, wrong-skill analysis.
   train  §4: SFT warm-up, GRPO with r = λ_ans·r_ans + λ_ent·r_ent, baselines, λ sweep, Table 3.
   label  §4.4: segment off-the-shelf solution traces into steps labelled from the bank.
+  compare  Table 3 as mean ± sd over finished run folders (--compare-runs, one seed each).
 
 Glossary: s skill, d domain, S skill bank, Acc reference-model accuracy, α Laplace
 smoothing, SkE skill entropy, τ task, L task length, μ(τ) skill sequence, ρ rank under
@@ -64,9 +67,17 @@ Differences from the paper:
     (verifiable) steps; cross-skill over all steps, open-ended included, is printed apart.
 10. The judge for open-ended steps is the reference model (paper: Claude-opus-4.7 for the
     bench, the evaluated model itself for Table 3); one greedy sample, not 4 at T=0.7.
-11. Skill-Distill, SkillRL and STAT baselines and the external benchmarks (D.9–D.10) are
-    not reproduced. Off-the-shelf data (§4.4) is reasoning-gym gsm_symbolic with traces
-    written by the teacher, not OpenR1-Math.
+11. Table 3 controls added here: "format bonus" (r_ent = 1 whenever some switch has both
+    skills in-bank, i.e. wherever Eq. 6 would be computed) and "shuffled SkE" (Eq. 6 on the
+    SkE table with its values permuted over the skill pairs; F and SkE* from that table).
+    The skill-aware baselines are simplified (rows marked *): Skill-Distill = SFT on the
+    --n-sft training tasks that cover the most distinct skill switches (greedy), no RL;
+    SkillRL = GRPO whose λ_ent term pays the share of steps whose matched skill is the
+    gold one (a skill-level signal without SkE); STAT = answer-only GRPO whose task stream
+    is redrawn ∝ 1.05 − the reference model's mean Acc(s) of a task's skills (weakest
+    skills first; STAT uses the trained model's own weaknesses). The external benchmarks
+    (D.9–D.10) are not reproduced. Off-the-shelf data (§4.4) is reasoning-gym
+    gsm_symbolic with traces written by the teacher, not OpenR1-Math.
 12. Code steps run in grpo.run_sandboxed (shared with skill_rm.py): a separate isolated
     Python with rlimits, an empty environment, a temporary folder and an audit hook; it
     contains loops, forks, memory hogs, sockets and writes outside its folder, but it is
@@ -106,17 +117,18 @@ LEVELS = ["low", "medium", "high"]
 # ----- config -----
 
 PRESETS = {
-    # ~5 min on an idle 2-core CPU: one skill per domain (9 skills), short generations,
-    # 2 GRPO steps per run; β and dynamic sampling as in the paper.
+    # ≈ 8 min on an idle 2-core CPU: the three domains with two screened seeds each
+    # (bank.json screen_acc in [0.2, 0.7]), 8 step-wise chains per Acc cell, short
+    # generations, 2 GRPO steps per Table 3 row; β and dynamic sampling as in the paper.
     # 192 new tokens fit a length-4 gold trace; 6 SFT epochs are what it takes the 135M
     # model to emit the D.2 format at all (2 epochs: strict format 0 %). vLLM (`auto`)
     # samples the rollouts and the Table 3 evaluations.
-    "tiny": dict(skills_per_domain=1, acc_samples=1, direct_pairs=6, n_train=10, n_sft=4,
-                 n_test=6, train_len="3,4", test_len="2,4", llm_proposer_tasks=2,
+    "tiny": dict(domains="math,logic,information_extraction", skills_per_domain=2, acc_samples=8, direct_pairs=6,
+                 n_train=10, n_sft=4, n_test=6, train_len="3,4", test_len="2,4", llm_proposer_tasks=2,
                  regenerations=1, max_new_tokens=192, acc_max_new_tokens=32,
                  propose_max_new_tokens=128, label_seeds=1, sft_epochs=6, sft_lr=1e-4, rl_steps=2,
                  prompts_per_step=2, G=4, lr=2e-5, beta=1e-3, dynamic_sampling=True,
-                 micro_batch=8, n_label=2, sampler="auto"),
+                 micro_batch=8, n_label=2, sampler="auto", baselines="sft,grpo,format_only,shuffled_ske,ske_rl"),
     # Table 12 as reported: SFT 4 epochs lr 1e-5; GRPO G=8, 256 prompts, lr 1e-6, KL 1e-3,
     # clip 0.2/0.2, dynamic sampling; 9K tasks (3K SFT + 6K RL) of length 3–5, 300 test 2–10.
     "paper": dict(skills_per_domain=0, acc_samples=8, direct_pairs=200, n_train=6000,
