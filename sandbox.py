@@ -409,8 +409,8 @@ def _run_contained(res, code, timeout_s, mem_mb, variables, imports, max_output_
             except (ProcessLookupError, PermissionError):
                 pass
             proc.wait()
-            if uid is not None:
-                _kill_uid(uid)  # and anything that left the session (setsid)
+            if uid is not None:  # and anything that left the session (setsid); with bwrap too: its
+                _kill_uid(uid)  # pid namespace empties only after bwrap has reported the exit
             out.seek(0), err.seek(0)
             res["stdout"] = out.read(max_bytes).decode("utf-8", "replace")[:max_output_chars]
             res["stderr"] = err.read(max_bytes).decode("utf-8", "replace")[:max_output_chars]
