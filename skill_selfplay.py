@@ -268,8 +268,8 @@ def zebra_schema_error(p):
     if not isinstance(clues, list):
         return "clues must be a list"
     for c in clues:
-        if not isinstance(c, dict) or c.get("type") not in ZEBRA_CLUE_TYPES:
-            return f"unknown clue {c!r}"
+        if not isinstance(c, dict) or not isinstance(c.get("type"), str) or c["type"] not in ZEBRA_CLUE_TYPES:
+            return f"unknown clue {str(c)[:80]}"
         arity = ZEBRA_CLUE_TYPES[c["type"]][0]
         if not isinstance(c.get("a"), str) or c["a"].lower() not in seen:
             return f"clue {c!r} names an unknown value"
@@ -278,6 +278,13 @@ def zebra_schema_error(p):
         if arity == 1 and (not isinstance(c.get("house"), int) or isinstance(c.get("house"), bool) or not 1 <= c["house"] <= n):
             return f"clue {c!r} needs a house in 1..{n}"
     return None
+
+
+def clean_clues(clues):
+    """Schema-valid clues with only the keys their type reads (a stray "b" on a one-value clue, or a "house" on
+    a two-value clue, is dropped rather than rejected)."""
+    keep = {1: ("type", "a", "house"), 2: ("type", "a", "b")}
+    return [{k: c[k] for k in keep[ZEBRA_CLUE_TYPES[c["type"]][0]]} for c in clues]
 
 
 def _canon_value(p):
@@ -383,6 +390,7 @@ def _compile(rng, blueprint, preferred, fixed_limit, min_counts, max_clues):
     if zebra_schema_error(p):
         return None, zebra_schema_error(p)
     canon = _canon_value(p)
+    p["clues"] = clean_clues(p["clues"])
     for c in p["clues"]:  # canonical spelling of the values
         c["a"] = canon[c["a"].lower()][1]
         if "b" in c:
@@ -464,7 +472,7 @@ def extract_json(text):
             return best
         try:
             obj, end = dec.raw_decode(text, i)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: hostile nesting depth
             i += 1
             continue
         if isinstance(obj, dict):
@@ -477,7 +485,7 @@ def first_json_object(text):
     its task: an object recovered from later in the reply (an example, a fragment) is not the proposal."""
     try:
         obj, _ = json.JSONDecoder().raw_decode(text.lstrip())
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: hostile nesting depth
         return None
     return obj if isinstance(obj, dict) else None
 
@@ -537,7 +545,7 @@ def parse_tool_calls(text):
     for body in re.findall(r"<tool_call>(.*?)</tool_call>", text, re.S):
         try:
             obj = json.loads(body.strip())
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
         if isinstance(obj, dict) and isinstance(obj.get("name"), str) and isinstance(obj.get("arguments", {}), dict):
             calls.append({"name": obj["name"], "arguments": obj.get("arguments", {})})
@@ -570,9 +578,12 @@ def tool_schema_error(task):
             return f"bad tool {str(t)[:80]}"
         params = t.get("parameters", {})
         props = params.get("properties", {}) if isinstance(params, dict) else None
-        if not isinstance(props, dict) or not all(isinstance(s, dict) and s.get("type") in TOOL_TYPES for s in props.values()):
+        if not isinstance(props, dict) or not all(isinstance(s, dict) and isinstance(s.get("type"), str)
+                                                  and s["type"] in TOOL_TYPES and isinstance(s.get("enum", []), list)
+                                                  for s in props.values()):
             return f"tool {t['name']} has bad parameters"
-        if not isinstance(params.get("required", []), list) or not set(params.get("required", [])) <= set(props):
+        required = params.get("required", [])
+        if not isinstance(required, list) or not all(isinstance(r, str) and r in props for r in required):
             return f"tool {t['name']} requires unknown parameters"
         if t["name"] in by_name:
             return f"tool {t['name']} listed twice"
@@ -583,7 +594,8 @@ def tool_schema_error(task):
         return "dialogue must be a non-empty list of {role: user|assistant|observation, content}"
     if dialogue[0]["role"] != "user":
         return "dialogue must start with the user"
-    if not isinstance(call, dict) or call.get("name") not in by_name or not isinstance(call.get("arguments"), dict):
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str) or call["name"] not in by_name \
+            or not isinstance(call.get("arguments"), dict):
         return "call must name a listed tool and give an arguments object"
     params = by_name[call["name"]].get("parameters", {})
     props = params.get("properties", {})
@@ -1204,29 +1216,41 @@ def solve_reward(family, text, rec):
     return r, (json.dumps(grid, sort_keys=True) if valid else None)
 
 
-def check_proposal(family, text, pkg, rng):
-    """Parse and gate a proposal before probing: (record or None if unparseable).
+REJECT_TYPES = ("schema", "compile", "contract", "probe")  # rec["reject"]: the gate a proposal failed (None: passed)
 
-    Record fields: task (compiled puzzle for zebra), contract c, ok_schema,
-    ok_contract (package validator ν; always True in the exploration stream), why."""
+
+def check_proposal(family, text, pkg, rng):
+    """Parse and gate a proposal before probing: a record, or None if unparseable (proposer reward −1).
+
+    Record fields: task (compiled puzzle for zebra), contract c, ok_schema, ok_contract (package validator ν;
+    always True in the exploration stream), reject (None, or which gate rejected it: "schema" = global schema,
+    "compile" = zebra runtime found no unique puzzle, "contract" = ν; probe_records adds "probe") and why (the
+    reason). Model output is hostile input: no JSON value makes this function, or anything it calls, raise."""
     obj = first_json_object(text)
     if obj is None:
         return None
-    rec = {"task": obj, "contract": None, "ok_schema": False, "ok_contract": pkg is None, "why": ""}
+    rec = {"task": obj, "contract": None, "ok_schema": False, "ok_contract": pkg is None, "reject": None, "why": ""}
+
+    def reject(kind, why):
+        rec.update(reject=kind, why=why)
+        return rec
+
     if family == "tool":
-        rec["why"] = tool_schema_error(obj) or ""
-        rec["ok_schema"] = not rec["why"]
-        if rec["ok_schema"]:
-            rec["contract"] = obj["call"]
-            if pkg is not None:
-                rec["why"] = tool_contract_error(obj, pkg["validator"]) or ""
-                rec["ok_contract"] = not rec["why"]
+        err = tool_schema_error(obj)
+        if err:
+            return reject("schema", err)
+        rec.update(contract=obj["call"], ok_schema=True)
+        if pkg is not None:
+            err = tool_contract_error(obj, pkg["validator"])
+            rec["ok_contract"] = not err
+            if err:
+                return reject("contract", err)
         return rec
     bp = {"houses": obj.get("houses"), "attributes": obj.get("attributes"), "clues": obj.get("clues", [])}
     err = zebra_schema_error(bp)
     if err:
-        rec["why"] = err
-        return rec
+        return reject("schema", err)
+    bp["clues"] = clean_clues(bp["clues"])
     if pkg is not None:  # skill stream: the runtime compiles the blueprint with the package's compiler spec
         cmp = pkg["compiler"]
         puzzle, pos = compile_puzzle(rng, bp, cmp.get("preferred"), cmp.get("fixed_limit"), cmp.get("min_counts"))
@@ -1237,12 +1261,13 @@ def check_proposal(family, text, pkg, rng):
         except SearchBudget as e:
             puzzle, pos = None, str(e)
     if puzzle is None:
-        rec["why"] = pos
-        return rec
+        return reject("compile", pos)
     rec.update(task=puzzle, contract=solution_grid(puzzle, pos), ok_schema=True)
     if pkg is not None:
-        rec["why"] = zebra_contract_error(puzzle, pkg["validator"]) or ""
-        rec["ok_contract"] = not rec["why"]
+        err = zebra_contract_error(puzzle, pkg["validator"])
+        rec["ok_contract"] = not err
+        if err:
+            return reject("contract", err)
     return rec
 
 
@@ -1267,7 +1292,7 @@ def probe_records(family, recs, probe_sampler, tok, args):
         # Eq. (4): {valid} = {schema compliant} ∩ {contract valid} ∩ {probe consistent}
         r["valid"] = r["ok_schema"] and r["ok_contract"] and r["consistent"]
         if r["ok_schema"] and r["ok_contract"] and not r["consistent"]:
-            r["why"] = "probe answers have no unique majority equal to the reference"
+            r["reject"], r["why"] = "probe", "probe answers have no unique majority equal to the reference"
         r["R"] = propose_reward(r["valid"], r["v_solve"])
         r["x_text"] = "\n".join(m["content"] for m in solver_messages(family, r["task"])) if r["ok_schema"] else ""
     return recs
@@ -1732,7 +1757,7 @@ def main(argv=None):
             os.makedirs(os.path.join(run_dir, "records"), exist_ok=True)
             with open(os.path.join(run_dir, "records", f"iter_{t}.jsonl"), "w") as f:
                 for r in recs:
-                    f.write(json.dumps({k: r.get(k) for k in ("stream", "skill", "valid", "why", "v_solve", "R", "rho",
+                    f.write(json.dumps({k: r.get(k) for k in ("stream", "skill", "valid", "reject", "why", "v_solve", "R", "rho",
                                                               "x_text", "contract", "proposal")}) + "\n")
         barrier(dist)  # the library folder exists before any rank may need it (resume)
         times["time_evolve"] = time.time() - t0

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import skill_selfplay as S  # noqa: E402
@@ -305,6 +306,120 @@ def test_validators_reject_proposals():
                                                 "House 2": {"Name": "Ben", "Pet": "Dog"}}
     bad = {"houses": 2, "attributes": {"Name": ["Ann", "Ann"], "Pet": ["Cat", "Dog"]}}
     assert "repeated" in S.check_proposal("zebra", json.dumps(bad), None, random.Random(0))["why"]
+
+
+# ----- the proposal gate never raises (model output is hostile input) -----
+
+def _library(family):
+    return S.load_library(os.path.join(ROOT, "data", "selfplay", family), family)[0]
+
+
+def _gate_ok(family, task, pkg):
+    """check_proposal on a task must return None (not a JSON object) or a record that either passed every gate
+    or names the gate that rejected it and why; it must never raise."""
+    out = S.check_proposal(family, json.dumps(task), pkg, random.Random(0))
+    if not isinstance(task, dict):
+        assert out is None
+        return out
+    assert out["reject"] in (None,) + S.REJECT_TYPES
+    if out["reject"] is None:
+        assert out["ok_schema"] and out["ok_contract"] and out["contract"] is not None and out["why"] == ""
+    else:
+        assert isinstance(out["why"], str) and out["why"]
+    return out
+
+
+def test_gate_rejects_the_reported_mutations_with_a_reason():
+    """The mutations of the issue, one field replaced by a value of another type; each raised before
+    (TypeError "unhashable type", KeyError, ...). Now each is typed and explained, in both streams."""
+    tool = tool_pkg()
+    zebra = next(p for p in _library("zebra") if any(c["type"] == "fixed" for c in p["example"]["clues"]))
+    ex = tool["example"]
+    tool_cases = []
+    t = copy.deepcopy(ex)
+    t["tools"][0]["parameters"]["properties"][next(iter(t["tools"][0]["parameters"]["properties"]))]["type"] = ["string", "null"]
+    tool_cases.append(t)
+    t = copy.deepcopy(ex)
+    t["tools"][0]["parameters"]["required"] = [{"name": "x"}]
+    tool_cases.append(t)
+    t = copy.deepcopy(ex)
+    t["call"]["name"] = [t["call"]["name"]]
+    tool_cases.append(t)
+    t = copy.deepcopy(ex)
+    t["tools"][0]["parameters"]["properties"][next(iter(t["tools"][0]["parameters"]["properties"]))]["enum"] = 5
+    tool_cases.append(t)
+    for t in tool_cases:
+        for pkg in (tool, None):
+            assert _gate_ok("tool", t, pkg)["reject"] == "schema"
+    z = copy.deepcopy(zebra["example"])
+    fixed = next(c for c in z["clues"] if c["type"] == "fixed")
+    fixed["b"] = "Nobody"                                           # a stray "b" on a one-value clue: ignored
+    for pkg in (zebra, None):
+        assert _gate_ok("zebra", z, pkg)["reject"] is None
+    z = copy.deepcopy(zebra["example"])
+    z["clues"][0]["type"] = ["fixed"]                               # a list-valued clue type
+    for pkg in (zebra, None):
+        assert _gate_ok("zebra", z, pkg)["reject"] == "schema"
+    deep = "[" * 100000 + "]" * 100000                              # hostile nesting depth: unparseable, not a crash
+    assert S.check_proposal("tool", deep, None, random.Random(0)) is None
+    assert S.parse_tool_calls("<tool_call>" + deep + "</tool_call>") == [] and S.extract_json(deep) is None
+
+
+_SCALARS = (st.none() | st.booleans() | st.integers(-3, 8) | st.floats() | st.text(max_size=6)
+            | st.sampled_from(["fixed", "same_house", "string", "integer", "user", "observation", "Alice", "b"]))
+_JSON = st.recursive(_SCALARS, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+    st.sampled_from(["b", "house", "type", "enum", "required", "items", "name", "arguments", "a", "role"])
+    | st.text(max_size=5), inner, max_size=3), max_leaves=6)
+
+
+def _paths(obj, path=()):
+    yield path
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
+    for k, v in items:
+        yield from _paths(v, path + (k,))
+
+
+def _mutate(data, task):
+    """One to three mutations of a worked example: replace a value (any JSON value, often of another type),
+    add a key to an object, or delete a key or element."""
+    for _ in range(data.draw(st.integers(1, 3))):
+        path = data.draw(st.sampled_from(list(_paths(task))))
+        op = data.draw(st.sampled_from(["replace", "add", "delete"]))
+        value = data.draw(_JSON)
+        if not path:
+            task = value if op == "replace" else task
+            continue
+        parent = task
+        for k in path[:-1]:
+            parent = parent[k]
+        target = parent[path[-1]]
+        if op == "replace":
+            parent[path[-1]] = value
+        elif op == "add" and isinstance(target, dict):
+            target[data.draw(st.sampled_from(["b", "house", "type", "enum", "required", "name", "extra"]))] = value
+        elif op == "delete":
+            del parent[path[-1]]
+    return task
+
+
+@pytest.mark.parametrize("stream", ["skill", "explore"])
+@pytest.mark.parametrize("family", ["tool", "zebra"])
+def test_gate_never_raises_on_mutated_package_examples(family, stream):
+    """Property-based (hypothesis): mutated worked examples of every package of S(0), in both streams, never
+    make check_proposal raise; every outcome is a pass or a typed rejection with a reason."""
+    pkgs = _library(family)
+    seen = set()
+
+    @settings(max_examples=60 * len(pkgs), deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def check(data):
+        pkg = data.draw(st.sampled_from(pkgs))
+        seen.add(pkg["name"])
+        _gate_ok(family, _mutate(data, copy.deepcopy(pkg["example"])), pkg if stream == "skill" else None)
+
+    check()
+    assert seen == {p["name"] for p in pkgs}  # every package's example was mutated
 
 
 def test_proposal_is_the_json_object_the_reply_opens_with():
