@@ -98,6 +98,17 @@ Differences from the paper:
     the HF sampler samples zebra answers freely). Tiny held-out numbers are
     therefore not comparable with the paper's. The tiny preset samples at
     temperature 0.7; the paper preset keeps 1.0.
+11. Sampling. Held-out evaluation samples from the full distribution: Table
+    5's top-k 40 is not applied (grpo.py's samplers have no top-k). Rollouts
+    decoded under a grammar (--proposer-grammar on, the zebra grid schema of
+    --solver-aid on) are sampled from π_θ renormalised over the tokens the
+    grammar allows, but GRPO recomputes their log-probs (ratio and KL) under
+    the unconstrained π_θ: those updates are off-policy with respect to the
+    sampling distribution, and this is not corrected. Both aids are off in
+    the paper preset, where the update is on-policy.
+12. Tool answers: a reply's answer is its first well-formed <tool_call>; Eq.
+    14's ExactCall and the probes' majority vote (Eq. 4) both compare it with
+    the reference through call_key (argument order ignored, 1 ≡ 1.0, True ≢ 1).
 """
 import argparse
 import collections
@@ -107,7 +118,6 @@ import math
 import os
 import random
 import re
-import sys
 import time
 
 import numpy as np
@@ -185,7 +195,8 @@ def build_parser():
     g.add_argument("--gamma-prune", type=float, default=0.05, help="γ_prune (Eq. 8); not given in the paper")
     g.add_argument("--prune-min-attempts", type=int, default=4, help="attempts a package needs before Eq. 8 may prune it")
     g.add_argument("--gamma-induce", type=float, default=0.5, help="γ_induce (Eq. 9); not given in the paper")
-    g.add_argument("--induce-min", type=int, default=20, help="packages to try to induce per iteration; paper ≥20 tool / ≥10 zebra")
+    g.add_argument("--induce-min", type=int, default=20,
+                   help="packages to induce per iteration, at least (while T_induce lasts); paper ≥20 tool / ≥10 zebra")
     g.add_argument("--novelty-threshold", type=float, default=0.6, help="max Jaccard similarity to an existing package (Eq. 10)")
     g.add_argument("--refine-max", type=int, default=2, help="packages refined per iteration (those with most failed attempts)")
     g.add_argument("--controller-max-new-tokens", type=int, default=2048, help="controller generation limit")
@@ -196,7 +207,7 @@ def build_parser():
     g.add_argument("--frozen-skills", action="store_true", help="Frozen skills: no refinement, pruning or induction")
     g.add_argument("--frozen-proposer", action="store_true", help="Frozen proposer: no proposer GRPO")
     g.add_argument("--frozen-feedback-solver", action="store_true", help="probes use the initial solver, not π_solve^(t)")
-    g = p.add_argument_group("evaluation (Table 5: avg@8, temperature 1.0, top-k 40)")
+    g = p.add_argument_group("evaluation (Table 5: avg@8, temperature 1.0; its top-k 40 is not applied, difference 11)")
     g.add_argument("--eval-n", type=int, default=0, help="held-out items per BFCL category (0 = all)")
     g.add_argument("--eval-samples", type=int, default=8, help="samples per held-out item (avg@k); paper 8")
     g.add_argument("--eval-temperature", type=float, default=1.0, help="held-out sampling temperature; paper 1.0 (0 = greedy)")
@@ -552,9 +563,21 @@ def parse_tool_calls(text):
     return calls
 
 
+def _canon_arg(v):
+    """An argument value up to JSON spelling: integral floats as integers (1.0 ≡ 1); booleans stay booleans."""
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    if isinstance(v, list):
+        return [_canon_arg(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _canon_arg(x) for k, x in v.items()}
+    return v
+
+
 def call_key(call):
-    """Canonical string of a call (majority voting, exact match)."""
-    return None if call is None else json.dumps([call["name"], call["arguments"]], sort_keys=True)
+    """Canonical string of a call: the one equality used by ExactCall (Eq. 14) and by the probes' majority vote
+    (Eq. 4). Argument order is ignored, 1 ≡ 1.0, but True ≢ 1 and "1" ≢ 1 (Python's == would say True == 1.0)."""
+    return None if call is None else json.dumps([call["name"], _canon_arg(call["arguments"])], sort_keys=True)
 
 
 def type_ok(value, typ):
@@ -611,10 +634,11 @@ def tool_schema_error(task):
 
 
 def tool_reward(text, call):
-    """Eq. (14) with its parts: (R_tool, valid_format, exact_call, first parsed call)."""
+    """Eq. (14) with its parts: (R_tool, valid_format, exact_call, first parsed call). The reply's answer is its
+    first well-formed call, the same answer the probes' majority vote counts (solve_reward)."""
     calls = parse_tool_calls(text)
     valid_format = len(calls) > 0
-    exact = any(c["name"] == call["name"] and c["arguments"] == call["arguments"] for c in calls)
+    exact = valid_format and call_key(calls[0]) == call_key(call)
     # Eq. (14): R_tool = 0.9·1{ExactCall(y, c)} + 0.1·1{ValidFormat(y)}
     r = 0.9 * float(exact) + 0.1 * float(valid_format)
     return r, valid_format, exact, (calls[0] if calls else None)
@@ -1427,33 +1451,37 @@ def derive_validator(rec, family):
 
 
 def induce_packages(T_induce, controller_sampler, tok, pkgs, args, t):
-    """Eq. (10): packages written by the controller from T_induce, kept if Integrity ∧ Novelty."""
+    """Eq. (10): packages written by the controller from T_induce, kept if Integrity ∧ Novelty (against the
+    whole library S(t) given as pkgs, and the packages induced before them). The records are taken best
+    R_propose first, --induce-min at a time, until at least --induce-min packages are kept or T_induce is
+    used up (Table 5: "induce at least 20 new packages")."""
     what = "function-calling tasks" if args.family == "tool" else "logic grid puzzles"
-    recs = sorted(T_induce, key=lambda r: -r["R"])[:args.induce_min]
-    if not recs:
-        return [], []
-    prompts = [chat_ids(tok, [{"role": "user", "content": CONTROLLER_INDUCE.format(
-        what=what, x=r["x_text"], c=json.dumps(r["contract"]))}]) for r in recs]
-    outs = controller_sampler.generate(prompts, 1, args.controller_max_new_tokens, 0.0)
-    new, log, library = [], [], list(pkgs)
-    for i, (r, (s,)) in enumerate(zip(recs, outs)):
-        f = controller_fields(s.text, ["Title", "Description", "Rules", "Hints"])
-        nu, compiler = derive_validator(r, args.family)
-        pkg = {"name": f"{args.family}_i{t + 1:02d}_{i:03d}", "title": re.sub(r"\W+", "_", f.get("title", ""))[:60],
-               "family": args.family, "source": "skill_induction", "iteration": t + 1, "derived_from": "",
-               "description": f.get("description", ""), "rules": f.get("rules", ""), "hints": f.get("hints", ""),
-               "validator": nu, "example": r["task"]}
-        if compiler:
-            pkg["compiler"] = compiler
-        # Eq. (10): S_new = {s ~ π_control(·|T_induce) | Integrity(s) ∧ Novelty(s, S)}
-        err = validate_package(pkg, args.family)
-        if err is None and not novelty_ok(pkg, library, args.novelty_threshold):
-            err = "not novel (lexically too close to an existing package)"
-        log.append({"iteration": t, "op": "induce" if err is None else "induce_rejected", "skill": pkg["name"],
-                    "reason": err or f"frontier exploration record with R_propose={r['R']:.2f}"})
-        if err is None:
-            new.append(pkg)
-            library.append(pkg)
+    todo = sorted(T_induce, key=lambda r: -r["R"])
+    new, log, library, i = [], [], list(pkgs), 0
+    while todo and len(new) < args.induce_min:
+        recs, todo = todo[:max(args.induce_min, 1)], todo[max(args.induce_min, 1):]
+        prompts = [chat_ids(tok, [{"role": "user", "content": CONTROLLER_INDUCE.format(
+            what=what, x=r["x_text"], c=json.dumps(r["contract"]))}]) for r in recs]
+        outs = controller_sampler.generate(prompts, 1, args.controller_max_new_tokens, 0.0)
+        for r, (s,) in zip(recs, outs):
+            f = controller_fields(s.text, ["Title", "Description", "Rules", "Hints"])
+            nu, compiler = derive_validator(r, args.family)
+            pkg = {"name": f"{args.family}_i{t + 1:02d}_{i:03d}", "title": re.sub(r"\W+", "_", f.get("title", ""))[:60],
+                   "family": args.family, "source": "skill_induction", "iteration": t + 1, "derived_from": "",
+                   "description": f.get("description", ""), "rules": f.get("rules", ""), "hints": f.get("hints", ""),
+                   "validator": nu, "example": r["task"]}
+            i += 1
+            if compiler:
+                pkg["compiler"] = compiler
+            # Eq. (10): S_new = {s ~ π_control(·|T_induce) | Integrity(s) ∧ Novelty(s, S)}
+            err = validate_package(pkg, args.family)
+            if err is None and not novelty_ok(pkg, library, args.novelty_threshold):
+                err = "not novel (lexically too close to an existing package)"
+            log.append({"iteration": t, "op": "induce" if err is None else "induce_rejected", "skill": pkg["name"],
+                        "reason": err or f"frontier exploration record with R_propose={r['R']:.2f}"})
+            if err is None:
+                new.append(pkg)
+                library.append(pkg)
     return new, log
 
 
@@ -1647,26 +1675,137 @@ def plot_diagnostics(run_dir, rows, recs_by_iter):
 
 # ----- main -----
 
-def main(argv=None):
+def parse_args(argv=None):
+    """Flags with the preset's defaults (paper + zebra: Table 5's zebra column); explicit flags always win,
+    in any spelling argparse accepts (`--M 500`, `--M=500`)."""
     parser = build_parser()
     add_grpo_args(parser)
-    args = parse_with_preset(parser, PRESETS, argv=argv)
-    given = sys.argv[1:] if argv is None else argv
-    if args.preset == "paper" and args.family == "zebra":  # Table 5's zebra column
-        for k, v in PAPER_ZEBRA.items():
-            if "--" + k.replace("_", "-") not in given:
-                setattr(args, k, v)
-    if "--run-dir" not in given:
+    pre = argparse.ArgumentParser(add_help=False)  # the flags that choose other flags' defaults
+    pre.add_argument("--family", default="tool")
+    pre.add_argument("--run-dir", default=None)
+    known = pre.parse_known_args(argv)[0]
+    presets = dict(PRESETS, paper={**PRESETS["paper"], **PAPER_ZEBRA}) if known.family == "zebra" else PRESETS
+    args = parse_with_preset(parser, presets, argv=argv)
+    if known.run_dir is None:
         args.run_dir += "-" + args.family + "".join(
             "-" + f for f in ("unguided", "skill_only", "uniform_routing", "frozen_skills", "frozen_proposer",
                               "frozen_feedback_solver") if getattr(args, f))
     if args.unguided and args.skill_only:
         raise SystemExit("--unguided and --skill-only exclude each other")
+    return args
+
+
+def checkpoint_extra(folder):
+    """The `extra` dict of a checkpoint (iteration, history, rows, library), read without loading weights; or None."""
+    import torch
+    path = os.path.join(folder, "ckpt", "state.pt")
+    return torch.load(path, map_location="cpu", weights_only=False)["extra"] if os.path.exists(path) else None
+
+
+def resume(run_dir, proposer, solver, opt_p, opt_s, dist):
+    """--resume: the extra dict of the last saved iteration, or None for a fresh start. Both checkpoints must
+    be of the same iteration, checked before any weight or optimizer state is loaded (a crash between the two
+    saves would otherwise pair one iteration's proposer with another's solver)."""
+    ext = {k: checkpoint_extra(os.path.join(run_dir, k)) for k in ("proposer", "solver")}
+    if ext["proposer"] is None and ext["solver"] is None:
+        return None
+    its = {k: e and e["iteration"] for k, e in ext.items()}
+    if its["proposer"] != its["solver"]:
+        raise SystemExit(f"cannot resume {run_dir}: the proposer checkpoint is after iteration {its['proposer']}, the "
+                         f"solver's after {its['solver']} (a crash between the two saves); use a new --run-dir")
+    load_checkpoint(os.path.join(run_dir, "proposer"), proposer, opt_p, dist)
+    load_checkpoint(os.path.join(run_dir, "solver"), solver, opt_s, dist)
+    return ext["solver"]
+
+
+def proposer_phase(t, proposer, ref, opt_p, p_sampler, probe_sampler, tok, pkgs, stats, args, rng, dist):
+    """Algorithm 2, lines 3-20: --proposer-steps GRPO steps of the proposer (Eq. 5) on skill- and
+    exploration-stream batches probed by the solver, then the collection pass of the updated proposer.
+    Updates σ in place. Returns (every parsed record of the iteration, the number unparsed, timings)."""
+    for st in stats.values():
+        st.update(a_t=0, R_t=0.0, failed_t=[])
+    t0, recs, n_unparsed_all, times = time.time(), [], 0, {}
+    for s in range(args.proposer_steps):
+        rollouts, batch_recs, n_unparsed = proposer_round(s, t, p_sampler, probe_sampler, tok, pkgs, stats, args,
+                                                          rng, dist)
+        recs += batch_recs
+        n_unparsed_all += n_unparsed
+        if args.frozen_proposer:
+            m = reduce_metrics({"reward": float(np.mean([r.reward for r in rollouts])) if rollouts else 0.0,
+                                "skipped": 1.0}, dist)
+        else:
+            # Eq. (5): J_propose(π) = E_{s~S, (x,c)~π(·|s)}[R_propose(x, c; π_solve^(t))], GRPO over G proposals per prompt
+            m = grpo_update(proposer, ref, opt_p, rollouts, args, dist)
+            p_sampler.sync(proposer)
+        m.update(n_unparsed=n_unparsed, n_valid=sum(r["valid"] for r in batch_recs),
+                 v_solve=float(np.mean([r["v_solve"] for r in batch_recs])) if batch_recs else 0.0)
+        log_metrics(os.path.join(args.run_dir, "proposer"), t * args.proposer_steps + s, m, dist,
+                    keys=("reward", "n_unparsed", "n_valid", "v_solve", "kl", "grad_norm", "completion_len"))
+    times["time_propose"] = time.time() - t0
+    t0 = time.time()
+    if args.collect_prompts:  # candidates of the updated proposer, probed by the current solver (App. E)
+        collected, n_unparsed = collection_pass(t, p_sampler, probe_sampler, tok, pkgs, stats, args, rng, dist)
+        recs += collected
+        n_unparsed_all += n_unparsed
+    times["time_collect"] = time.time() - t0
+    return recs, n_unparsed_all, times
+
+
+def evolve_library(t, pkgs, stats, recs, controller, tok, args, dist):
+    """§3.4 on rank 0 (the controller is the frozen initial policy): refine the hints of failing packages,
+    prune (Eq. 8), induce from frontier exploration records (Eq. 9-10, novelty against the whole S(t));
+    S(t+1), σ and the change log are then broadcast. Returns (S(t+1), σ, changes)."""
+    changes = []
+    if not (args.frozen_skills or args.unguided) and dist.is_main:
+        changes += refine_packages(pkgs, stats, controller, tok, args, t)
+        pruned = prune_set(pkgs, stats, args.gamma_prune, args.prune_min_attempts)
+        changes += [{"iteration": t, "op": "prune", "skill": n, "reason":
+                     f"E[R_propose] = {stats[n]['R_t'] / stats[n]['a_t']:.3f} < γ_prune over {stats[n]['a_t']} attempts"}
+                    for n in pruned]
+        new, log = induce_packages(induce_set(recs, args.gamma_induce), controller, tok, pkgs, args, t)
+        changes += log
+        # S(t+1) = (S(t) \ S_prune) ∪ S_new
+        pkgs = [p for p in pkgs if p["name"] not in pruned] + new
+        stats = {**stats, **{p["name"]: new_stats() for p in new}}
+    if dist.world > 1:  # S(t+1), σ and the change log of rank 0 on every rank
+        box = [(pkgs, stats, changes)]
+        torch_dist.broadcast_object_list(box, src=0)
+        pkgs, stats, changes = box[0]
+    return pkgs, stats, changes
+
+
+def save_iteration(t, pkgs, stats, changes, recs, rows, history, proposer, solver, opt_p, opt_s, tok, args, dist):
+    """Files of iteration t (rank 0): the library S(t+1), its change log, the records and the metrics row
+    (rows[-1]); then both checkpoints. A rerun of iteration t (a resume after a crash before its checkpoints)
+    replaces the iteration's lines of library_changes.jsonl instead of adding a second copy."""
+    run_dir, lib_t = args.run_dir, os.path.join(args.run_dir, "library", f"iter_{t + 1}")
+    if dist.is_main:
+        save_library(lib_t, pkgs, stats)
+        path = os.path.join(run_dir, "library_changes.jsonl")
+        old = open(path).readlines() if os.path.exists(path) else []
+        with open(path, "w") as f:
+            f.writelines(line for line in old if json.loads(line)["iteration"] < t)
+            f.writelines(json.dumps(c) + "\n" for c in changes)
+        os.makedirs(os.path.join(run_dir, "records"), exist_ok=True)
+        with open(os.path.join(run_dir, "records", f"iter_{t}.jsonl"), "w") as f:
+            for r in recs:
+                f.write(json.dumps({k: r.get(k) for k in ("stream", "skill", "valid", "reject", "why", "v_solve", "R",
+                                                          "rho", "x_text", "contract", "proposal")}) + "\n")
+    barrier(dist)  # the library folder exists before any rank may need it (resume)
+    log_metrics(run_dir, t + 1, rows[-1], dist, keys=("pool_size", "valid_rate_skill", "valid_rate_explore",
+                                                      "v_solve_skill", "v_solve_explore", "lib_size", "active_skills",
+                                                      "n_eff", "bfcl_avg" if args.family == "tool" else "zebra_grid"))
+    extra = {"iteration": t + 1, "history": history, "rows": rows, "library": lib_t}
+    save_checkpoint(os.path.join(run_dir, "proposer"), proposer, tok, opt_p, t, extra, dist)
+    save_checkpoint(os.path.join(run_dir, "solver"), solver, tok, opt_s, t, extra, dist)
+
+
+def main(argv=None):
+    args = parse_args(argv)
     dist = setup_distributed()  # python: rank 0 of 1; torchrun: gloo on CPU, NCCL on GPUs
     seed_everything(args.seed + dist.rank)  # rank-specific samples; shared choices use rng seeded without the rank
     say = print if dist.is_main else (lambda *a, **k: None)
-    run_dir = args.run_dir
-    os.makedirs(run_dir, exist_ok=True)
+    os.makedirs(args.run_dir, exist_ok=True)
     proposer, tok = load_policy(args, dist)  # DDP-wrapped when world > 1: gradients are averaged over ranks
     solver, _ = load_policy(args, dist)
     # π^(0), frozen: KL reference of both policies, the controller π_control, the frozen feedback solver, the base row
@@ -1678,14 +1817,11 @@ def main(argv=None):
     if not pkgs and not args.unguided:
         raise SystemExit(f"no valid skill package in {lib_dir}")
     start, history, rows = 0, [], []
-    if args.resume:
-        ck_p = load_checkpoint(os.path.join(run_dir, "proposer"), proposer, opt_p, dist)
-        ck_s = load_checkpoint(os.path.join(run_dir, "solver"), solver, opt_s, dist)
-        if ck_p and ck_s and ck_p[1]["iteration"] == ck_s[1]["iteration"]:
-            extra = ck_s[1]
-            start, history, rows = extra["iteration"], extra["history"], extra["rows"]
-            pkgs, stats = load_library(extra["library"], args.family)
-            say(f"resumed {run_dir} after iteration {start} (library {extra['library']})")
+    extra = resume(args.run_dir, proposer, solver, opt_p, opt_s, dist) if args.resume else None
+    if extra:
+        start, history, rows = extra["iteration"], extra["history"], extra["rows"]
+        pkgs, stats = load_library(extra["library"], args.family)
+        say(f"resumed {args.run_dir} after iteration {start} (library {extra['library']})")
     p_sampler, s_sampler = make_sampler(args, proposer, tok, dist), make_sampler(args, solver, tok, dist)
     base_sampler = HFSampler(base, tok)
     probe_sampler = base_sampler if args.frozen_feedback_solver else s_sampler
@@ -1695,98 +1831,39 @@ def main(argv=None):
         say(f"held-out eval of the base model: {time.time() - t0:.0f}s")
     if dist.is_main:
         print_table(history, args.family)
-    for t in range(start, args.T):
-        times, rng = {}, random.Random(f"{args.seed}-{t}")
-        for st in stats.values():
-            st.update(a_t=0, R_t=0.0, failed_t=[])
-        # 1. proposer: skill + exploration streams, probes by the frozen solver, GRPO (Eq. 5)
-        t0, recs = time.time(), []
-        n_unparsed_all = 0
-        for s in range(args.proposer_steps):
-            rollouts, batch_recs, n_unparsed = proposer_round(s, t, p_sampler, probe_sampler, tok, pkgs, stats, args,
-                                                              rng, dist)
-            recs += batch_recs
-            n_unparsed_all += n_unparsed
-            if args.frozen_proposer:
-                m = reduce_metrics({"reward": float(np.mean([r.reward for r in rollouts])) if rollouts else 0.0,
-                                    "skipped": 1.0}, dist)
-            else:
-                # Eq. (5): J_propose(π) = E_{s~S, (x,c)~π(·|s)}[R_propose(x, c; π_solve^(t))], GRPO over G proposals per prompt
-                m = grpo_update(proposer, ref, opt_p, rollouts, args, dist)
-                p_sampler.sync(proposer)
-            m.update(n_unparsed=n_unparsed, n_valid=sum(r["valid"] for r in batch_recs),
-                     v_solve=float(np.mean([r["v_solve"] for r in batch_recs])) if batch_recs else 0.0)
-            log_metrics(os.path.join(run_dir, "proposer"), t * args.proposer_steps + s, m, dist,
-                        keys=("reward", "n_unparsed", "n_valid", "v_solve", "kl", "grad_norm", "completion_len"))
-        times["time_propose"] = time.time() - t0
-        # collection pass: candidates of the updated proposer, probed by the current solver (Algorithm 2, lines 3-20)
-        t0 = time.time()
-        if args.collect_prompts:
-            collected, n_unparsed = collection_pass(t, p_sampler, probe_sampler, tok, pkgs, stats, args, rng, dist)
-            recs += collected
-            n_unparsed_all += n_unparsed
-        times["time_collect"] = time.time() - t0
+    for t in range(start, args.T):  # Algorithm 2
+        rng = random.Random(f"{args.seed}-{t}")  # shared choices (routing, solver batches): same on every rank
+        # 1. proposer: skill + exploration streams, probes, GRPO (Eq. 5), collection pass
+        recs, n_unparsed, times = proposer_phase(t, proposer, ref, opt_p, p_sampler, probe_sampler, tok, pkgs, stats,
+                                                 args, rng, dist)
         # 2. curriculum D(t) (Eq. 6) and solver GRPO (Eq. 7)
         t0 = time.time()
         D, _ = solver_phase(recs, t, solver, ref, opt_s, s_sampler, tok, args, rng, dist)
         times["time_solve"] = time.time() - t0
-        # 3. library evolution (§3.4): refine, prune (Eq. 8), induce (Eq. 9-10); rank 0 runs the controller
-        t0, changes = time.time(), []
-        if not (args.frozen_skills or args.unguided) and dist.is_main:
-            changes += refine_packages(pkgs, stats, base_sampler, tok, args, t)
-            pruned = prune_set(pkgs, stats, args.gamma_prune, args.prune_min_attempts)
-            changes += [{"iteration": t, "op": "prune", "skill": n, "reason":
-                         f"E[R_propose] = {stats[n]['R_t'] / stats[n]['a_t']:.3f} < γ_prune over {stats[n]['a_t']} attempts"}
-                        for n in pruned]
-            kept = [p for p in pkgs if p["name"] not in pruned]
-            new, log = induce_packages(induce_set(recs, args.gamma_induce), base_sampler, tok, kept, args, t)
-            changes += log
-            # S(t+1) = (S(t) \ S_prune) ∪ S_new
-            pkgs = kept + new
-            stats.update({p["name"]: new_stats() for p in new})
-        if dist.world > 1:  # S(t+1), σ and the change log of rank 0 on every rank
-            box = [(pkgs, stats, changes)]
-            torch_dist.broadcast_object_list(box, src=0)
-            pkgs, stats, changes = box[0]
-        lib_t = os.path.join(run_dir, "library", f"iter_{t + 1}")
-        if dist.is_main:
-            save_library(lib_t, pkgs, stats)
-            with open(os.path.join(run_dir, "library_changes.jsonl"), "a") as f:
-                for c in changes:
-                    f.write(json.dumps(c) + "\n")
-            os.makedirs(os.path.join(run_dir, "records"), exist_ok=True)
-            with open(os.path.join(run_dir, "records", f"iter_{t}.jsonl"), "w") as f:
-                for r in recs:
-                    f.write(json.dumps({k: r.get(k) for k in ("stream", "skill", "valid", "reject", "why", "v_solve", "R", "rho",
-                                                              "x_text", "contract", "proposal")}) + "\n")
-        barrier(dist)  # the library folder exists before any rank may need it (resume)
+        # 3. library evolution (§3.4): refine, prune (Eq. 8), induce (Eq. 9-10)
+        t0 = time.time()
+        pkgs, stats, changes = evolve_library(t, pkgs, stats, recs, base_sampler, tok, args, dist)
         times["time_evolve"] = time.time() - t0
         # 4. held-out evaluation of π_solve^(t+1)
         t0 = time.time()
         res = evaluate(s_sampler, tok, args, dist)
         history.append((f"iter {t + 1}", res))
         times["time_eval"] = time.time() - t0
-        row = {**iteration_metrics(recs, D, pkgs, stats, changes, t + 1), "n_proposals_unparsed": n_unparsed_all,
-               **res, **times}
-        rows.append(row)
-        log_metrics(run_dir, t + 1, row, dist, keys=("pool_size", "valid_rate_skill", "valid_rate_explore",
-                                                     "v_solve_skill", "v_solve_explore", "lib_size", "active_skills",
-                                                     "n_eff", "bfcl_avg" if args.family == "tool" else "zebra_grid"))
-        extra = {"iteration": t + 1, "history": history, "rows": rows, "library": lib_t}
-        save_checkpoint(os.path.join(run_dir, "proposer"), proposer, tok, opt_p, t, extra, dist)
-        save_checkpoint(os.path.join(run_dir, "solver"), solver, tok, opt_s, t, extra, dist)
+        rows.append({**iteration_metrics(recs, D, pkgs, stats, changes, t + 1), "n_proposals_unparsed": n_unparsed,
+                     **res, **times})
+        save_iteration(t, pkgs, stats, changes, recs, rows, history, proposer, solver, opt_p, opt_s, tok, args, dist)
         if dist.is_main:
             print_table(history, args.family)
     if not args.no_plots and rows and dist.is_main:
         recs_by_iter = []
         for t in range(args.T):
-            path = os.path.join(run_dir, "records", f"iter_{t}.jsonl")
+            path = os.path.join(args.run_dir, "records", f"iter_{t}.jsonl")
             recs_by_iter.append([json.loads(line) for line in open(path)] if os.path.exists(path) else [])
-        spread = plot_diagnostics(run_dir, rows, recs_by_iter)
-        print(f"diagnostics: {run_dir}/diagnostics.png, {run_dir}/tasks_pca.png; PCA spread by stream {spread}")
+        spread = plot_diagnostics(args.run_dir, rows, recs_by_iter)
+        print(f"diagnostics: {args.run_dir}/diagnostics.png, {args.run_dir}/tasks_pca.png; PCA spread by stream {spread}")
         for sub in ("proposer", "solver"):
-            if os.path.exists(os.path.join(run_dir, sub, "metrics.jsonl")):
-                plot_curves(os.path.join(run_dir, sub), ("reward", "kl"))
+            if os.path.exists(os.path.join(args.run_dir, sub, "metrics.jsonl")):
+                plot_curves(os.path.join(args.run_dir, sub), ("reward", "kl"))
     return {"history": history, "rows": rows}  # the process group is left to exit (vLLM's engines tear down their own)
 
 

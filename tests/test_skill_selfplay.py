@@ -117,7 +117,8 @@ def test_eq14_tool_reward_good_and_malformed():
     wrong = '<tool_call>{"name": "get_weather", "arguments": {"city": "Boston"}}</tool_call>'
     assert S.tool_reward(good, CALL)[0] == pytest.approx(1.0)
     assert S.tool_reward(wrong, CALL)[0] == pytest.approx(0.1)
-    assert S.tool_reward(wrong + good, CALL)[0] == pytest.approx(1.0)  # at least one exact call
+    assert S.tool_reward(good + wrong, CALL)[0] == pytest.approx(1.0)  # the answer is the first call
+    assert S.tool_reward(wrong + good, CALL)[0] == pytest.approx(0.1)
     assert S.tool_reward('<tool_call>{"name": get_weather}</tool_call>', CALL)[0] == 0.0
     assert S.tool_reward("get_weather(city='Denver')", CALL)[0] == 0.0
     assert S.tool_reward("", CALL)[0] == 0.0
@@ -178,14 +179,15 @@ def test_generated_puzzles_are_unique_and_heldout_is_deterministic():
         assert S.zebra_scale(p["houses"], len(p["attributes"])) == scale
         assert S.count_solutions(p, 2)[0] == 1
     assert S.make_zebra_puzzles(11, ["small"], 2) == S.make_zebra_puzzles(11, ["small"], 2)
-    # every training-side compiled puzzle (skill stream) is unique too
+    # every training-side compiled puzzle (skill stream) compiles and is unique too: each package's own blueprint
     pkgs, _ = S.load_library(os.path.join(ROOT, "data", "selfplay", "zebra"), "zebra")
+    assert len(pkgs) == 8
     for i, pkg in enumerate(pkgs):
         bp = {"houses": pkg["example"]["houses"], "attributes": pkg["example"]["attributes"]}
         r = S.check_proposal("zebra", json.dumps(bp), pkg, random.Random(i))
-        if r["ok_schema"]:
-            assert S.count_solutions(r["task"], 2)[0] == 1
-            assert r["ok_contract"], (pkg["name"], r["why"])
+        assert r["reject"] is None and r["ok_schema"] and r["ok_contract"], (pkg["name"], r["why"])
+        assert S.count_solutions(r["task"], 2)[0] == 1
+        assert S.solution_grid(r["task"], S.count_solutions(r["task"], 2)[1]) == r["contract"]
 
 
 # ----- BFCL checker -----
@@ -819,3 +821,188 @@ def test_eq7_constant_rewards_leave_solver_unchanged(tiny_model_dir, tmp_path):
     D, (m,) = S.solver_phase(recs, 0, solver, ref, opt, sampler, tok, args, random.Random(0), Dist())
     assert len(D) == 2 and m["reward"] == 0.0 and m["skipped"] == 0.0 and m["n_tokens"] > 0 and m["grad_norm"] == 0.0
     assert all(torch.equal(before[k], v) for k, v in solver.state_dict().items())
+
+
+# ----- bugs of the loop (each test failed before its fix) -----
+
+class ListReply:
+    """Stands in for an LLM that is not the component under test: replies taken in turn from a list (cycling),
+    one per requested sample."""
+
+    def __init__(self, texts):
+        self.texts, self.i = list(texts), 0
+
+    def generate(self, prompts, n, *a, **k):
+        out = []
+        for _ in prompts:
+            row = []
+            for _ in range(n):
+                row.append(type("S", (), {"text": self.texts[self.i % len(self.texts)], "ids": [0]})())
+                self.i += 1
+            out.append(row)
+        return out
+
+
+def test_flags_take_any_argparse_spelling():
+    """`--M=500` used to be silently replaced by Table 5's zebra value (argv was scanned for "--M")."""
+    assert S.parse_args(["--family", "zebra", "--preset", "paper"]).M == 1920               # Table 5, zebra
+    assert S.parse_args(["--family", "zebra", "--preset", "paper", "--M=500"]).M == 500
+    assert S.parse_args(["--family=zebra", "--preset=paper", "--solver-steps=3"]).solver_steps == 3
+    assert S.parse_args(["--family=zebra", "--preset=paper"]).solver_steps == 10
+    assert S.parse_args(["--family", "tool", "--preset", "paper"]).M == 8000
+    assert S.parse_args(["--family=zebra", "--run-dir=/tmp/x"]).run_dir == "/tmp/x"            # no family suffix
+    assert S.parse_args(["--family", "zebra", "--unguided"]).run_dir.endswith("-zebra-unguided")
+
+
+def test_reward_and_probe_vote_use_one_equality():
+    """ExactCall (Eq. 14) and the probes' answer key (Eq. 4) agree on every pair: 1 ≡ 1.0, True ≢ 1, "1" ≢ 1,
+    argument order ignored; the answer is the first call. Before, the reward used Python == (True == 1.0)."""
+    ref = {"name": "f", "arguments": {"n": 1, "flag": True, "s": "a"}}
+    rec = {"contract": ref}
+    variants = [{"n": 1, "flag": True, "s": "a"}, {"s": "a", "flag": True, "n": 1.0}, {"n": True, "flag": True, "s": "a"},
+                {"n": 1, "flag": 1, "s": "a"}, {"n": "1", "flag": True, "s": "a"}, {"n": 1, "flag": True}]
+    exact = []
+    for args in variants:
+        text = "<tool_call>" + json.dumps({"name": "f", "arguments": args}) + "</tool_call>"
+        r, _, ex, _ = S.tool_reward(text, ref)
+        _, key = S.solve_reward("tool", text, rec)
+        assert ex == (key == S.call_key(ref)) and r == pytest.approx(0.9 * ex + 0.1)
+        exact.append(ex)
+    assert exact == [True, True, False, False, False, False]
+    wrong = '<tool_call>{"name": "f", "arguments": {}}</tool_call>'
+    good = "<tool_call>" + json.dumps(ref) + "</tool_call>"
+    assert S.tool_reward(good + wrong, ref)[2] and not S.tool_reward(wrong + good, ref)[2]  # the first call counts
+    assert S.solve_reward("tool", wrong + good, rec)[1] != S.call_key(ref)
+
+
+def _tiny_args(tiny_model_dir, run_dir, *extra):
+    return S.parse_args(["--preset", "tiny", "--model", tiny_model_dir, "--no-autocast", "--sampler", "hf",
+                         "--run-dir", str(run_dir), *extra])
+
+
+def test_resume_refuses_mismatched_checkpoints_before_loading(tiny_model_dir, tmp_path, monkeypatch):
+    """A crash between the proposer's and the solver's checkpoint leaves them one iteration apart. Resume used
+    to load both (weights, optimizer), see the mismatch, and silently start at t = 0 with trained weights and
+    S(0). Now the iterations are compared first, and the run stops with an explanation."""
+    from grpo import Dist, load_model, make_optimizer, save_checkpoint
+    args = _tiny_args(tiny_model_dir, tmp_path)
+    model, tok = load_model(tiny_model_dir, Dist(), args.dtype)
+    opt = make_optimizer(model, args)
+    for who, it in (("proposer", 2), ("solver", 1)):
+        save_checkpoint(str(tmp_path / who), model, tok, opt, it - 1, {"iteration": it, "history": [], "rows": [],
+                                                                      "library": ""}, Dist())
+    loaded = []
+    monkeypatch.setattr(S, "load_checkpoint", lambda *a: loaded.append(a))
+    with pytest.raises(SystemExit, match="proposer checkpoint is after iteration 2, the solver's after 1"):
+        S.resume(str(tmp_path), model, model, opt, opt, Dist())
+    assert loaded == []                                           # nothing was loaded
+    save_checkpoint(str(tmp_path / "proposer"), model, tok, opt, 0, {"iteration": 1, "history": [], "rows": [],
+                                                                     "library": ""}, Dist())
+    assert S.resume(str(tmp_path), model, model, opt, opt, Dist())["iteration"] == 1 and len(loaded) == 2
+    assert S.resume(str(tmp_path / "fresh"), model, model, opt, opt, Dist()) is None
+
+
+def test_save_iteration_rerun_does_not_duplicate_library_changes(tiny_model_dir, tmp_path):
+    """A resumed run repeats the iteration whose checkpoint was not written: its change-log lines replace the
+    first attempt's instead of being appended a second time; earlier iterations' lines stay."""
+    from grpo import Dist, load_model, make_optimizer
+    args = _tiny_args(tiny_model_dir, tmp_path, "--family", "zebra")
+    model, tok = load_model(tiny_model_dir, Dist(), args.dtype)
+    opt = make_optimizer(model, args)
+    pkgs, stats = _library("zebra")[:2], None
+    stats = {p["name"]: S.new_stats() for p in pkgs}
+    row = {"pool_size": 0}
+    for t, changes in ((0, [{"iteration": 0, "op": "prune", "skill": "a", "reason": "r"}]),
+                       (1, [{"iteration": 1, "op": "refine", "skill": "b", "reason": "r"}]),
+                       (1, [{"iteration": 1, "op": "refine", "skill": "b", "reason": "r"}])):  # iteration 1 again
+        S.save_iteration(t, pkgs, stats, changes, [], [row], [], model, model, opt, opt, tok, args, Dist())
+    lines = [json.loads(line) for line in open(tmp_path / "library_changes.jsonl")]
+    assert [(c["iteration"], c["skill"]) for c in lines] == [(0, "a"), (1, "b")]
+    assert S.checkpoint_extra(str(tmp_path / "solver"))["iteration"] == 2
+    assert (tmp_path / "library" / "iter_2" / "stats.json").exists()
+
+
+INDUCE_REPLY = ("Title: booking after discovery\nDescription: book a table using an id seen in a search result\n"
+                "Rules: put the id only in an observation\nHints: vary cities and ids")
+
+
+def _explore_record(pkg, R=0.9):
+    r = S.check_proposal("tool", json.dumps(pkg["example"]), None, random.Random(0))
+    r.update(stream="explore", skill=None, valid=True, R=R, v_solve=0.55,
+             x_text="\n".join(m["content"] for m in S.solver_messages("tool", r["task"])))
+    return r
+
+
+def test_induction_continues_until_induce_min_packages_are_kept():
+    """Table 5: "induce at least N new packages". It used to try only the induce_min best records, so one
+    rejected package meant fewer than induce_min; now further records are tried while T_induce lasts."""
+    pkg = tool_pkg()
+    recs = [_explore_record(pkg, R) for R in (0.9, 0.8, 0.7)]
+    args = type("A", (), {"family": "tool", "induce_min": 1, "controller_max_new_tokens": 8, "novelty_threshold": 0.6})()
+    new, log = S.induce_packages(recs, ListReply(["sorry", INDUCE_REPLY, INDUCE_REPLY]), _tok(), [], args, t=0)
+    assert [c["op"] for c in log] == ["induce_rejected", "induce"] and len(new) == 1
+    args.induce_min = 2  # the third record: the same text as the second, so not novel; T_induce is used up
+    new, log = S.induce_packages(recs, ListReply(["sorry", INDUCE_REPLY, INDUCE_REPLY]), _tok(), [], args, t=0)
+    assert [c["op"] for c in log] == ["induce_rejected", "induce", "induce_rejected"] and len(new) == 1
+    assert "novel" in log[2]["reason"]
+
+
+def test_novelty_is_checked_against_the_library_before_pruning():
+    """Eq. (10): Novelty(s, S(t)), the whole library of iteration t. A package pruned this iteration used to be
+    left out of the comparison, so its near-copy was induced right back."""
+    pkg = tool_pkg()
+    old = copy.deepcopy(pkg)
+    old.update(title="booking_after_discovery", description="book a table using an id seen in a search result",
+               rules="put the id only in an observation", hints="vary cities and ids")
+    other = next(p for p in _library("tool") if p["name"] != pkg["name"])
+    stats = {old["name"]: dict(S.new_stats(), a_t=10, R_t=0.0), other["name"]: dict(S.new_stats(), a_t=10, R_t=5.0)}
+    args = S.parse_args(["--family", "tool", "--preset", "tiny", "--induce-min", "1", "--gamma-induce", "0.5"])
+    from grpo import Dist
+    pkgs, stats2, changes = S.evolve_library(0, [old, other], stats, [_explore_record(pkg)],
+                                             ListReply([INDUCE_REPLY]), _tok(), args, Dist())
+    assert [p["name"] for p in pkgs] == [other["name"]]                    # pruned (Eq. 8) ...
+    assert [c["op"] for c in changes] == ["prune", "induce_rejected"]      # ... and its copy is not novel
+    assert "novel" in changes[1]["reason"]
+
+
+def test_update_stats_counts_sigma():
+    """σ of App. B from a batch: a (attempts), n_ver (schema + ν), n_con (+ probe consistency), n_fd (+ valid
+    and v_solve in the band), accepted, and this iteration's a_t, R_t and failed attempts; the exploration
+    stream does not count."""
+    def r(ok_schema, ok_contract, consistent, v, why=""):
+        valid = ok_schema and ok_contract and consistent
+        return {"ok_schema": ok_schema, "ok_contract": ok_contract, "consistent": consistent, "valid": valid,
+                "v_solve": v, "R": S.propose_reward(valid, v), "why": why}
+    batch = [{"stream": "skill", "skill": "s", "rec": None},
+             {"stream": "skill", "skill": "s", "rec": r(False, False, False, 0.0, "bad schema")},
+             {"stream": "skill", "skill": "s", "rec": r(True, True, False, 0.5, "no majority")},
+             {"stream": "skill", "skill": "s", "rec": r(True, True, True, 0.5)},
+             {"stream": "skill", "skill": "s", "rec": r(True, True, True, 1.0)},
+             {"stream": "explore", "skill": None, "rec": r(True, True, True, 0.5)}]
+    stats = {"s": S.new_stats()}
+    S.update_stats(batch, stats, S.parse_args([]))
+    st = stats["s"]
+    assert (st["a"], st["n_ver"], st["n_con"], st["n_fd"], st["accepted"], st["a_t"]) == (5, 3, 2, 1, 2, 5)
+    assert st["R_t"] == pytest.approx(1.0 + 0.0)
+    assert st["failed_t"] == ["unparseable proposal", "bad schema", "no majority"]
+
+
+def test_proposer_rewards_are_R_minus_rho_and_minus_one(tmp_path):
+    """Eq. 5's reward: R_propose (Eq. 2) − ρ (App. C) for a parsed proposal, --parse-penalty (−1) for an
+    unparseable one. Zebra exploration stream: two copies of one unique puzzle (one cluster: ρ = 2/4) probed
+    with one right and one wrong grid each (v_solve = ½, R = 1), and two replies that are not JSON."""
+    from grpo import Dist
+    args = S.parse_args(["--family", "zebra", "--preset", "tiny", "--unguided", "--proposer-prompts", "2",
+                         "--proposer-G", "2", "--K", "2", "--proposer-grammar", "off", "--solver-aid", "off",
+                         "--run-dir", str(tmp_path)])
+    one = {"houses": 2, "attributes": {"Name": ["Ann", "Ben"], "Pet": ["Cat", "Dog"]},
+           "clues": [{"type": "fixed", "a": "Ann", "house": 1}, {"type": "same_house", "a": "Ann", "b": "Dog"}]}
+    reply = json.dumps(one)[len(S.PROPOSER_PREFIX["zebra"]):]  # the reply continues the prefilled opening
+    grid = json.dumps({"House 1": {"Name": "Ann", "Pet": "Dog"}, "House 2": {"Name": "Ben", "Pet": "Cat"}})
+    rollouts, recs, n_unparsed = S.proposer_round(0, 0, ListReply([reply, "no"]), ListReply([grid, "no"]), _tok(), [],
+                                                  {}, args, random.Random(0), Dist())
+    assert n_unparsed == 2 and len(recs) == 2 and len(rollouts) == 4
+    for rec in recs:
+        assert rec["valid"] and rec["v_solve"] == pytest.approx(0.5) and rec["R"] == pytest.approx(1.0)
+        assert rec["rho"] == pytest.approx(2 / 4)
+    assert [ro.reward for ro in rollouts] == pytest.approx([0.5, -1.0, 0.5, -1.0])
