@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test bench clean selfplay-compare
 
 install: $(STAMP)
 
@@ -47,6 +47,18 @@ demo: install
 	  for png in runs/demo/$$name/*.png runs/demo/$$name/*/*.png; do [ -e "$$png" ] || continue; echo "![$$png]($${png#runs/demo/})" >> runs/demo/REPORT.md; done; \
 	done
 	@echo "report: runs/demo/REPORT.md"
+
+# Skill-SP against unguided self-play (the no-library ablation) on zebra at tiny scale, one run per seed and
+# arm (each its own process), then mean ± sd over seeds (skill_selfplay.compare_runs). One seed:
+# `make selfplay-compare COMPARE_SEEDS=1`; the summary reads every run folder present in runs/compare.
+COMPARE_SEEDS ?= 0 1 2
+selfplay-compare: install
+	set -e; for s in $(COMPARE_SEEDS); do for arm in skill unguided; do \
+	  flag=""; if [ $$arm = unguided ]; then flag=--unguided; fi; \
+	  $(BIN)/python skill_selfplay.py --family zebra --preset tiny --seed $$s --data-seed $$s --no-plots $$flag \
+	    --run-dir runs/compare/zebra-$$arm-s$$s; \
+	done; done
+	$(BIN)/python -c "import skill_selfplay as S; S.compare_runs('runs/compare')"
 
 test: install
 	$(BIN)/python -m pytest -q -o tmp_path_retention_policy=failed tests

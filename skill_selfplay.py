@@ -110,6 +110,11 @@ Differences from the paper:
 12. Tool answers: a reply's answer is its first well-formed <tool_call>; Eq.
     14's ExactCall and the probes' majority vote (Eq. 4) both compare it with
     the reference through call_key (argument order ignored, 1 ≡ 1.0, True ≢ 1).
+13. --proposer-sft-steps N (0 in the paper preset): before iteration 0 the
+    proposer is SFT-primed on the worked examples of S(0) (each package's
+    skill-stream prompt → its example; the exploration prompt → every
+    example), so a small model starts from well-formed tasks. Not with
+    --unguided (no library). The paper's proposer starts from the backbone.
 """
 import argparse
 import collections
@@ -127,7 +132,8 @@ import torch.distributed as torch_dist
 
 from grpo import (HFSampler, Rollout, add_grpo_args, barrier, chat_ids, grpo_update, load_checkpoint, load_embedder,
                   load_model, load_policy, log_metrics, make_optimizer, make_sampler, parse_with_preset, plot_curves,
-                  reduce_metrics, save_checkpoint, sample_group_rollouts, seed_everything, setup_distributed)
+                  reduce_metrics, save_checkpoint, sample_group_rollouts, seed_everything, setup_distributed,
+                  sft_update)
 
 # ----- config -----
 
@@ -181,6 +187,9 @@ def build_parser():
     g.add_argument("--proposer-prompts", type=int, default=256, help="proposer prompts per update step (half skill, half exploration)")
     g.add_argument("--proposer-G", type=int, default=4, help="proposer rollouts per prompt; paper 4")
     g.add_argument("--proposer-steps", type=int, default=5, help="proposer GRPO steps per iteration; paper 5 tool / 3 zebra")
+    g.add_argument("--proposer-sft-steps", type=int, default=0,
+                   help="SFT steps priming the proposer on S(0)'s worked examples before iteration 0 (difference 13); paper 0")
+    g.add_argument("--proposer-sft-lr", type=float, default=1e-4, help="learning rate of that SFT warm-up")
     g.add_argument("--proposer-max-new-tokens", type=int, default=8192, help="proposer generation limit; paper 8192")
     g.add_argument("--solver-G", type=int, default=5, help="solver rollouts per task; paper 5")
     g.add_argument("--solver-steps", type=int, default=15, help="solver GRPO steps per iteration; paper 15 tool / 10 zebra")
@@ -1287,6 +1296,38 @@ def gather(items, dist):
     return [x for part in parts for x in part]
 
 
+def proposal_decoding(args, proposer_sampler):
+    """(prefilled opening of the reply, JSON schema that constrains decoding) of every proposal: the schema with
+    --proposer-grammar on and a sampler that can constrain (vLLM), else the PROPOSER_PREFIX prefill."""
+    if args.proposer_grammar == "on" and not isinstance(proposer_sampler, HFSampler):
+        return "", TASK_SCHEMA[args.family]
+    return PROPOSER_PREFIX[args.family], None
+
+
+def prime_proposer(proposer, tok, pkgs, args, dist, grammar):
+    """--proposer-sft-steps (difference 13): SFT warm-up of the proposer on the worked examples of S(0), before
+    iteration 0. Each package's skill-stream prompt is paired with its own example, the exploration prompt with
+    every example; the target is the example as the proposer would write it (compact JSON under the grammar,
+    else spaced JSON after the prefilled opening). Returns the last step's metrics."""
+    import torch
+    prefix = "" if grammar else PROPOSER_PREFIX[args.family]
+    examples = []
+    for pkg in pkgs:
+        text = json.dumps(pkg["example"], separators=(",", ":") if grammar else None)
+        if not text.startswith(prefix):
+            continue
+        target = tok.encode(text[len(prefix):], add_special_tokens=False) + [tok.eos_token_id]
+        for stream_pkg in ([pkg, None] if not args.skill_only else [pkg]):
+            examples.append((prefilled_prompt(tok, proposer_messages(args.family, stream_pkg), prefix), target))
+    opt = torch.optim.AdamW(proposer.parameters(), lr=args.proposer_sft_lr, weight_decay=0.0)
+    m = {}
+    for step in range(args.proposer_sft_steps):
+        # grpo.sft_update: L_SFT = − Σ log π(y_t | x, y_<t) / Σ 1 over the target tokens of all examples
+        m = sft_update(proposer, opt, examples[dist.rank::dist.world], args, dist)
+        log_metrics(os.path.join(args.run_dir, "proposer_sft"), step, m, dist, keys=("sft_loss", "grad_norm"))
+    return m
+
+
 def propose(tag, n_prompts, proposer_sampler, probe_sampler, tok, pkgs, stats, args, rng, dist):
     """n_prompts proposer prompts (routed skill stream, Eq. 13, and exploration stream), G proposals each,
     gated (check_proposal) and probed by the solver (probe_records). Each rank generates and probes its share
@@ -1298,10 +1339,7 @@ def propose(tag, n_prompts, proposer_sampler, probe_sampler, tok, pkgs, stats, a
     chosen = rng.choices(pkgs, weights=probs, k=n_skill) if n_skill else []  # same rng state on every rank
     streams = [("skill", p) for p in chosen] + [("explore", None) for _ in range(n_prompts - n_skill)]
     mine = list(range(dist.rank, len(streams), dist.world))  # global prompt indices g of this rank
-    if args.proposer_grammar == "on" and not isinstance(proposer_sampler, HFSampler):
-        prefix, schema = "", TASK_SCHEMA[args.family]  # the task's JSON schema constrains decoding (vLLM)
-    else:
-        prefix, schema = PROPOSER_PREFIX[args.family], None
+    prefix, schema = proposal_decoding(args, proposer_sampler)
     prompts = [prefilled_prompt(tok, proposer_messages(args.family, streams[g][1]), prefix) for g in mine]
     outs = proposer_sampler.generate(prompts, args.proposer_G, args.proposer_max_new_tokens, args.temperature,
                                      json_schema=schema) if mine else []
@@ -1589,6 +1627,42 @@ def print_table(history, family):
         print(name.ljust(12) + "".join((f"{100 * res[k]:9.1f}" if k in res else "        -") for _, k in cols))
 
 
+def compare_runs(root):
+    """Skill-SP against its ablations over seeds (`make selfplay-compare`): root holds one run folder per arm
+    and seed, named <name>-s<seed>. Per arm, mean ± sd over seeds of: held-out zebra cell and grid accuracy
+    after the last iteration; the valid-proposal rate (valid / all proposals, unparseable ones included, over
+    all iterations); mean v_solve of the valid records by stream. Returns {arm: {metric: (mean, sd, n)}}."""
+    by_arm = collections.defaultdict(list)
+    for name in sorted(os.listdir(root)):
+        path = os.path.join(root, name, "metrics.jsonl")
+        if re.search(r"-s\d+$", name) and os.path.exists(path):
+            by_arm[re.sub(r"-s\d+$", "", name)].append(os.path.join(root, name))
+    out = {}
+    for arm, folders in by_arm.items():
+        per_seed = collections.defaultdict(list)
+        for d in folders:
+            rows = [json.loads(line) for line in open(os.path.join(d, "metrics.jsonl"))]
+            last = rows[-1]
+            per_seed["cell"].append(last["zebra_cell"])
+            per_seed["grid"].append(last["zebra_grid"])
+            n_all = sum(r["n_proposals_parsed"] + r["n_proposals_unparsed"] for r in rows)
+            recs = [json.loads(line) for t in range(len(rows))
+                    for line in open(os.path.join(d, "records", f"iter_{t}.jsonl"))]
+            per_seed["valid_rate"].append(sum(r["valid"] for r in recs) / n_all if n_all else 0.0)
+            for stream in ("skill", "explore"):
+                vs = [r["v_solve"] for r in recs if r["stream"] == stream and r["valid"]]
+                if vs:
+                    per_seed[f"v_solve_{stream}"].append(float(np.mean(vs)))
+        out[arm] = {k: (float(np.mean(v)), float(np.std(v, ddof=1)) if len(v) > 1 else 0.0, len(v))
+                    for k, v in per_seed.items()}
+    keys = ["cell", "grid", "valid_rate", "v_solve_skill", "v_solve_explore"]
+    print("arm".ljust(24) + "".join(k.rjust(20) for k in keys))
+    for arm, res in out.items():
+        print(arm.ljust(24) + "".join((f"{res[k][0]:.3f} ± {res[k][1]:.3f} ({res[k][2]})" if k in res else "-").rjust(20)
+                                      for k in keys))
+    return out
+
+
 def plot_diagnostics(run_dir, rows, recs_by_iter):
     """Figure 5a/5c/6 panels per iteration and the Figure 5b PCA of MiniLM task embeddings."""
     import matplotlib
@@ -1778,6 +1852,11 @@ def main(argv=None):
         pkgs, stats = load_library(extra["library"], args.family)
         say(f"resumed {args.run_dir} after iteration {start} (library {extra['library']})")
     p_sampler, s_sampler = make_sampler(args, proposer, tok, dist), make_sampler(args, solver, tok, dist)
+    if not extra and args.proposer_sft_steps and pkgs and not args.unguided:  # difference 13 (unguided: no library)
+        t0, grammar = time.time(), proposal_decoding(args, p_sampler)[1] is not None
+        m = prime_proposer(proposer, tok, pkgs, args, dist, grammar)
+        p_sampler.sync(proposer)
+        say(f"proposer SFT warm-up on {len(pkgs)} worked examples: loss {m.get('sft_loss', 0):.3f}, {time.time() - t0:.0f}s")
     base_sampler = HFSampler(base, tok)
     probe_sampler = base_sampler if args.frozen_feedback_solver else s_sampler
     if not history:

@@ -625,21 +625,35 @@ def test_eq10_induction_integrity_and_novelty():
 
 # ----- smoke test of the tiny preset -----
 
-def test_smoke_tiny(tmp_path):
-    """The tiny preset, shrunk further: one iteration of zebra self-play end to end, then a resume."""
-    flags = ["--family", "zebra", "--preset", "tiny", "--T", "1", "--proposer-prompts", "2", "--proposer-G", "2",
-             "--proposer-max-new-tokens", "64", "--max-new-tokens", "48", "--solver-steps", "1", "--K", "2",
-             "--zebra-eval-per-scale", "1", "--zebra-eval-scales", "small", "--rg-eval-n", "1", "--induce-min", "1",
-             "--controller-max-new-tokens", "32", "--collect-prompts", "1", "--sampler", "hf", "--no-plots",
-             "--run-dir", str(tmp_path)]
+def test_smoke_tiny(tmp_path, tiny_model_dir):
+    """The tiny preset, shrunk further: one iteration of zebra self-play end to end, then a resume. The tiny
+    random model, SFT-primed on one package's worked example (--proposer-sft-steps, difference 13), writes
+    proposals; the test fails unless some pass every gate (valid), D(t) is not empty and the solver takes its
+    GRPO step on them."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "zebra_001.md").write_text(open(os.path.join(ROOT, "data", "selfplay", "zebra", "zebra_001.md")).read())
+    flags = ["--family", "zebra", "--preset", "tiny", "--model", tiny_model_dir, "--no-autocast", "--library", str(lib),
+             "--proposer-sft-steps", "40", "--proposer-sft-lr", "5e-2", "--T", "1", "--proposer-prompts", "2",
+             "--proposer-G", "2", "--proposer-max-new-tokens", "160", "--max-new-tokens", "48", "--solver-steps", "1",
+             "--K", "2", "--zebra-eval-per-scale", "1", "--zebra-eval-scales", "small", "--rg-eval-n", "1",
+             "--induce-min", "1", "--controller-max-new-tokens", "32", "--collect-prompts", "2", "--sampler", "hf",
+             "--no-plots", "--run-dir", str(tmp_path / "run")]
     out = S.main(flags)
+    run = tmp_path / "run"
     assert [name for name, _ in out["history"]] == ["base", "iter 1"]
     assert 0.0 <= out["history"][-1][1]["zebra_grid"] <= 1.0
     row = out["rows"][0]
-    assert row["lib_size"] >= 1 and row["n_proposals_parsed"] >= 0
-    assert os.path.exists(tmp_path / "solver" / "ckpt" / "state.pt")
-    assert os.path.exists(tmp_path / "library" / "iter_1" / "stats.json")
-    with open(tmp_path / "metrics.jsonl") as f:
+    assert row["n_accepted_skill"] + row["n_accepted_explore"] >= 1, row  # some proposal passed every gate
+    assert row["pool_size"] >= 1 and row["lib_size"] >= 1
+    solver_steps = [json.loads(line) for line in open(run / "solver" / "metrics.jsonl")]
+    assert len(solver_steps) == 1 and solver_steps[0]["n_tokens"] > 0       # the solver trained on D(t)
+    recs = [json.loads(line) for line in open(run / "records" / "iter_0.jsonl")]
+    assert sum(r["valid"] for r in recs) == row["n_accepted_skill"] + row["n_accepted_explore"]
+    assert all(r["reject"] in (None,) + S.REJECT_TYPES and (r["valid"] or r["why"]) for r in recs)
+    assert os.path.exists(run / "solver" / "ckpt" / "state.pt")
+    assert os.path.exists(run / "library" / "iter_1" / "stats.json")
+    with open(run / "metrics.jsonl") as f:
         assert json.loads(f.readline())["iteration"] == 1
     again = S.main(flags + ["--resume"])  # nothing left to do: the saved history comes back
     assert [name for name, _ in again["history"]] == ["base", "iter 1"]
