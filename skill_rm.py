@@ -76,7 +76,7 @@ import yaml
 
 from grpo import (CODE_IMPORTS, add_grpo_args, chat_ids, grpo_update, load_model, load_policy, log_metrics,
                   make_optimizer, make_sampler, parse_with_preset, plot_curves, run_sandboxed,
-                  sample_group_rollouts, sandbox_static_check, seed_everything, setup_distributed, HFSampler)
+                  sample_group_rollouts, sandbox_static_check, seed_everything, setup_distributed, unwrap, HFSampler)
 
 ROOT = Path(__file__).resolve().parent
 
@@ -85,11 +85,11 @@ ROOT = Path(__file__).resolve().parent
 PRESETS = {
     # 2-core CPU, ~5 minutes, embedded SmolLM2-135M as judge and policy.
     "tiny": dict(sampler="auto", lr=2e-6, beta=0.0, bench_per_cat=2, bon_prompts=3, bon_N=4, rl_steps=2, rl_prompts=2,
-                 rl_eval_prompts=6, G=4, judge_max_new_tokens=64, max_new_tokens=48,
+                 rl_eval_prompts=6, G=4, judge_max_new_tokens=128, max_new_tokens=48,
                  max_turns=3, rl_max_turns=3),
     # the paper's judge settings: temperature 0, 5 turns (7 in RL), 4 rollouts/prompt.
     "paper": dict(bench_per_cat=0, bon_prompts=0, bon_N=8, rl_steps=200, rl_prompts=32,
-                  rl_eval_prompts=0, G=4, judge_max_new_tokens=1024, max_new_tokens=1024,
+                  rl_eval_prompts=300, G=4, judge_max_new_tokens=1024, max_new_tokens=1024,
                   max_turns=5, rl_max_turns=7),
 }
 
@@ -613,11 +613,19 @@ def _loads_lenient(s):
 
 
 def _first_object(text):
-    """The first {...} in text that parses (leniently), scanning every '{'."""
+    """The first {...} in text that parses (leniently), scanning every '{'; braces inside
+    quoted strings ('...' or "...", with backslash escapes) do not count."""
     for m in re.finditer(r"\{", text):
-        depth, end = 0, None
+        depth, end, quote, escaped = 0, None, None, False
         for j in range(m.start(), len(text)):
-            depth += {"{": 1, "}": -1}.get(text[j], 0)
+            ch = text[j]
+            if quote:
+                escaped, quote = (not escaped and ch == "\\"), (None if ch == quote and not escaped else quote)
+                continue
+            if ch in "\"'":
+                quote = ch
+                continue
+            depth += {"{": 1, "}": -1}.get(ch, 0)
             if depth == 0:
                 end = j + 1
                 break
@@ -695,8 +703,11 @@ def parse_text_verdict(text, labels):
     m = re.findall(r"\[\[\s*(" + "|".join(labels) + r"|Tie|tie)\s*\]\]", text or "")
     if m:
         return parse_label(m[-1], labels)
-    m = re.findall(r"(?:verdict|answer|choice|winner|better)\W{0,3}(?:is\W{0,3})?(?:assistant |response )?\(?\b(" + "|".join(labels) + r")\b", text or "", re.I)
-    return m[-1].upper() if m else None
+    # keywords in any case, the label itself only as a capital letter: "the better answer is a list"
+    # must not read as verdict A (with re.I it did, a position bias towards A)
+    m = re.findall(r"(?i:verdict|answer|choice|winner|better)\W{0,3}(?:(?i:is)\W{0,3})?(?:(?i:assistant|response) )?\(?\b("
+                   + "|".join(labels) + r")\b", text or "")
+    return m[-1] if m else None
 
 
 def parse_text_rating(text, scale=10.0):
@@ -799,8 +810,8 @@ def format_candidates(prompt, candidates):
 def contract_text(mode, K):
     """The benchmark contract: what final answer the judge must give (B.3)."""
     if mode == "pointwise":
-        return ('final_answer {"checklist": [{"constraint": "...", "satisfied": true}], "satisfied_count": n, '
-                '"total_count": m, "score": n/m}')
+        return ('final_answer {"checklist": [{"constraint": "...", "satisfied": true}], "satisfied_count": 2, '
+                '"total_count": 3, "score": 0.67}')
     if mode == "pairwise":
         return 'final_answer {"verdict": "A"} if A is better, {"verdict": "B"} if B is better'
     return 'final_answer {"choice": X} where X is one of ' + ", ".join(LABELS[:K])
@@ -912,8 +923,10 @@ def execute_tool(task, call, skills, args):
         code = str(a.get("code", ""))
         if name == "run_verifier":
             r = task.skill.resource(str(a.get("id", "")).strip())
-            if r is None or r["type"] not in ("verifier", "tool") or r["leakage_level"] == "oracle":
+            if r is None or r["type"] not in ("verifier", "tool"):
                 return f"error: '{a.get('id')}' is not a verifier of skill {task.skill.name}."
+            if r["leakage_level"] == "oracle" or r["allowed_setting"] == "oracle_only":
+                return f"refused: verifier '{r['id']}' is oracle-only (leakage-gated) and cannot be run."
             code = (task.skill.folder / r["path"]).read_text() + "\n" + code
         variables = {"prompt": task.prompt, "candidates": task.candidates,
                      "sample": {"prompt": task.prompt, "candidates": task.candidates},
@@ -931,7 +944,7 @@ def judge_step(task, text, skills, args, labels):
     if task.method in ("baseline", "appended"):  # one turn: text verdict or a final_answer call
         call = parse_tool_call(text)
         j = call["arguments"] if call and call["name"] == "final_answer" else None
-        task.judgment = j if j is not None else text_judgment(text, task.mode, labels)
+        task.judgment = j if j is not None else text_judgment(text, task.mode, labels, 10.0)
         task.trace.append({"turn": task.turns, "action": text, "call": call, "observation": None})
         task.done = True
         return
@@ -939,7 +952,7 @@ def judge_step(task, text, skills, args, labels):
     if call is None:
         obs = None
         if task.force:  # the forced final turn: last chance, parse the text
-            task.judgment, task.done = text_judgment(text, task.mode, labels), True
+            task.judgment, task.done = text_judgment(text, task.mode, labels, 1.0), True
         elif task.retries_left > 0:
             task.retries_left -= 1
             obs = 'error: no valid tool call. Reply with exactly one <tool_call>{"name": ..., "arguments": {...}}</tool_call>.'
@@ -961,10 +974,11 @@ def judge_step(task, text, skills, args, labels):
     task.messages.append({"role": "user", "content": f"<tool_response>\n{obs}\n</tool_response>"})
 
 
-def text_judgment(text, mode, labels):
-    """A judgment recovered from plain text ([[A]], 'Rating: [[7]]'); None if nothing parses."""
+def text_judgment(text, mode, labels, scale):
+    """A judgment recovered from plain text ([[A]], 'Rating: [[7]]'); None if nothing parses.
+    scale: 10 for the plain judge's 0-10 rating, 1 for the skill contract's 0-1 score."""
     if mode == "pointwise":
-        s = parse_text_rating(text)
+        s = parse_text_rating(text, scale)
         return {"score": s} if s is not None else None
     v = parse_text_verdict(text, labels)
     return {"verdict": v} if v else None
@@ -1026,10 +1040,15 @@ def policy_prompt_ids(tok, prompts):
     return [chat_ids(tok, [{"role": "user", "content": p}]) for p in prompts]
 
 
+RL_VARIANTS = ("skill_rm", "direct", "anchored")
+
+
 def judge_rewards(judge_sampler, tok, prompts, responses, variant, skills, args, anchors=None, seed=0):
     """App. D rewards for policy responses. skill_rm: pointwise Skill-RM score; direct: one-turn
     LLM-judge rating; anchored: Skill-RM pairwise against a fixed reference (random A/B order).
     Returns (rewards, valid flags, tasks)."""
+    if variant not in RL_VARIANTS:
+        raise ValueError(f"unknown RL reward variant '{variant}' (one of {', '.join(RL_VARIANTS)})")
     if variant == "anchored":
         rng = random.Random(seed)
         flips = [rng.random() < 0.5 for _ in responses]  # True: the rollout is shown as B
@@ -1207,14 +1226,32 @@ def eval_if_policy(sampler, tok, test_set, args):
     outs = sampler.generate(policy_prompt_ids(tok, [t["prompt"] for t in test_set]), 1, args.max_new_tokens, 0.0)
     sc = [constraint_scores(t["constraints"], o[0].text) for t, o in zip(test_set, outs)]
     n_inst = sum(len(t["constraints"]) for t in test_set)
-    return {"prompt_strict": sum(s["all"] for s in sc) / len(sc),
-            "inst_level": sum(sum(s["checks"]) for s in sc) / n_inst}
+    return {"prompt_strict": sum(s["all"] for s in sc) / max(len(sc), 1),
+            "inst_level": sum(sum(s["checks"]) for s in sc) / max(n_inst, 1)}
 
 # ----- main -----
 
 
+def check_args(args):
+    """Stop before any model loads when flags cannot give a result (clear message, no traceback)."""
+    bad = [v for v in args.rl_rewards.split(",") if v not in RL_VARIANTS]
+    if bad and not args.skip_rl:
+        raise SystemExit(f"skill_rm: unknown --rl-rewards {', '.join(bad)} (choose from {', '.join(RL_VARIANTS)})")
+    if args.rl_eval_prompts < 1 and not args.skip_rl:
+        raise SystemExit("skill_rm: --rl-eval-prompts must be at least 1 (the RL table needs a held-out test set)")
+
+
+def make_judge(policy, args, dist):
+    """The judge: a frozen bf16 copy of the backbone (bf16 halves its memory and time on CPU).
+    Under torchrun the policy is a DDP wrapper: copy the module inside, not the wrapper."""
+    if args.judge_model in (None, args.model):
+        return copy.deepcopy(unwrap(policy)).to(torch.bfloat16).eval().requires_grad_(False)  # same weights, no reload
+    return load_model(args.judge_model, dist, "bfloat16", trainable=False)[0]
+
+
 def main(argv=None):
     args = parse_with_preset(build_parser(), PRESETS, argv=argv)
+    check_args(args)
     dist = setup_distributed()
     seed_everything(args.seed)
     t_start = time.time()
@@ -1231,11 +1268,7 @@ def main(argv=None):
         print(f"wrote {len(items)} benchmark items to {args.bench} and {len(pools)} pools to {pools_path} "
               f"({time.time() - t_start:.0f} s)")
         return {}
-    # the judge: a frozen copy of the backbone (bf16 halves its memory and time on CPU)
-    if args.judge_model in (None, args.model):
-        judge = copy.deepcopy(policy).to(torch.bfloat16).eval().requires_grad_(False)  # same weights, no reload
-    else:
-        judge = load_model(args.judge_model, dist, "bfloat16", trainable=False)[0]
+    judge = make_judge(policy, args, dist)
     # a second vLLM engine when the policy samples with vLLM (never re-synced: the judge is frozen);
     # judge prompts (system + skill resources + candidates) need a long context
     if args.sampler != "hf" and dist.world == 1:

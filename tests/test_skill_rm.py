@@ -361,7 +361,7 @@ def test_judge_loop_progressive_disclosure_then_final():
 def test_judge_loop_retry_then_forced_final():
     skills = S.load_skills(SKILLS)
     t = S.JudgeTask("Say hi.", ["hi"], "pointwise", "skill_rm")
-    S.run_judges(ScriptedSampler(["no idea", "still no idea", "Rating: [[8]]"]), CharTok(), [t], skills, judge_args(), max_turns=5)
+    S.run_judges(ScriptedSampler(["no idea", "still no idea", "my score: 0.8"]), CharTok(), [t], skills, judge_args(), max_turns=5)
     assert t.turns == 3 and t.done
     assert "no valid tool call" in t.trace[0]["observation"]  # one retry
     assert "call final_answer now" in t.messages[-2]["content"]  # then the forced final turn
@@ -397,3 +397,100 @@ def test_smoke_tiny_preset(tmp_path, capsys):
     assert set(res["rl"]) == {"initial", "skill_rm"}
     assert json.loads((tmp_path / "results.json").read_text())["rl"]["skill_rm"]["inst_level"] >= 0.0
     assert (tmp_path / "rl_skill_rm" / "metrics.jsonl").exists()
+
+
+# ----- bugs of issue #11, each with a test that failed before its fix -----
+
+def test_paper_preset_has_a_nonempty_rl_test_set(tmp_path):
+    args = S.parse_with_preset(S.build_parser(), S.PRESETS, argv=["--preset", "paper"])
+    assert args.rl_eval_prompts > 0 and len(S.if_prompts(0, args.rl_eval_prompts, "test")) == args.rl_eval_prompts
+    with pytest.raises(SystemExit, match="rl-eval-prompts"):  # stops before loading any model
+        S.main(["--preset", "paper", "--rl-eval-prompts", "0", "--model", str(tmp_path / "none")])
+    assert S.eval_if_policy(ScriptedSampler(["x"]), CharTok(), [], judge_args(max_new_tokens=4)) == \
+        {"prompt_strict": 0.0, "inst_level": 0.0}
+
+
+def test_skill_contract_text_fallback_keeps_the_0_1_scale():
+    skills = S.load_skills(SKILLS)
+    t = S.JudgeTask("Say hi.", ["hi"], "pointwise", "skill_rm")  # forced turn answered in text, contract scale 0-1
+    S.run_judges(ScriptedSampler(["x", "y", '"score": 0.8'], ), CharTok(), [t], skills, judge_args(), max_turns=5)
+    assert S.readout_pointwise(t.judgment) == (0.8, True)       # was 0.08 (divided by 10)
+    t = S.JudgeTask("Say hi.", ["hi"], "pointwise", "baseline")  # the plain judge's 0-10 rating
+    S.run_judges(ScriptedSampler(["Rating: [[8]]"]), CharTok(), [t], skills, judge_args(), max_turns=5)
+    assert S.readout_pointwise(t.judgment) == (0.8, True)
+
+
+def test_contract_examples_are_valid_json():
+    for mode, K in (("pointwise", 1), ("pairwise", 2), ("selection", 4)):
+        example = S.contract_text(mode, K).split("final_answer ")[1]
+        example = example[:example.index("}") + 1] if mode != "pointwise" else example
+        assert isinstance(json.loads(example.replace("X", '"A"')), dict), example
+    body = S.load_skills(SKILLS)["instruction_following_pointwise"].body
+    assert "n/m" not in body and "n/m" not in S.contract_text("pointwise", 1)
+
+
+def test_first_object_ignores_braces_inside_strings():
+    text = '<tool_call>{"name": "python_sandbox", "arguments": {"code": "print(\'}\' * 2, {1: 2})"}}</tool_call>'
+    assert S.parse_tool_call(text) == {"name": "python_sandbox", "arguments": {"code": "print('}' * 2, {1: 2})"}}
+    assert S._first_object('{"a": "{", "b": 1}') == {"a": "{", "b": 1}
+
+
+def test_article_a_is_not_verdict_a():
+    assert S.parse_text_verdict("The better answer is a short one.", "AB") is None
+    assert S.parse_text_verdict("My choice is a tough one, but the verdict: B", "ABCD") == "B"
+    assert S.parse_text_verdict("VERDICT: A", "AB") == "A"
+    assert S.parse_text_verdict("the winner is assistant B", "AB") == "B"
+
+
+def test_judge_copy_unwraps_the_ddp_wrapper():
+    import torch
+
+    class Wrapper(torch.nn.Module):  # what DistributedDataParallel looks like to make_judge
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+    inner = torch.nn.Linear(2, 2)
+    judge = S.make_judge(Wrapper(inner), SimpleNamespace(judge_model=None, model="embedded"), None)
+    assert isinstance(judge, torch.nn.Linear) and judge.weight.dtype == torch.bfloat16
+    assert judge.weight.data_ptr() != inner.weight.data_ptr() and not judge.weight.requires_grad
+
+
+def test_unknown_rl_variant_is_an_error(tmp_path):
+    with pytest.raises(SystemExit, match="unknown --rl-rewards bogus"):  # before any model loads
+        S.main(["--preset", "tiny", "--rl-rewards", "skill_rm,bogus", "--model", str(tmp_path / "none")])
+    with pytest.raises(ValueError, match="unknown RL reward variant"):
+        S.judge_rewards(None, None, ["p"], ["r"], "bogus", {}, judge_args())
+
+
+def test_tiny_judge_budget_fits_every_contract_reply():
+    from transformers import AutoTokenizer
+    import grpo
+    tok = AutoTokenizer.from_pretrained(grpo.embedded_model_path())
+    budget = S.PRESETS["tiny"]["judge_max_new_tokens"]
+    for mode, K in (("pointwise", 1), ("pairwise", 2), ("selection", 4)):
+        example = S.contract_text(mode, K).split("final_answer ")[1]
+        call = '<tool_call>{"name": "final_answer", "arguments": ' + example + "}</tool_call>"
+        assert len(tok.encode(call)) <= budget, (mode, len(tok.encode(call)))
+    assert budget >= 128
+
+
+def test_if_skill_verifier_goes_through_run_verifier_and_oracle_only_is_refused(tmp_path):
+    skills = S.load_skills(SKILLS)
+    body = skills["instruction_following_pointwise"].body
+    assert "run_verifier" in body and "`text_checks` through python_sandbox" not in body
+    t = S.JudgeTask("Answer in lowercase.", ["all lowercase here"], "pointwise", "skill_rm")
+    call = lambda tool, **a: S.execute_tool(t, {"name": tool, "arguments": a}, skills, judge_args())
+    call("use_skill", name="instruction_following_pointwise")
+    assert "True 3" in call("run_verifier", id="text_checks", code="print(is_lower(response), word_count(response))")
+    assert "NameError" in call("python_sandbox", code="print(is_lower(response))")  # not defined there
+    d = tmp_path / "instruction_following_pointwise"  # a verifier marked oracle_only (leakage low)
+    shutil.copytree(SKILLS / d.name, d)
+    y = (d / "resources.yaml").read_text().replace(
+        "path: verifiers/text_checks.py\n  applies_to: [instruction]\n  cost: low\n  hard_or_soft: hard\n  leakage_level: none\n  allowed_setting: all",
+        "path: verifiers/text_checks.py\n  applies_to: [instruction]\n  cost: low\n  hard_or_soft: hard\n  leakage_level: low\n  allowed_setting: oracle_only")
+    (d / "resources.yaml").write_text(y)
+    gated = {"instruction_following_pointwise": S.load_skill(d)}
+    t = S.JudgeTask("q", ["r"], "pointwise", "skill_rm")
+    S.execute_tool(t, {"name": "use_skill", "arguments": {"name": d.name}}, gated, judge_args())
+    out = S.execute_tool(t, {"name": "run_verifier", "arguments": {"id": "text_checks", "code": "print(1)"}}, gated, judge_args())
+    assert out.startswith("refused") and "oracle-only" in out
