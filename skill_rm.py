@@ -836,11 +836,9 @@ def appended_resources(skill, resource_chars):
 
 
 def default_skill(mode, skills):
-    """The skill a mode uses when one must be fixed (appended ablation)."""
-    for s in skills.values():
-        if mode in s.metadata.get("modes", []):
-            return s
-    return next(iter(skills.values()))
+    """The skill a mode uses when one must be fixed (appended ablation): the one listing the mode first."""
+    ranked = [(s.metadata.get("modes", []).index(mode), name) for name, s in skills.items() if mode in s.metadata.get("modes", [])]
+    return skills[min(ranked)[1]] if ranked else next(iter(skills.values()))
 
 
 @dataclass
@@ -1017,9 +1015,17 @@ def run_judges(sampler, tok, tasks, skills, args, max_turns):
     return tasks
 
 
+def oracle_skill(task):
+    """The skill the scripted judge loads: the instruction-following skill for instructions with
+    constraints (any mode), the fair judge otherwise."""
+    if task.mode == "pointwise" or task.category == "precise_if":
+        return "instruction_following_pointwise"
+    return "reward_judge_fair"
+
+
 def oracle_verifier(task):
     """The verifier the scripted judge runs for a task (None: no checker applies, e.g. code)."""
-    if task.mode == "pointwise" or task.category == "precise_if":
+    if oracle_skill(task) == "instruction_following_pointwise":
         return "text_checks"
     return "math_recompute" if task.category in ("math", "focus") else None
 
@@ -1032,7 +1038,7 @@ def scripted_reply(task, skills):
     if task.method in ("baseline", "appended") or task.force:
         return json.dumps(final)
     if task.skill is None:
-        return json.dumps({"name": "use_skill", "arguments": {"name": default_skill(task.mode, skills).name}})
+        return json.dumps({"name": "use_skill", "arguments": {"name": oracle_skill(task)}})
     ran = any(step["call"] and step["call"]["name"] == "run_verifier" for step in task.trace)
     if not ran and oracle_verifier(task) and task.skill.resource(oracle_verifier(task)):
         return json.dumps({"name": "run_verifier", "arguments": {"id": oracle_verifier(task)}})

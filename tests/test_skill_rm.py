@@ -531,7 +531,7 @@ def test_turn_schema_enumerates_tools_and_ids():
     after = S.schema_instances(S.turn_schema(t, skills, args))
     assert {c["name"] for c in after} == {"view_resource", "run_verifier", "final_answer"}
     ids = {c["arguments"].get("id") for c in after}
-    assert "reference_answers" not in ids and {"principles", "math_recompute", "text_checks"} <= ids  # oracle never offered
+    assert "reference_answers" not in ids and {"principles", "math_recompute", "last_number"} <= ids  # oracle never offered
     t.force = True
     assert S.schema_instances(S.turn_schema(t, skills, args)) == [{"verdict": "A"}, {"verdict": "B"}]
     assert S.schema_instances(S.final_schema("selection", 4)) == [{"choice": c} for c in "ABCD"]
@@ -613,6 +613,10 @@ def test_oracle_judge_reaches_100_percent_through_the_real_loop():
     assert all(r["score"] == 1.0 and r["valid"] == 1.0 for r in res.values())
     math_pair = next(t for t in tasks if t.category == "math")
     assert [s["call"]["name"] for s in math_pair.trace] == ["use_skill", "run_verifier", "final_answer"]
+    if_pair = next(t for t in tasks if t.category == "precise_if")
+    assert if_pair.skill.name == "instruction_following_pointwise" and "most constraints pass" in if_pair.trace[1]["observation"]
+    assert S.default_skill("pairwise", skills).name == "reward_judge_fair"
+    assert S.default_skill("pointwise", skills).name == "instruction_following_pointwise"
     assert "matches the expected value" in math_pair.trace[1]["observation"]
 
 
