@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test bench clean selfplay-compare
+.PHONY: install demo test bench clean skill-rm-seeds selfplay-compare
 
 install: $(STAMP)
 
@@ -67,6 +67,13 @@ bench: install
 	$(BIN)/python -m pip install -q trl
 	$(BIN)/python bench/bench_sampler.py
 	$(BIN)/python bench/bench_step.py
+
+# Skill-RM vs. the LLM-judge baseline over seeds: one process per seed (run them one at a time, or
+# separately with `make skill-rm-seeds SEEDS=1`), then mean ± sd over every runs/skill_rm-seed*/.
+SEEDS ?= 0 1 2
+skill-rm-seeds: install
+	set -e; for s in $(SEEDS); do $(BIN)/python skill_rm.py --preset tiny --seed $$s --run-dir runs/skill_rm-seed$$s; done
+	$(BIN)/python skill_rm.py --aggregate $$(ls -d runs/skill_rm-seed* | paste -sd, -)
 
 clean:
 	rm -rf runs
