@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install bubblewrap demo test bench clean
+.PHONY: install bubblewrap demo test bench clean skill-rm-seeds selfplay-compare
 
 install: $(STAMP) bubblewrap
 
@@ -56,6 +56,18 @@ demo: install
 	done
 	@echo "report: runs/demo/REPORT.md"
 
+# Skill-SP against unguided self-play (the no-library ablation) on zebra at tiny scale, one run per seed and
+# arm (each its own process), then mean ± sd over seeds (skill_selfplay.compare_runs). One seed:
+# `make selfplay-compare COMPARE_SEEDS=1`; the summary reads every run folder present in runs/compare.
+COMPARE_SEEDS ?= 0 1 2
+selfplay-compare: install
+	set -e; for s in $(COMPARE_SEEDS); do for arm in skill unguided; do \
+	  flag=""; if [ $$arm = unguided ]; then flag=--unguided; fi; \
+	  $(BIN)/python skill_selfplay.py --family zebra --preset tiny --seed $$s --data-seed $$s --no-plots $$flag \
+	    --run-dir runs/compare/zebra-$$arm-s$$s; \
+	done; done
+	$(BIN)/python -c "import skill_selfplay as S; S.compare_runs('runs/compare')"
+
 test: install
 	$(BIN)/python -m pytest -q -o tmp_path_retention_policy=failed tests
 
@@ -63,6 +75,13 @@ bench: install
 	$(BIN)/python -m pip install -q trl
 	$(BIN)/python bench/bench_sampler.py
 	$(BIN)/python bench/bench_step.py
+
+# Skill-RM vs. the LLM-judge baseline over seeds: one process per seed (run them one at a time, or
+# separately with `make skill-rm-seeds SEEDS=1`), then mean ± sd over every runs/skill_rm-seed*/.
+SEEDS ?= 0 1 2
+skill-rm-seeds: install
+	set -e; for s in $(SEEDS); do $(BIN)/python skill_rm.py --preset tiny --seed $$s --run-dir runs/skill_rm-seed$$s; done
+	$(BIN)/python skill_rm.py --aggregate $$(ls -d runs/skill_rm-seed* | paste -sd, -)
 
 clean:
 	rm -rf runs
