@@ -688,3 +688,27 @@ def test_compare_prints_mean_and_sd_over_seeds(tmp_path, capsys):
     se.main(["compare", "--compare-runs", " ".join(runs)])
     out = capsys.readouterr().out
     assert re.search(r"GRPO \(r_ans\)\s+20\.0 ±\s+10\.0", out) and re.search(r"Skill-Entropy RL\s+40\.0 ±\s+20\.0", out)
+
+
+def test_pipeline_mechanics_on_a_tiny_random_model(tiny_model_dir, tmp_path, capsys):
+    """Every stage in-process on a 2-layer random model (no signal expected): the files, the
+    Table 3 rows, reuse on a re-run, and a changed λ retraining only the rows it touches."""
+    run = tmp_path / "run"
+    argv = ["--preset", "tiny", "--model", tiny_model_dir, "--sampler", "hf", "--run-dir", str(run),
+            "--domains", "math,logic,creative_writing", "--acc-samples", "1", "--direct-pairs", "2", "--n-train", "4",
+            "--n-sft", "2", "--n-test", "3", "--train-len", "2,3", "--test-len", "2,3", "--max-new-tokens", "8",
+            "--acc-max-new-tokens", "4", "--propose-max-new-tokens", "8", "--rl-steps", "1", "--prompts-per-step", "2",
+            "--G", "2", "--label-seeds", "1", "--n-label", "1", "--sft-epochs", "1", "--max-model-len", "512",
+            "--baselines", "base,grpo,format_only"]
+    se.main(argv)
+    out = capsys.readouterr().out
+    for f in ("bank_labelled.json", "ske_table.json", "tasks.json", "bench.json", "table3.json", "offshelf_labelled.json"):
+        assert (run / f).exists(), f
+    assert set(json.loads((run / "table3.json").read_text())["rows"]) == {"base", "grpo", "format_only"}
+    assert out.count("GRPO steps") == 2 and "[ske]" in out and "SFT →" in out
+    se.main(argv)
+    out = capsys.readouterr().out
+    assert "[ske]" not in out and "[synth]" not in out and "GRPO steps" not in out and "SFT →" not in out
+    se.main(argv + ["--lambda-ans", "0.8", "--lambda-ent", "0.2"])   # only format_only uses the flags' λ
+    out = capsys.readouterr().out
+    assert out.count("GRPO steps") == 1 and "format_only (λ_ans=0.8" in out and "SFT →" not in out
