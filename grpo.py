@@ -248,18 +248,25 @@ def full_state_dict(model, dtype=None):
     return out
 
 
-def frozen_copy(model):
-    """A frozen, unwrapped copy of the policy (e.g. π_ref ← π_θ). FSDP modules refuse deepcopy, so their full
-    weights are gathered into a fresh module (every rank must call this)."""
+def replica(model):
+    """The policy as a plain module that one rank can run alone (e.g. an evaluation on rank 0): unwrap(model)
+    itself, or under FSDP, whose modules refuse deepcopy, a fresh module with the gathered full weights (every
+    rank must call this)."""
     m = unwrap(model)
     if not isinstance(m, FSDPModule):
-        return copy.deepcopy(m).eval().requires_grad_(False)
+        return m
     from transformers import AutoModelForCausalLM
     sd = full_state_dict(m)
     c = AutoModelForCausalLM.from_config(m.config, dtype=next(iter(sd.values())).dtype)
-    c.load_state_dict(sd, strict=False)
+    c.load_state_dict(sd, strict=False)  # a tied lm_head is tied again by from_config
     c.name_or_path = m.name_or_path
-    return c.to(next(iter(sd.values())).device).eval().requires_grad_(False)
+    return c.to(next(iter(sd.values())).device).train(m.training)
+
+
+def frozen_copy(model):
+    """A frozen copy of the policy (e.g. π_ref ← π_θ)."""
+    m = unwrap(model)
+    return (replica(m) if isinstance(m, FSDPModule) else copy.deepcopy(m)).eval().requires_grad_(False)
 
 
 def make_optimizer(model, args):
