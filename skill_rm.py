@@ -62,7 +62,6 @@ Differences from the paper:
 """
 import argparse
 import ast
-import copy
 import json
 import math
 import random
@@ -74,7 +73,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from grpo import (CODE_IMPORTS, add_grpo_args, chat_ids, grpo_update, load_model, load_policy, log_metrics,
+from grpo import (CODE_IMPORTS, add_grpo_args, chat_ids, frozen_copy, grpo_update, load_model, load_policy, log_metrics,
                   make_optimizer, make_sampler, parse_with_preset, plot_curves, run_sandboxed,
                   sample_group_rollouts, sandbox_static_check, seed_everything, setup_distributed, HFSampler)
 
@@ -1233,7 +1232,7 @@ def main(argv=None):
         return {}
     # the judge: a frozen copy of the backbone (bf16 halves its memory and time on CPU)
     if args.judge_model in (None, args.model):
-        judge = copy.deepcopy(policy).to(torch.bfloat16).eval().requires_grad_(False)  # same weights, no reload
+        judge = frozen_copy(policy).to(torch.bfloat16)  # same weights, no reload (FSDP: gathered from the shards)
     else:
         judge = load_model(args.judge_model, dist, "bfloat16", trainable=False)[0]
     # a second vLLM engine when the policy samples with vLLM (never re-synced: the judge is frozen);
