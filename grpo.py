@@ -220,24 +220,6 @@ def shard_fsdp(model, args):
     return model
 
 
-@contextlib.contextmanager
-def gathered(model):
-    """FSDP: all-gather every unit's full weights once and keep them until the block ends, so that code running
-    the model a different number of times on each rank (HF generate) issues no collective. Costs one full copy
-    of the weights in the compute dtype. Every rank must enter it; a no-op without FSDP."""
-    m = unwrap(model)
-    units = [u for u in m.modules() if isinstance(u, FSDPModule)]
-    for u in units:
-        u.set_reshard_after_forward(False, recurse=False)
-        u.unshard()
-    try:
-        yield m
-    finally:
-        for u in units:
-            u.reshard()
-            u.set_reshard_after_forward(u is not m, recurse=False)  # FSDP2's defaults: layers reshard, the root not
-
-
 def full_state_dict(model, dtype=None):
     """name → full tensor on this rank. Under FSDP each weight is all-gathered in turn (every rank must call
     this) and cast on the way, so the peak is one full copy in `dtype`."""
@@ -257,7 +239,8 @@ def replica(model):
         return m
     from transformers import AutoModelForCausalLM
     sd = full_state_dict(m)
-    c = AutoModelForCausalLM.from_config(m.config, dtype=next(iter(sd.values())).dtype)
+    with torch.random.fork_rng(devices=[]):  # its random init must not move the RNG: resumed runs stay exact
+        c = AutoModelForCausalLM.from_config(m.config, dtype=next(iter(sd.values())).dtype)
     c.load_state_dict(sd, strict=False)  # a tied lm_head is tied again by from_config
     c.name_or_path = m.name_or_path
     return c.to(next(iter(sd.values())).device).train(m.training)
@@ -358,7 +341,8 @@ class HFSampler:
     """`model.generate` on the training weights themselves: always in sync, slower."""
 
     def __init__(self, model, tok, batch=64):
-        self.model, self.tok, self.batch = model, tok, batch
+        self.tok, self.batch = tok, batch
+        self.sync(model)
 
     @torch.no_grad()
     def generate(self, prompts, n, max_new_tokens, temperature, top_p=1.0, stop=None, json_schema=None):
@@ -370,24 +354,31 @@ class HFSampler:
         m.eval()
         flat = [p for p in prompts for _ in range(n)]
         out = []
-        with gathered(self.model):  # FSDP: full weights for the whole call, so no collective per token
-            for i in range(0, len(flat), self.batch):
-                chunk = flat[i:i + self.batch]
-                L = max(len(p) for p in chunk)
-                ids = torch.tensor([[tok.pad_token_id] * (L - len(p)) + p for p in chunk], device=m.device)  # left pad: (b, L)
-                attn = torch.tensor([[0] * (L - len(p)) + [1] * len(p) for p in chunk], device=m.device)
-                gen = m.generate(input_ids=ids, attention_mask=attn, max_new_tokens=max_new_tokens, do_sample=temperature > 0,
-                                 temperature=temperature if temperature > 0 else None, top_p=top_p if temperature > 0 else None,
-                                 top_k=0 if temperature > 0 else None, pad_token_id=tok.pad_token_id, use_cache=True,
-                                 stop_strings=stop, tokenizer=tok if stop else None, synced_gpus=False)
-                for row in gen[:, L:].tolist():
-                    row = cut_at_stop(tok, row, stop)
-                    out.append(Sample(row, tok.decode(row, skip_special_tokens=True)))
+        for i in range(0, len(flat), self.batch):
+            chunk = flat[i:i + self.batch]
+            L = max(len(p) for p in chunk)
+            ids = torch.tensor([[tok.pad_token_id] * (L - len(p)) + p for p in chunk], device=m.device)  # left pad: (b, L)
+            attn = torch.tensor([[0] * (L - len(p)) + [1] * len(p) for p in chunk], device=m.device)
+            gen = m.generate(input_ids=ids, attention_mask=attn, max_new_tokens=max_new_tokens, do_sample=temperature > 0,
+                             temperature=temperature if temperature > 0 else None, top_p=top_p if temperature > 0 else None,
+                             top_k=0 if temperature > 0 else None, pad_token_id=tok.pad_token_id, use_cache=True,
+                             stop_strings=stop, tokenizer=tok if stop else None)
+            for row in gen[:, L:].tolist():
+                row = cut_at_stop(tok, row, stop)
+                out.append(Sample(row, tok.decode(row, skip_special_tokens=True)))
         m.train(was_training)
         return [out[k * n:(k + 1) * n] for k in range(len(prompts))]
 
     def sync(self, model):
-        self.model = model  # HF generate reads the live weights of whichever model it was last pointed at
+        """HF generate reads the live weights of whichever model it was last pointed at. Under FSDP, where every
+        forward is a collective and ranks generate different numbers of tokens, it runs on a plain full copy
+        that this call refreshes (every rank calls sync)."""
+        if not isinstance(unwrap(model), FSDPModule):
+            self.model = model
+        elif getattr(self, "copy_of", None) is model:
+            self.model.load_state_dict(full_state_dict(model), strict=False)
+        else:
+            self.model, self.copy_of = replica(model), model
 
 
 class VLLMSampler:
