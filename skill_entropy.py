@@ -106,7 +106,7 @@ import numpy as np
 
 from grpo import (HFSampler, add_grpo_args, barrier, chat_ids, grpo_update, load_checkpoint, load_embedder,
                   load_model, load_policy, log_metrics, make_optimizer, make_sampler, parse_with_preset, plot_curves,
-                  reduce_metrics, sample_group_rollouts, save_checkpoint, seed_everything,
+                  reduce_metrics, replica, sample_group_rollouts, save_checkpoint, seed_everything,
                   setup_distributed, sft_update, unwrap)
 from sandbox import CODE_IMPORTS, run_sandboxed
 
@@ -1559,6 +1559,8 @@ def stage_train(args, dist, run, bank, acc, table, train, test, models, judge, e
                 if dist.is_main:
                     print(f"[train] {name} (λ_ans={spec['lam'][0]}, λ_ent={spec['lam'][1]}, r_ent={spec['r_ent']}): "
                           f"{args.rl_steps} GRPO steps in {time.time() - t0:.0f}s")
+
+            policy = replica(policy)  # under FSDP, full weights that rank 0 runs alone (every rank calls it)
 
             def evaluate():
                 t1 = time.time()
