@@ -76,13 +76,13 @@ Differences from the paper:
      label; the plain judge: the final answer alone) from a split the benchmark,
      pools and RL prompts never use (`sft_items`); the baseline gets the same
      number of steps and examples per step. The paper's judges are not trained.
- 10. Verifier and tool resources print a report when run without extra code
-     (text_checks: the constraints stated in the prompt, checked per candidate;
-     math_recompute: the recomputed value and which final numbers match), so a
-     run_verifier call needs no free code. The tables add a scripted `oracle`
-     judge (the same loop, replies that know the label) as the upper bound.
- 11. Held-out IF evaluation: the RL test prompts use their own tasks and half of
-     them a constraint type (title, postscript) no training prompt has.
+  10. Verifier and tool resources print a report when run without extra code
+      (text_checks: the constraints stated in the prompt, checked per candidate;
+      math_recompute: the recomputed value and which final numbers match), so a
+      run_verifier call needs no free code. The tables add a scripted `oracle`
+      judge (the same loop, replies that know the label) as the upper bound.
+  11. Held-out IF evaluation: the RL test prompts use their own tasks and half of
+      them a constraint type (title, postscript) no training prompt has.
 """
 import argparse
 import ast
