@@ -1442,7 +1442,7 @@ def aggregate_seeds(run_dirs):
         mean = sum(vals) / len(vals)
         sd = (sum((x - mean) ** 2 for x in vals) / (len(vals) - 1)) ** 0.5 if len(vals) > 1 else 0.0
         out[f"{metric}|{method}"] = (mean, sd)
-        print(f"{metric:38s} {method:12s} {mean:8.3f} ± {sd:.3f}")
+        print(f"{metric:38s} {method:12s} {mean:8.3f} ± {sd:.3f}  ({len(vals)} seeds)")
     return out
 
 
