@@ -1415,9 +1415,9 @@ def main(argv=None):
             print(f"{k:12s} {100 * v['prompt_strict']:14.1f} {100 * v['inst_level']:11.1f} "
                   + (f"{v['reward_group_sd']:10.3f} {100 * (1 - v['judge_valid']):15.1f}" if "judge_valid" in v else ""))
         print(f"(RL: {time.time() - t0:.0f} s)")
+    results["time_total"] = time.time() - t_start
     Path(args.run_dir).mkdir(parents=True, exist_ok=True)
     (Path(args.run_dir) / "results.json").write_text(json.dumps(results, indent=1, default=str))
-    results["time_total"] = time.time() - t_start
     print(f"\ntotal {time.time() - t_start:.0f} s; results in {args.run_dir}/results.json")
     return results
 
