@@ -84,7 +84,7 @@ import numpy as np
 
 from grpo import (HFSampler, add_grpo_args, barrier, chat_ids, grpo_update, load_checkpoint, load_embedder,
                   load_model, load_policy, log_metrics, make_optimizer, make_sampler, parse_with_preset, plot_curves,
-                  reduce_metrics, sample_group_rollouts, save_checkpoint, seed_everything,
+                  reduce_metrics, replica, sample_group_rollouts, save_checkpoint, seed_everything,
                   setup_distributed, sft_update, unwrap)
 from sandbox import CODE_IMPORTS, run_sandboxed
 
@@ -1371,7 +1371,7 @@ def main(argv=None):
                 policy, tok, extra = run_sft(args, dist, sft_tasks, gen_of(args.teacher), judge, doms, sft_dir)
                 print(f"[train] SFT on {extra['n_examples']} traces ({extra['n_teacher_traces']} from the teacher) in {time.time() - t0:.0f}s")
                 if "sft" in rows:
-                    evaluate("sft", policy, tok)
+                    evaluate("sft", replica(policy), tok)  # replica: under FSDP, full weights that rank 0 runs alone
                 del policy
             elif "sft" in rows and "sft" not in t3["rows"]:
                 m, tok = load_model(args.model, dist, args.dtype, trainable=False)
@@ -1388,7 +1388,7 @@ def main(argv=None):
             reward_fn = make_reward_fn(bank, table, train_ske, embed, key_emb, judge, args, *lam)
             policy, tok = run_grpo(args, dist, rl_tasks, run / "sft", run / row, reward_fn, doms, frozen)
             print(f"[train] {row} (λ_ans={lam[0]}, λ_ent={lam[1]}): {args.rl_steps} GRPO steps in {time.time() - t0:.0f}s")
-            evaluate(row, policy, tok)
+            evaluate(row, replica(policy), tok)
             del policy
         if dist.is_main:
             names = {"base": "Base", "sft": "SFT", "grpo": "GRPO (r_ans)", "ske_rl": "Skill-Entropy RL"}
