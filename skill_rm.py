@@ -98,10 +98,11 @@ from pathlib import Path
 import torch
 import yaml
 
-from grpo import (CODE_IMPORTS, add_grpo_args, chat_ids, grpo_update, load_model, load_policy, log_metrics,
-                  make_optimizer, make_sampler, parse_with_preset, plot_curves, run_sandboxed, sft_update,
-                  sample_group_rollouts, sandbox_static_check, seed_everything, setup_distributed, unwrap, HFSampler,
+from grpo import (add_grpo_args, chat_ids, frozen_copy, grpo_update, load_model, load_policy, log_metrics,
+                  make_optimizer, make_sampler, parse_with_preset, plot_curves, sft_update,
+                  sample_group_rollouts, seed_everything, setup_distributed, unwrap, HFSampler,
                   Sample, VLLMSampler)
+from sandbox import CODE_IMPORTS, run_sandboxed, sandbox_static_check
 
 ROOT = Path(__file__).resolve().parent
 
@@ -1318,7 +1319,7 @@ def make_judge(policy, args, dist):
     """The judge: a frozen bf16 copy of the backbone (bf16 halves its memory and time on CPU).
     Under torchrun the policy is a DDP wrapper: copy the module inside, not the wrapper."""
     if args.judge_model in (None, args.model):
-        return copy.deepcopy(unwrap(policy)).to(torch.bfloat16).eval().requires_grad_(False)  # same weights, no reload
+        return frozen_copy(policy).to(torch.bfloat16)  # same weights, no reload (FSDP: gathered from the shards)
     return load_model(args.judge_model, dist, "bfloat16", trainable=False)[0]
 
 
