@@ -11,7 +11,7 @@ hello-world: it trains the policy on short arithmetic with an answer tag.
     torchrun --nproc_per_node=8 grpo.py --preset paper    # 8 GPUs, NCCL, same code
 
 Reading order: config → model → distributed → sampling → rollouts → GRPO loss →
-update → SFT → checkpoints → logging → sandbox → toy task → main.
+update → SFT → checkpoints → logging → toy task → main.
 
 Shapes: P prompts, G completions per prompt (a group), B sequences in a
 micro-batch, T completion positions (padded), V vocabulary.
@@ -35,23 +35,17 @@ Differences from the papers:
    convention); `--no-scale-rewards` gives Dr. GRPO's mean-only advantages.
 """
 import argparse
-import ast
 import contextlib
 import dataclasses
 import fcntl
 import glob
 import importlib.util
 import json
-import math
 import os
 import random
 import re
-import resource
 import shutil
-import signal
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -770,207 +764,6 @@ def plot_curves(run_dir, keys=("reward", "kl"), out="curves.png"):
     fig.savefig(Path(run_dir) / out, dpi=100)
     plt.close(fig)
     return Path(run_dir) / out
-
-# ----- sandbox -----
-# Untrusted Python (model-written code, HumanEval solutions) for skill_rm.py's
-# python_sandbox tool and skill_entropy.py's code scorer.
-
-SANDBOX_IMPORTS = ("collections", "decimal", "fractions", "functools", "itertools",
-                   "json", "math", "re", "statistics", "string")
-# HumanEval programs and tests (trusted test code, untrusted solutions) may also use these.
-CODE_IMPORTS = SANDBOX_IMPORTS + ("typing", "hashlib", "heapq", "bisect", "random", "copy", "operator", "string")
-SANDBOX_BANNED_NAMES = {"eval", "exec", "open", "getattr", "setattr", "delattr", "compile",
-                        "globals", "locals", "vars", "input", "breakpoint", "memoryview",
-                        "exit", "quit", "help"}
-# PEP 578 audit events refused inside the child once the user code starts.
-_BLOCKED_EVENT_PREFIXES = ("os.", "subprocess.", "socket.", "ctypes.", "shutil.", "pty.",
-                           "mmap.", "sqlite3.", "urllib.", "http.", "ftplib.", "smtplib.",
-                           "telnetlib.", "webbrowser.", "import", "compile", "builtins.input",
-                           "sys._getframe", "sys.setprofile", "sys.settrace", "cpython.")
-
-_RUNNER = r'''
-import sys, json
-for _m in %(imports)r:
-    try:
-        __import__(_m)
-    except Exception:
-        pass
-_ROOT = %(root)r
-_BLOCKED = %(blocked)r
-with open("inputs.json") as _f:
-    _vars = json.load(_f)
-with open("snippet.py") as _f:
-    _code = compile(_f.read(), "<snippet>", "exec")
-_state = [0]
-
-def _inside(p):
-    if isinstance(p, int):
-        return True
-    if isinstance(p, bytes):
-        p = p.decode("utf-8", "replace")
-    p = str(p)
-    if "\x00" in p or ".." in p.split("/"):
-        return False
-    return not p.startswith("/") or p == _ROOT or p.startswith(_ROOT + "/")
-
-def _hook(event, args):
-    if event == "exec":
-        _state[0] += 1
-        if _state[0] > 1:
-            raise PermissionError("sandbox: exec is not allowed")
-    elif event == "open":
-        if not _inside(args[0]):
-            raise PermissionError("sandbox: file outside the working folder: %%s" %% (args[0],))
-    elif event.startswith(_BLOCKED):
-        raise PermissionError("sandbox: %%s is not allowed %%s" %% (event, str(args)[:80]))
-
-sys.addaudithook(_hook)
-_ns = dict(_vars)
-_ns["__name__"] = "__sandbox__"
-try:
-    exec(_code, _ns)
-except BaseException as _e:
-    _tb = _e.__traceback__
-    _line = None
-    while _tb is not None:
-        if _tb.tb_frame.f_code.co_filename == "<snippet>":
-            _line = _tb.tb_lineno
-        _tb = _tb.tb_next
-    sys.stderr.write("%%s: %%s (snippet line %%s)\n" %% (type(_e).__name__, str(_e)[:300], _line))
-    sys.stderr.flush()
-    sys.exit(1)
-'''
-
-
-def sandbox_static_check(code, allowed_imports=SANDBOX_IMPORTS):
-    """Return None if `code` passes the static check, else the reason it is refused.
-
-    Refuses: syntax errors, imports whose top-level module is not in
-    `allowed_imports`, relative imports, any dunder name or attribute (`__class__`,
-    `__import__`, ...) and the names in SANDBOX_BANNED_NAMES (eval, exec, open, ...).
-    """
-    try:
-        tree = ast.parse(code)
-    except SyntaxError as e:
-        return f"syntax error: {e.msg} (line {e.lineno})"
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            mods = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                return "relative imports are not allowed"
-            mods = [node.module or ""]
-        else:
-            mods = []
-        for m in mods:
-            if m.split(".")[0] not in allowed_imports:
-                return f"import of '{m}' is not allowed (allowed: {', '.join(allowed_imports)})"
-        name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
-        if name is not None and name.startswith("__") and name.endswith("__"):
-            return f"dunder name '{name}' is not allowed"
-        if name in SANDBOX_BANNED_NAMES:
-            return f"name '{name}' is not allowed"
-    return None
-
-
-_LIBC = None
-
-
-def _sandbox_limits(timeout_s, mem_mb, max_output_bytes):
-    """preexec_fn of the child: rlimits, then (best effort) a private network namespace."""
-    cpu = int(math.ceil(timeout_s)) + 1
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))  # SIGXCPU, then SIGKILL
-    resource.setrlimit(resource.RLIMIT_AS, (mem_mb << 20, mem_mb << 20))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (max_output_bytes, max_output_bytes))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (32, 32))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    resource.setrlimit(resource.RLIMIT_NPROC, (8, 8))  # not enforced for root; the audit hook is
-    if _LIBC is not None:
-        _LIBC.unshare(0x40000000)  # CLONE_NEWNET: no interfaces at all; fails quietly without CAP_SYS_ADMIN
-
-
-def run_sandboxed(code: str, timeout_s: float = 3.0, mem_mb: int = 256, variables: dict | None = None,
-                  allowed_imports=SANDBOX_IMPORTS, static_check: bool = True,
-                  max_output_chars: int = 4000) -> dict:
-    """Run untrusted Python `code` in a contained child process and report what happened.
-
-    Layers (each one alone would stop the hostile snippets in tests/test_skill_rm.py):
-      * static check (`sandbox_static_check`): import allow-list, no dunders, no
-        eval/exec/open/getattr...; skipped with static_check=False (e.g. for unit
-        tests of model-written code that uses `if __name__ == ...`);
-      * a separate process `python -I -S -B` (isolated: no site-packages, no user
-        paths, no env vars) with an EMPTY environment, in a fresh temporary folder
-        (its cwd, deleted afterwards), in its own session (killed as a group);
-      * rlimits: CPU seconds, address space `mem_mb`, output file size, open files;
-      * an audit hook (PEP 578) installed before the user code: no new imports, no
-        process creation (fork/exec/system/spawn), no sockets, no ctypes, no file
-        access outside the folder, no os.* side effects, no nested exec/compile;
-      * a wall-clock timeout `timeout_s`, then SIGKILL of the process group.
-    `variables` (JSON-serialisable) become globals of the snippet (here: `prompt`,
-    `candidates`, `sample`, `response`). `allowed_imports` are pre-imported before
-    the hook, so they are the only importable modules.
-
-    Returns {"ok": bool, "stdout": str, "stderr": str, "error": str | None,
-             "returncode": int | None, "wall_s": float}. `error` is one line:
-    "refused: ...", "timeout after X s", "memory limit", "cpu limit",
-    "output limit", or the snippet's exception "Type: message (snippet line n)".
-    Never raises for anything the snippet does.
-    """
-    global _LIBC
-    t0 = time.time()
-    res = {"ok": False, "stdout": "", "stderr": "", "error": None, "returncode": None, "wall_s": 0.0}
-    if static_check:
-        why = sandbox_static_check(code, allowed_imports)
-        if why is not None:
-            res["error"] = "refused: " + why
-            return res
-    if _LIBC is None:
-        try:
-            import ctypes
-            _LIBC = ctypes.CDLL(None, use_errno=True)
-        except OSError:
-            pass
-    work = tempfile.mkdtemp(prefix="sandbox_")
-    max_bytes = max_output_chars * 4 + 4096
-    try:
-        root = os.path.realpath(work)
-        Path(work, "snippet.py").write_text(code)
-        Path(work, "inputs.json").write_text(json.dumps(variables or {}))
-        Path(work, "runner.py").write_text(_RUNNER % dict(imports=tuple(allowed_imports), root=root,
-                                                           blocked=_BLOCKED_EVENT_PREFIXES))
-        with open(os.path.join(work, "out.txt"), "wb") as out, open(os.path.join(work, "err.txt"), "wb") as err:
-            proc = subprocess.Popen([sys.executable, "-I", "-S", "-B", "runner.py"], cwd=work, env={},
-                                    stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True,
-                                    preexec_fn=lambda: _sandbox_limits(timeout_s, mem_mb, max_bytes))
-            try:
-                proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                res["error"] = f"timeout after {timeout_s} s"
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)  # the snippet and anything it started
-            except (ProcessLookupError, PermissionError):
-                pass
-            proc.wait()
-        res["returncode"] = proc.returncode
-        res["stdout"] = Path(work, "out.txt").read_bytes()[:max_bytes].decode("utf-8", "replace")[:max_output_chars]
-        res["stderr"] = Path(work, "err.txt").read_bytes()[:max_bytes].decode("utf-8", "replace")[:max_output_chars]
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    rc = res["returncode"]
-    if res["error"] is None and rc != 0:
-        last = res["stderr"].strip().splitlines()[-1] if res["stderr"].strip() else ""
-        if rc == -signal.SIGXCPU or rc == -signal.SIGKILL and "MemoryError" not in last:
-            res["error"] = "cpu limit" if rc == -signal.SIGXCPU else f"killed (signal {-rc})"
-        elif rc == -signal.SIGXFSZ or "File too large" in last:
-            res["error"] = "output limit"
-        elif "MemoryError" in last:
-            res["error"] = "memory limit: " + last
-        else:
-            res["error"] = last or f"exit code {rc}"
-    res["ok"] = res["error"] is None
-    res["wall_s"] = round(time.time() - t0, 3)
-    return res
-
 
 # ----- toy task -----
 
