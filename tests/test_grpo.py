@@ -153,7 +153,7 @@ def test_grpo_update_matches_naive_loop_and_accumulation(tiny_model_dir, agg):
 def test_bf16_master_updates_match_fp32_updates(tiny_model_dir):
     """--precision bf16 (bf16 weights, fp32 masters and AdamW moments) against --precision fp32 from the same
     bf16-representable start: 3 GRPO steps (β > 0, μ = 2, 2 micro-batches) move the (master) weights the same
-    way, within 5 % of the update's norm per tensor, and log the same loss and KL within 2e-3."""
+    way, within 5 % of the update's norm per tensor (seen: 2.8 % at most), and log the same loss and KL within 2e-3."""
     dist = grpo.setup_distributed()
     rs = _rollouts(n_groups=4, G=3)
     out = {}
