@@ -36,6 +36,7 @@ Differences from the papers:
 """
 import argparse
 import contextlib
+import copy
 import dataclasses
 import fcntl
 import glob
@@ -56,6 +57,8 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its per-sync warnings dr
 import numpy as np
 import torch
 import torch.distributed as torch_dist
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
 from tqdm import tqdm
 
 # ----- config -----
@@ -71,6 +74,7 @@ def add_grpo_args(p):
     g.add_argument("--no-autocast", dest="precision", action="store_const", const="fp32", help="same as --precision fp32")
     g.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"],
                    help="weights of frozen models (π_ref, teachers, judges); float32 with --precision fp32 for an all-fp32 run")
+    g.add_argument("--fsdp", action="store_true", help="under torchrun: shard weights, gradients and AdamW state over the ranks (FSDP2) instead of replicating them (DDP); README 'FSDP or DDP'")
     g = p.add_argument_group("sampling")
     g.add_argument("--sampler", default="hf", choices=["auto", "hf", "vllm"], help="auto = vLLM when it imports and starts, else HF generate")
     g.add_argument("--G", type=int, default=8, help="G, completions per prompt (group size); DeepSeekMath 64, DAPO 16")
@@ -189,15 +193,63 @@ def load_model(name, dist, dtype="float32", trainable=True):
 
 
 def load_policy(args, dist):
-    """The trained model, wrapped in DDP when there are several ranks; bf16 weights under --precision bf16."""
-    model, tok = load_model(args.model, dist, "bfloat16" if args.precision == "bf16" else "float32")
-    if dist.world > 1:
+    """The trained model, wrapped in DDP when there are several ranks (sharded with FSDP2 under --fsdp); bf16
+    weights under --precision bf16, except under FSDP2, which keeps fp32 shards and computes in bf16 by its own policy."""
+    fsdp = dist.world > 1 and args.fsdp
+    model, tok = load_model(args.model, dist, "bfloat16" if args.precision == "bf16" and not fsdp else "float32")
+    if fsdp:
+        model = shard_fsdp(model, args)
+    elif dist.world > 1:
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dist.device.index] if dist.device.type == "cuda" else None)
     return model, tok
 
 
 def unwrap(model):
     return model.module if hasattr(model, "module") else model
+
+
+def shard_fsdp(model, args):
+    """FSDP2: each decoder layer, then the root (embeddings, final norm, lm_head), becomes one unit whose weights,
+    gradients and optimizer state are split over the ranks; a unit's full weights exist only during its forward
+    and backward. Mixed precision is FSDP2's own policy (bf16 compute copies of the fp32 shards, gradients reduced
+    in fp32), which replaces --precision's bf16 weights or autocast for this model."""
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if args.precision != "fp32" else MixedPrecisionPolicy()
+    for layer in [m for m in model.modules() if type(m).__name__ in model._no_split_modules]:  # e.g. LlamaDecoderLayer
+        fully_shard(layer, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)  # the root keeps its weights from forward to backward (FSDP2's default)
+    return model
+
+
+def full_state_dict(model, dtype=None):
+    """name → full tensor on this rank. Under FSDP each weight is all-gathered in turn (every rank must call
+    this) and cast on the way, so the peak is one full copy in `dtype`."""
+    out = {}
+    for k, v in unwrap(model).state_dict().items():
+        v = v.full_tensor() if isinstance(v, DTensor) else v
+        out[k] = v.detach().to(dtype or v.dtype)
+    return out
+
+
+def replica(model):
+    """The policy as a plain module that one rank can run alone (e.g. an evaluation on rank 0): unwrap(model)
+    itself, or under FSDP, whose modules refuse deepcopy, a fresh module with the gathered full weights (every
+    rank must call this)."""
+    m = unwrap(model)
+    if not isinstance(m, FSDPModule):
+        return m
+    from transformers import AutoModelForCausalLM
+    sd = full_state_dict(m)
+    with torch.random.fork_rng(devices=[]):  # its random init must not move the RNG: resumed runs stay exact
+        c = AutoModelForCausalLM.from_config(m.config, dtype=next(iter(sd.values())).dtype)
+    c.load_state_dict(sd, strict=False)  # a tied lm_head is tied again by from_config
+    c.name_or_path = m.name_or_path
+    return c.to(next(iter(sd.values())).device).train(m.training)
+
+
+def frozen_copy(model):
+    """A frozen copy of the policy (e.g. π_ref ← π_θ)."""
+    m = unwrap(model)
+    return (replica(m) if isinstance(m, FSDPModule) else copy.deepcopy(m)).eval().requires_grad_(False)
 
 
 class MasterAdamW(torch.optim.AdamW):
@@ -345,7 +397,8 @@ class HFSampler:
     """`model.generate` on the training weights themselves: always in sync, slower."""
 
     def __init__(self, model, tok, batch=64):
-        self.model, self.tok, self.batch = model, tok, batch
+        self.tok, self.batch = tok, batch
+        self.sync(model)
 
     @torch.no_grad()
     def generate(self, prompts, n, max_new_tokens, temperature, top_p=1.0, stop=None, json_schema=None):
@@ -373,7 +426,15 @@ class HFSampler:
         return [out[k * n:(k + 1) * n] for k in range(len(prompts))]
 
     def sync(self, model):
-        self.model = model  # HF generate reads the live weights of whichever model it was last pointed at
+        """HF generate reads the live weights of whichever model it was last pointed at. Under FSDP, where every
+        forward is a collective and ranks generate different numbers of tokens, it runs on a plain full copy
+        that this call refreshes (every rank calls sync)."""
+        if not isinstance(unwrap(model), FSDPModule):
+            self.model = model
+        elif getattr(self, "copy_of", None) is model:
+            self.model.load_state_dict(full_state_dict(model), strict=False)
+        else:
+            self.model, self.copy_of = replica(model), model
 
 
 class VLLMSampler:
@@ -410,9 +471,8 @@ class VLLMSampler:
 
     @torch.no_grad()
     def sync(self, model):
-        m = unwrap(model)
-        tied = getattr(m.config, "tie_word_embeddings", False)
-        weights = [(k, v.detach().to(torch.bfloat16)) for k, v in m.state_dict().items() if not (tied and k == "lm_head.weight")]
+        tied = getattr(unwrap(model).config, "tie_word_embeddings", False)
+        weights = [(k, v) for k, v in full_state_dict(model, torch.bfloat16).items() if not (tied and k == "lm_head.weight")]
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
 
@@ -521,7 +581,7 @@ def token_logprobs(model, batch, temperature, autocast=False):
     """log π(o_t | q, o_<t) for every completion position, at the sampling temperature."""
     ids, attn, start = batch["input_ids"], batch["attention_mask"], batch["start"]
     before = torch.arange(start - 1, ids.shape[1] - 1, device=ids.device)                 # the positions that predict o_1 … o_T
-    with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=autocast):
+    with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=autocast and not isinstance(model, FSDPModule)):  # FSDP: its own policy
         logits = model(input_ids=ids, attention_mask=attn, logits_to_keep=before).logits  # (B, T, V), bf16 unless fp32
     targets = ids[:, start:]                                                              # (B, T)
     B, T, V = logits.shape
@@ -605,6 +665,24 @@ def _micro_batches(rows, size):
     return [rows[i:i + size] for i in range(0, len(rows), size)]
 
 
+def _same_count_on_all_ranks(local, filler, model, dist):
+    """FSDP runs collectives in every forward and backward, so every rank must run as many micro-batches:
+    pad with `filler`, a fully masked one (zero loss, zero gradient)."""
+    if not isinstance(model, FSDPModule):
+        return local
+    n = torch.tensor([len(local)], device=dist.device)
+    torch_dist.all_reduce(n, op=torch_dist.ReduceOp.MAX)
+    return local + [filler] * (int(n) - len(local))
+
+
+def _grad_sync(model, last):
+    """DDP all-reduces gradients on the last micro-batch only. FSDP reduce-scatters after every micro-batch and
+    accumulates gradient shards, so a full gradient never outlives one backward."""
+    if last or not isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return contextlib.nullcontext()
+    return model.no_sync()
+
+
 def grpo_update(model, ref_model, optimizer, rollouts, args, dist):
     """One GRPO step on this rank's rollouts (whole groups): μ optimizer steps, metrics reduced over ranks."""
     metrics = {"reward": float(np.mean([r.reward for r in rollouts])) if rollouts else 0.0,   # before any group is dropped
@@ -621,7 +699,8 @@ def grpo_update(model, ref_model, optimizer, rollouts, args, dist):
         return reduce_metrics({**metrics, "skipped": 1.0}, dist)
     # DDP averages gradients over ranks, so each rank's share of the global normaliser is total / world
     norm_tok, norm_seq = n_tokens / dist.world, n_seqs / dist.world
-    local = _micro_batches(rows, args.micro_batch) or [[(rollouts[0].prompt_ids if rollouts else [unwrap(model).config.bos_token_id or 0], [0], [0], [0.0])]]
+    filler = [(rollouts[0].prompt_ids if rollouts else [unwrap(model).config.bos_token_id or 0], [0], [0], [0.0])]
+    local = _same_count_on_all_ranks(_micro_batches(rows, args.micro_batch) or [filler], filler, model, dist)
     batches = [collate(mb, 0, dist.device) for mb in local]
     autocast = args.precision == "autocast"                     # bf16 weights need no autocast; fp32 wants none
     with torch.no_grad():  # π_θold (only needed when μ > 1) and π_ref, computed once per batch
@@ -632,8 +711,7 @@ def grpo_update(model, ref_model, optimizer, rollouts, args, dist):
     for _ in range(args.passes):
         optimizer.zero_grad(set_to_none=True)
         for j, b in enumerate(batches):
-            sync = j == len(batches) - 1 or dist.world == 1
-            with (contextlib.nullcontext() if sync else model.no_sync()):
+            with _grad_sync(model, j == len(batches) - 1):
                 logp = token_logprobs(model, b, args.temperature, autocast)           # (B, T)
                 old = b["old"] if b["old"] is not None else logp.detach()                 # μ = 1: ρ = 1, gradient = policy gradient
                 per_tok, ratio, kl = grpo_token_loss(logp, old, b["ref"], b["adv"], args.beta, args.eps_low, args.eps_high)
@@ -659,12 +737,13 @@ def sft_update(model, optimizer, examples, args, dist):
     if n_tokens == 0:
         return reduce_metrics({"sft_loss": 0.0, "skipped": 1.0}, dist)
     norm = n_tokens / dist.world
-    local = _micro_batches(rows, args.micro_batch) or [[([0], [0], [0], [0.0])]]
+    filler = [([0], [0], [0], [0.0])]
+    local = _same_count_on_all_ranks(_micro_batches(rows, args.micro_batch) or [filler], filler, model, dist)
     optimizer.zero_grad(set_to_none=True)
     total = 0.0
     for j, mb in enumerate(local):
         b = collate(mb, 0, dist.device)
-        with (contextlib.nullcontext() if j == len(local) - 1 or dist.world == 1 else model.no_sync()):
+        with _grad_sync(model, j == len(local) - 1):
             # L_SFT = − Σ_t log π(y_t | x, y_<t) / Σ_t 1, over response tokens of the whole batch
             loss = aggregate(-token_logprobs(model, b, 1.0, args.precision == "autocast"), b["mask"], "token", norm, 1)
             loss.backward()
@@ -682,6 +761,39 @@ def _rng_state():
     return s
 
 
+def _fsdp_options(**kw):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+    return StateDictOptions(full_state_dict=True, **kw)
+
+
+def _gather_for_save(model, optimizer):
+    """FSDP: the full model and optimizer state on rank 0's CPU (a collective), the optimizer's keyed by parameter
+    index like optimizer.state_dict() of one process, so FSDP and DDP checkpoints are the same files.
+    Without FSDP: (None, the optimizer's own state) and save_pretrained reads the module itself."""
+    if not isinstance(model, FSDPModule):
+        return None, optimizer.state_dict() if optimizer else None
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+    msd = get_model_state_dict(model, options=_fsdp_options(cpu_offload=True))
+    osd = get_optimizer_state_dict(model, optimizer, options=_fsdp_options(cpu_offload=True)) if optimizer else None
+    index = {n: i for i, (n, _) in enumerate(model.named_parameters())}  # the order make_optimizer gave AdamW
+    msd = {k: v for k, v in msd.items() if k in index or k in dict(model.named_buffers())}  # a tied lm_head once, as DDP saves it
+    if osd:  # rank 0 (the others get nothing)
+        osd = {"state": {index[k]: v for k, v in osd["state"].items()},
+               "param_groups": [{**g, "params": [index[k] for k in g["params"]]} for g in osd["param_groups"]]}
+    return msd, osd
+
+
+def _load_fsdp(model, optimizer, sd, osd, dist):
+    """Rank 0's full model (and optimizer) state, e.g. from a DDP checkpoint, broadcast and split into shards."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+    set_model_state_dict(model, sd if dist.is_main else {}, options=_fsdp_options(strict=False, broadcast_from_rank0=True))
+    if optimizer is not None and osd is not None:
+        names = [n for n, _ in model.named_parameters()]
+        osd = {"state": {names[i]: v for i, v in osd["state"].items()},
+               "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in osd["param_groups"]]}
+        set_optimizer_state_dict(model, optimizer, osd if dist.is_main else {}, options=_fsdp_options(broadcast_from_rank0=True))
+
+
 def save_checkpoint(run_dir, model, tok, optimizer, step, extra, dist):
     """<run_dir>/ckpt: model/ (HF format), state.pt (optimizer, step, extra), rng_<rank>.pt.
     Written to ckpt.tmp and renamed, so a crash never leaves a half-written checkpoint."""
@@ -692,11 +804,12 @@ def save_checkpoint(run_dir, model, tok, optimizer, step, extra, dist):
         tmp.mkdir(parents=True)
     barrier(dist)
     torch.save(_rng_state(), tmp / f"rng_{dist.rank}.pt")
+    model_sd, optim_sd = _gather_for_save(model, optimizer)
     barrier(dist)
     if dist.is_main:
-        unwrap(model).save_pretrained(tmp / "model")
+        unwrap(model).save_pretrained(tmp / "model", state_dict=model_sd)
         tok.save_pretrained(tmp / "model")
-        torch.save({"optimizer": optimizer.state_dict() if optimizer else None, "step": step, "extra": extra}, tmp / "state.pt")
+        torch.save({"optimizer": optim_sd, "step": step, "extra": extra}, tmp / "state.pt")
         if final.exists():
             os.replace(final, old)
         os.replace(tmp, final)
@@ -710,11 +823,16 @@ def load_checkpoint(run_dir, model, optimizer, dist):
     ck = Path(run_dir) / "ckpt"
     if not (ck / "state.pt").exists():
         return None
+    fsdp = isinstance(model, FSDPModule)
     sd = {}
-    for f in sorted((ck / "model").glob("*.safetensors")):
-        sd.update(load_file(f, device=str(dist.device)))
-    unwrap(model).load_state_dict(sd, strict=False)  # strict=False: a tied lm_head is not saved twice
-    state = torch.load(ck / "state.pt", map_location=dist.device, weights_only=False)
+    for f in sorted((ck / "model").glob("*.safetensors")) if dist.is_main or not fsdp else []:
+        sd.update(load_file(f, device="cpu" if fsdp else str(dist.device)))
+    state = torch.load(ck / "state.pt", map_location="cpu" if fsdp else dist.device, weights_only=False)
+    if fsdp:
+        _load_fsdp(model, optimizer, sd, state["optimizer"], dist)
+        state["optimizer"] = None
+    else:
+        unwrap(model).load_state_dict(sd, strict=False)  # strict=False: a tied lm_head is not saved twice
     if optimizer is not None and state["optimizer"] is not None:
         optimizer.load_state_dict(state["optimizer"])
     rng_file = ck / f"rng_{dist.rank}.pt"
