@@ -58,3 +58,16 @@ bench: install
 
 clean:
 	rm -rf runs
+
+# TalentRL's Table 1 over seeds: one process per seed (run them one at a time on a small machine,
+# e.g. `make talentrl-seed-1`), then `make talentrl-seeds` aggregates mean ± sd (and runs what is missing).
+TALENTRL_SEEDS ?= 0 1 2
+talentrl-seed-%: install
+	mkdir -p runs/talentrl-seeds
+	set -o pipefail; $(BIN)/python talentrl.py --preset tiny --seed $* --run-dir runs/talentrl-seeds/seed$* 2>runs/talentrl-seeds/seed$*.err | tee runs/talentrl-seeds/seed$*.log
+
+talentrl-seeds: $(foreach s,$(TALENTRL_SEEDS),runs/talentrl-seeds/seed$(s)/results.json)
+	$(BIN)/python talentrl.py --aggregate $(foreach s,$(TALENTRL_SEEDS),runs/talentrl-seeds/seed$(s))
+
+runs/talentrl-seeds/seed%/results.json:
+	$(MAKE) talentrl-seed-$*
