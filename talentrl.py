@@ -108,10 +108,10 @@ DATA = Path(__file__).resolve().parent / "data" / "talentrl"
 PRESETS = {
     # 2-core CPU, embedded SmolLM2-135M: a few tasks per stage, about five minutes;
     # rollouts on vLLM (`auto`: HF generate if vLLM cannot start), 2x faster end to end than HF here
-    "tiny": dict(n_people=40, n_places=16, n_orgs=10, n_events=10, n_hamlets=12, n_shared=6, n_train=120, n_test=20,
-                 sim_threshold=0.0, K=3, sft_tasks=200, sft_n=1, sft_epochs=2, sft_batch=8, sft_lr=1e-4,
+    "tiny": dict(n_people=40, n_places=16, n_orgs=10, n_events=10, n_hamlets=12, n_shared=6, n_train=60, n_test=20,
+                 sim_threshold=0.0, K=3, sft_tasks=100, sft_n=1, sft_epochs=2, sft_batch=4, sft_lr=1e-4,
                  talent_sft_init="skillrl-sft", zero_shot=False, arms=["talentrl"],
-                 rl_steps=4, tasks_per_step=4, G=4, train_controls=False, lr=1e-5, beta=0.01,
+                 rl_steps=3, tasks_per_step=4, G=4, train_controls=False, lr=1e-5, beta=0.01,
                  max_new_tokens=64, route_max_tokens=64, micro_batch=4, temperature=1.0,
                  evolve_every=0, val_tasks=4, evolve_max_tokens=48, sampler="auto"),
     # Table 4: 64 tasks × 8 rollouts, 200 steps, lr 1e-6, KL 0.01, clip 0.2, 4 steps
@@ -858,10 +858,10 @@ def table_row(r):
 
 def print_table(title, rows, cell=lambda v: f"{v:.1f}"):
     """rows: {method: {column: value}}; cell formats one value (a number, or mean ± sd)."""
-    w = max([len(cell(v)) for r in rows.values() for v in r.values()] + [9]) + 1
-    head = f"{'method':<14}" + "".join(f"{c:>{w}}" for c in table_cols())
+    w, wn = max([len(cell(v)) for r in rows.values() for v in r.values()] + [9]) + 1, max(map(len, rows), default=6) + 1
+    head = f"{'method':<{wn}}" + "".join(f"{c:>{w}}" for c in table_cols())
     lines = [title, head, "-" * len(head)]
-    lines += [f"{name:<14}" + "".join(f"{cell(r[c]):>{w}}" for c in table_cols()) for name, r in rows.items()]
+    lines += [f"{name:<{wn}}" + "".join(f"{cell(r[c]):>{w}}" for c in table_cols()) for name, r in rows.items()]
     print("\n".join(lines) + "\n")
 
 

@@ -555,6 +555,21 @@ def test_one_rl_step_two_gloo_ranks_equal_one_process(tiny_model_dir, tmp_path):
     assert one["metrics"]["n_tokens"] == two["metrics"]["n_tokens"] and one["metrics"]["grad_norm"] > 0
 
 
+def test_seed_aggregation_mean_sd_and_orderings(tmp_path, capsys):
+    def result(overall_by_method):
+        return {k: {"success": {sp: v for sp in T.SPLITS}, "single_hop": v, "multi_hop": v, "overall": v}
+                for k, v in overall_by_method.items()}
+    runs = [dict(zip(("skillrl-sft", "talentrl-sft", "talentrl"), v)) for v in ((10, 20, 15), (20, 30, 25), (30, 10, 50))]
+    for i, r in enumerate(runs):
+        (tmp_path / f"s{i}").mkdir()
+        (tmp_path / f"s{i}" / "results.json").write_text(json.dumps(result(r)))
+    out = T.main(["--aggregate"] + [str(tmp_path / f"s{i}") for i in range(3)])
+    assert out["rows"]["TalentRL-SFT (n=3)"]["avg"] == (pytest.approx(20.0), pytest.approx(10.0))  # mean, sd (Bessel)
+    assert out["talentrl-sft > skillrl-sft"] is False and out["talentrl > talentrl-sft"] is True
+    text = capsys.readouterr().out
+    assert "20.0±10.0" in text and "does not hold (20.0 vs 20.0; higher in 2/3 seeds)" in text
+
+
 # ----- smoke: tiny end to end on two gloo ranks, then a resume that recomputes every row -----
 SMOKE = ["--preset", "tiny", "--n-test", "2", "--rl-steps", "1", "--tasks-per-step", "2", "--G", "2",
          "--evolve-every", "1", "--val-tasks", "2", "--evolve-max-tokens", "16", "--sampler", "hf"]
