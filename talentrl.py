@@ -97,7 +97,7 @@ import numpy as np
 import torch
 import torch.distributed as torch_dist
 
-from grpo import (HFSampler, Rollout, add_grpo_args, all_reduce_sum, chat_ids, group_advantages, grpo_update,
+from grpo import (HFSampler, Rollout, add_grpo_args, all_reduce_sum, chat_ids, frozen_copy, group_advantages, grpo_update,
                   load_checkpoint, load_embedder, load_model, load_policy, log_metrics, make_optimizer, make_sampler,
                   multi_turn_rollouts, parse_with_preset, plot_curves, reduce_metrics, save_checkpoint,
                   seed_everything, setup_distributed, sft_update, unwrap)
@@ -662,7 +662,7 @@ def phase2_rl(routed, model, sampler, tok, W, rl_tasks, arm_dir, args, dist):
     """Alg. 1 l.14-23 from the SFT weights in `model`: TalentRL (routed) or
     SkillRL's GRPO with similarity skills (the baseline). Both evolve the SkillBank."""
     # l.14: π_ref ← π_θ (the SFT checkpoint), frozen
-    ref = copy.deepcopy(unwrap(model)).eval().requires_grad_(False)
+    ref = frozen_copy(model)
     opt = make_optimizer(model, args)
     start = 0
     if args.resume and (ck := load_checkpoint(arm_dir, model, opt, dist)):  # policy, optimizer, SkillBank

@@ -1,5 +1,6 @@
-"""Run by tests/test_grpo.py, once as a plain process and once under torchrun with 2 gloo ranks:
-one GRPO update on a fixed batch of 4 groups; rank r owns groups r, r+world, …; rank 0 saves the weights."""
+"""Run by tests/test_grpo.py, once as a plain process and once under torchrun with 2 gloo ranks (DDP, or FSDP
+with --fsdp after the three arguments): one GRPO update on a fixed batch of 5 groups; rank r owns groups
+r, r+world, … (so the ranks run different numbers of micro-batches); rank 0 saves the full weights."""
 import argparse
 import os
 import sys
@@ -9,10 +10,10 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import grpo  # noqa: E402
 
-model_dir, out, agg = sys.argv[1:4]
+model_dir, out, agg, *extra = sys.argv[1:]
 p = argparse.ArgumentParser()
 grpo.add_grpo_args(p)
-args = p.parse_args(["--model", model_dir, "--micro-batch", "3", "--beta", "0.1", "--loss-agg", agg, "--passes", "2", "--no-autocast"])
+args = p.parse_args(["--model", model_dir, "--micro-batch", "3", "--beta", "0.1", "--loss-agg", agg, "--passes", "2", "--no-autocast", *extra])
 dist = grpo.setup_distributed()
 model, tok = grpo.load_policy(args, dist)
 ref = grpo.load_model(model_dir, dist, trainable=False)[0]
@@ -22,7 +23,7 @@ with torch.no_grad():  # a reference that differs from the policy, so the KL ter
 opt = torch.optim.SGD(model.parameters(), lr=0.5)
 g = torch.Generator().manual_seed(1)
 rollouts = []
-for grp in range(4):
+for grp in range(5):
     for k in range(3):
         plen, clen = 3 + grp, 2 + (grp * 3 + k) % 5
         mask = [1] * clen
@@ -32,7 +33,8 @@ for grp in range(4):
                                      reward=float(torch.rand(1, generator=g)), group=grp))
 mine = [r for r in rollouts if r.group % dist.world == dist.rank]
 metrics = grpo.grpo_update(model, ref, opt, mine, args, dist)
+state = grpo.full_state_dict(model)  # under FSDP a collective: every rank calls it
 if dist.is_main:
-    torch.save({"state": grpo.unwrap(model).state_dict(), "metrics": metrics}, out)
+    torch.save({"state": state, "metrics": metrics}, out)
 if dist.world > 1:
     torch.distributed.destroy_process_group()

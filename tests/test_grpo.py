@@ -206,6 +206,58 @@ def test_ddp_two_gloo_ranks_equal_one_process(tiny_model_dir, tmp_path, agg):
     assert one["metrics"]["n_tokens"] == two["metrics"]["n_tokens"]
 
 
+def _torchrun(port, *argv):
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}", *argv],
+                   check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+@pytest.mark.parametrize("agg", ["token", "seq"])
+def test_fsdp_two_gloo_ranks_equal_one_process(tiny_model_dir, tmp_path, agg):
+    # --grad-clip 0.05 is below this batch's gradient norm (about 0.1): clip_grad_norm_ over DTensor shards is checked too
+    script = os.path.join(ROOT, "tests", "ddp_check.py")
+    subprocess.run([sys.executable, script, tiny_model_dir, str(tmp_path / "one.pt"), agg, "--grad-clip", "0.05"],
+                   check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    _torchrun(29527, script, tiny_model_dir, str(tmp_path / "two.pt"), agg, "--grad-clip", "0.05", "--fsdp")
+    one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
+    assert set(one["state"]) == set(two["state"])
+    for k in one["state"]:
+        assert torch.allclose(one["state"][k], two["state"][k], atol=1e-6), k
+    assert one["metrics"]["loss"] == pytest.approx(two["metrics"]["loss"], rel=1e-5)
+    assert one["metrics"]["n_tokens"] == two["metrics"]["n_tokens"]
+    assert one["metrics"]["grad_norm"] == pytest.approx(two["metrics"]["grad_norm"], rel=1e-5) and one["metrics"]["grad_norm"] > 0.05
+
+
+def test_fsdp_resume_and_checkpoints(tiny_model_dir, tmp_path):
+    """FSDP, two gloo ranks: a resumed run ends bit-identical to an uninterrupted one; its checkpoint loads in
+    transformers; a DDP checkpoint loads into an FSDP policy and AdamW exactly (saved back, the files are equal)."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+    script = os.path.join(ROOT, "tests", "fsdp_check.py")
+    common = ["--model", tiny_model_dir, "--sampler", "hf", "--G", "3", "--prompts-per-step", "2", "--max-new-tokens", "6",
+              "--eval-n", "0", "--lr", "1e-3", "--save-every", "2", "--beta", "0.1"]
+    _torchrun(29528, script, "main", *common, "--fsdp", "--steps", "4", "--run-dir", str(tmp_path / "a"))
+    _torchrun(29528, script, "main", *common, "--fsdp", "--steps", "2", "--run-dir", str(tmp_path / "b"))
+    _torchrun(29528, script, "main", *common, "--fsdp", "--steps", "4", "--run-dir", str(tmp_path / "b"), "--resume")
+    _torchrun(29528, script, "main", *common, "--steps", "2", "--run-dir", str(tmp_path / "ddp"))  # DDP
+    _torchrun(29528, script, "roundtrip", tiny_model_dir, str(tmp_path / "ddp"), str(tmp_path / "back"))
+
+    def weights(run):
+        return load_file(tmp_path / run / "ckpt" / "model" / "model.safetensors")
+
+    def adam(run):
+        return torch.load(tmp_path / run / "ckpt" / "state.pt", weights_only=False)["optimizer"]["state"]
+
+    a, init = weights("a"), load_file(os.path.join(tiny_model_dir, "model.safetensors"))
+    assert set(a) == set(init) and not all(torch.equal(a[k], init[k]) for k in a)  # training moved the weights
+    for x, y in [(a, weights("b")), (weights("ddp"), weights("back"))]:
+        assert set(x) == set(y) and all(torch.equal(x[k], y[k]) for k in x)
+    for x, y in [(adam("a"), adam("b")), (adam("ddp"), adam("back"))]:
+        assert set(x) == set(y) and all(torch.equal(x[i][k], y[i][k]) for i in x for k in x[i])
+    assert grpo.read_metrics(tmp_path / "a")[3]["reward"] == grpo.read_metrics(tmp_path / "b")[3]["reward"]
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "a" / "ckpt" / "model")
+    assert type(hf).__name__ == "LlamaForCausalLM" and all(torch.equal(hf.state_dict()[k], a[k]) for k in a)
+
+
 def test_resume_matches_uninterrupted_run(tiny_model_dir, tmp_path, monkeypatch):
     # a dense reward so the random tiny model gets a learning signal (the arithmetic reward would be all zero)
     monkeypatch.setattr(grpo, "toy_reward", lambda text, answer: (len(text) % 5) / 4)

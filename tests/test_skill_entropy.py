@@ -203,7 +203,7 @@ def test_judge_parse():
     assert se.parse_judge("8") == 0.8 and se.parse_judge("Score: 10/10") == 1.0 and se.parse_judge("great") == 0.0
 
 
-# ----- sandbox (score_code → grpo.run_sandboxed) -----
+# ----- sandbox (score_code → sandbox.run_sandboxed) -----
 # Each hostile solution would also return the right answer, so a pass would mean it escaped.
 
 ADD = {"meta": dict(prompt="def add(x, y):\n", test="def check(f):\n    assert f(1, 2) == 3\n", entry_point="add")}
@@ -244,8 +244,9 @@ def test_sandbox_write_outside_folder_fails(tmp_path):
 
 def test_sandbox_no_network_and_empty_env():
     assert se.score_code(hostile("import socket\nsocket.socket()"), ADD, timeout_s=2.0) == 0.0
-    assert se.score_code(hostile("import os\nassert not [k for k in os.environ if k != 'LC_CTYPE']"), ADD,
-                         timeout_s=2.0) == 1.0
+    env = "import statistics\nassert not [k for k in statistics.sys.modules['os'].environ if k != 'LC_CTYPE']"
+    assert se.score_code(hostile(env), ADD, timeout_s=2.0) == 1.0
+    assert se.score_code(hostile("import os"), ADD, timeout_s=2.0) == 0.0  # imports only from CODE_IMPORTS
 
 
 # ----- bank, seeds, rejection sampling, verifier rules -----

@@ -20,7 +20,7 @@ SKILLS = ROOT / "data" / "skills"
 
 def judge_args(**kw):
     a = dict(max_resources=4, resource_chars=8000, sandbox_timeout=3.0, sandbox_mem_mb=256, retries=1,
-             judge_max_new_tokens=32, judge_temperature=0.0)
+             judge_max_new_tokens=32, judge_temperature=0.0, constrained=True)
     a.update(kw)
     return SimpleNamespace(**a)
 
@@ -214,7 +214,7 @@ def test_text_verdict_fallbacks():
     assert S.parse_text_verdict("blah [[A]] then [[B]]", "AB") == "B"
     assert S.parse_text_verdict("My final verdict is: Assistant A.", "AB") == "A"
     assert S.parse_text_verdict("I cannot decide", "AB") is None
-    assert S.parse_text_rating("Rating: [[7]]") == 0.7
+    assert S.parse_text_rating("Rating: [[7]]", 10.0) == 0.7
     assert S.parse_text_rating("no number") is None
 
 
@@ -247,7 +247,7 @@ def test_sandbox_contains_hostile_snippet_without_static_check(name):
     res = S.run_sandboxed(HOSTILE[name], timeout_s=2.0, mem_mb=256, static_check=False)
     assert time.time() - t0 < 2.0 + 3.0  # ends within the limits
     assert not res["ok"] and res["error"]
-    expected = {"infinite_loop": "timeout", "fork_bomb": "os.fork is not allowed", "huge_allocation": "memory",
+    expected = {"infinite_loop": "timeout", "fork_bomb": "import of 'os' is not allowed", "huge_allocation": "memory",
                 "read_outside": "outside the working folder", "socket": "not allowed"}[name]
     assert expected in res["error"]
     assert "root:" not in res["stdout"]
@@ -361,7 +361,7 @@ def test_judge_loop_progressive_disclosure_then_final():
 def test_judge_loop_retry_then_forced_final():
     skills = S.load_skills(SKILLS)
     t = S.JudgeTask("Say hi.", ["hi"], "pointwise", "skill_rm")
-    S.run_judges(ScriptedSampler(["no idea", "still no idea", "Rating: [[8]]"]), CharTok(), [t], skills, judge_args(), max_turns=5)
+    S.run_judges(ScriptedSampler(["no idea", "still no idea", "my score: 0.8"]), CharTok(), [t], skills, judge_args(), max_turns=5)
     assert t.turns == 3 and t.done
     assert "no valid tool call" in t.trace[0]["observation"]  # one retry
     assert "call final_answer now" in t.messages[-2]["content"]  # then the forced final turn
@@ -385,15 +385,286 @@ def test_judge_loop_turn_budget_and_plain_judge():
 # ----- smoke test of the tiny preset (shrunk further to stay well under 3 minutes) -----
 
 def test_smoke_tiny_preset(tmp_path, capsys):
-    res = S.main(["--preset", "tiny", "--sampler", "hf", "--bench-per-cat", "1", "--methods", "baseline,skill_rm", "--formats", "pairwise",
-                  "--bon-prompts", "2", "--bon-N", "2", "--rl-steps", "1", "--rl-prompts", "1", "--G", "2",
-                  "--rl-eval-prompts", "2", "--rl-rewards", "skill_rm", "--max-turns", "2", "--rl-max-turns", "2",
-                  "--judge-max-new-tokens", "24", "--max-new-tokens", "16", "--beta", "0", "--show-trace", "1",
-                  "--run-dir", str(tmp_path)])
+    res = S.main(["--preset", "tiny", "--sampler", "hf", "--bench-per-cat", "1", "--methods", "baseline,skill_rm,oracle",
+                  "--formats", "pairwise", "--bon-prompts", "2", "--bon-N", "2", "--rl-steps", "1", "--rl-prompts", "1",
+                  "--G", "2", "--rl-eval-prompts", "2", "--rl-rewards", "skill_rm", "--max-turns", "2", "--rl-max-turns", "2",
+                  "--max-new-tokens", "16", "--beta", "0", "--show-trace", "1", "--judge-sft-steps", "1",
+                  "--judge-sft-batch", "2", "--judge-sft-items", "1", "--run-dir", str(tmp_path)])
     out = capsys.readouterr().out
     assert "pairwise accuracy" in out and "seqko@2" in out and "prompt_strict" in out and "final judgment" in out
     assert {"baseline|pairwise|math", "skill_rm|pairwise|code"} <= set(res["benchmark"])
+    # no signal, no pass: the judges must give valid verdicts, and the oracle must read out as 100 %
+    for method in ("baseline", "skill_rm"):
+        rows = [v for k, v in res["benchmark"].items() if k.startswith(method + "|")]
+        assert sum(r["valid"] for r in rows) / len(rows) >= 0.9, (method, rows)
+        assert res["bon"][method]["invalid"] <= 0.1
+    assert all(v["score"] == 1.0 for k, v in res["benchmark"].items() if k.startswith("oracle|") and not k.endswith("code"))
     assert 0.0 <= res["bon"]["skill_rm"]["seqko@2"] <= 1.0
-    assert set(res["rl"]) == {"initial", "skill_rm"}
+    assert set(res["rl"]) == {"initial", "skill_rm"} and res["rl"]["skill_rm"]["judge_valid"] >= 0.9
     assert json.loads((tmp_path / "results.json").read_text())["rl"]["skill_rm"]["inst_level"] >= 0.0
     assert (tmp_path / "rl_skill_rm" / "metrics.jsonl").exists()
+
+
+def test_aggregate_seeds_mean_and_sd(tmp_path, capsys):
+    for seed, acc in ((0, 0.5), (1, 0.7), (2, 0.9)):
+        d = tmp_path / f"s{seed}"
+        d.mkdir()
+        bench = {"skill_rm|pairwise|math": {"score": acc}, "skill_rm|pairwise|code": {"score": acc},
+                 "baseline|pairwise|math": {"score": 0.5}, "baseline|pairwise|code": {"score": 0.5}}
+        (d / "results.json").write_text(json.dumps({"args": {"seed": seed}, "benchmark": bench,
+                                                    "bon": {"skill_rm": {"seqko@1": 0.1, "seqko@4": acc}}}))
+    out = S.aggregate_seeds([str(tmp_path / f"s{k}") for k in range(3)])
+    assert out["pairwise accuracy % (all categories)|skill_rm"] == pytest.approx((70.0, 20.0))
+    assert out["pairwise accuracy % (all categories)|baseline"] == pytest.approx((50.0, 0.0))
+    assert out["best-of-N seqko@4|skill_rm"] == pytest.approx((0.7, 0.2))
+    assert "± 20.000" in capsys.readouterr().out
+
+
+# ----- bugs of issue #11, each with a test that failed before its fix -----
+
+def test_paper_preset_has_a_nonempty_rl_test_set(tmp_path):
+    args = S.parse_with_preset(S.build_parser(), S.PRESETS, argv=["--preset", "paper"])
+    assert args.rl_eval_prompts > 0 and len(S.if_prompts(0, args.rl_eval_prompts, "test")) == args.rl_eval_prompts
+    with pytest.raises(SystemExit, match="rl-eval-prompts"):  # stops before loading any model
+        S.main(["--preset", "paper", "--rl-eval-prompts", "0", "--model", str(tmp_path / "none")])
+    assert S.eval_if_policy(ScriptedSampler(["x"]), CharTok(), [], judge_args(max_new_tokens=4)) == \
+        {"prompt_strict": 0.0, "inst_level": 0.0}
+
+
+def test_skill_contract_text_fallback_keeps_the_0_1_scale():
+    skills = S.load_skills(SKILLS)
+    t = S.JudgeTask("Say hi.", ["hi"], "pointwise", "skill_rm")  # forced turn answered in text, contract scale 0-1
+    S.run_judges(ScriptedSampler(["x", "y", '"score": 0.8'], ), CharTok(), [t], skills, judge_args(), max_turns=5)
+    assert S.readout_pointwise(t.judgment) == (0.8, True)       # was 0.08 (divided by 10)
+    t = S.JudgeTask("Say hi.", ["hi"], "pointwise", "baseline")  # the plain judge's prompt asks for 0-1 too
+    S.run_judges(ScriptedSampler(["Rating: [[0.8]]"]), CharTok(), [t], skills, judge_args(), max_turns=5)
+    assert S.readout_pointwise(t.judgment) == (0.8, True)
+
+
+def test_contract_examples_are_valid_json():
+    for mode, K in (("pointwise", 1), ("pairwise", 2), ("selection", 4)):
+        example = S.contract_text(mode, K).split("final_answer ")[1]
+        example = example[:example.index("}") + 1].replace("S}", "0.7}")
+        assert isinstance(json.loads(example), dict), example
+    body = S.load_skills(SKILLS)["instruction_following_pointwise"].body
+    assert "n/m" not in body and "n/m" not in S.contract_text("pointwise", 1)
+
+
+def test_first_object_ignores_braces_inside_strings():
+    text = '<tool_call>{"name": "python_sandbox", "arguments": {"code": "print(\'}\' * 2, {1: 2})"}}</tool_call>'
+    assert S.parse_tool_call(text) == {"name": "python_sandbox", "arguments": {"code": "print('}' * 2, {1: 2})"}}
+    assert S._first_object('{"a": "{", "b": 1}') == {"a": "{", "b": 1}
+
+
+def test_article_a_is_not_verdict_a():
+    assert S.parse_text_verdict("The better answer is a short one.", "AB") is None
+    assert S.parse_text_verdict("My choice is a tough one, but the verdict: B", "ABCD") == "B"
+    assert S.parse_text_verdict("VERDICT: A", "AB") == "A"
+    assert S.parse_text_verdict("the winner is assistant B", "AB") == "B"
+
+
+def test_judge_copy_unwraps_the_ddp_wrapper():
+    import torch
+
+    class Wrapper(torch.nn.Module):  # what DistributedDataParallel looks like to make_judge
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+    inner = torch.nn.Linear(2, 2)
+    judge = S.make_judge(Wrapper(inner), SimpleNamespace(judge_model=None, model="embedded"), None)
+    assert isinstance(judge, torch.nn.Linear) and judge.weight.dtype == torch.bfloat16
+    assert judge.weight.data_ptr() != inner.weight.data_ptr() and not judge.weight.requires_grad
+
+
+def test_unknown_rl_variant_is_an_error(tmp_path):
+    with pytest.raises(SystemExit, match="unknown --rl-rewards bogus"):  # before any model loads
+        S.main(["--preset", "tiny", "--rl-rewards", "skill_rm,bogus", "--model", str(tmp_path / "none")])
+    with pytest.raises(ValueError, match="unknown RL reward variant"):
+        S.judge_rewards(None, None, ["p"], ["r"], "bogus", {}, judge_args())
+
+
+def test_tiny_judge_budget_fits_every_contract_reply():
+    from transformers import AutoTokenizer
+    import grpo
+    tok = AutoTokenizer.from_pretrained(grpo.embedded_model_path())
+    budget = S.PRESETS["tiny"]["judge_max_new_tokens"]
+    for mode, K in (("pointwise", 1), ("pairwise", 2), ("selection", 4)):
+        example = S.contract_text(mode, K).split("final_answer ")[1]
+        call = '<tool_call>{"name": "final_answer", "arguments": ' + example + "}</tool_call>"
+        assert len(tok.encode(call)) <= budget, (mode, len(tok.encode(call)))
+    assert budget >= 128
+
+
+def test_if_skill_verifier_goes_through_run_verifier_and_oracle_only_is_refused(tmp_path):
+    skills = S.load_skills(SKILLS)
+    body = skills["instruction_following_pointwise"].body
+    assert "run_verifier" in body and "`text_checks` through python_sandbox" not in body
+    t = S.JudgeTask("Answer in lowercase.", ["all lowercase here"], "pointwise", "skill_rm")
+    call = lambda tool, **a: S.execute_tool(t, {"name": tool, "arguments": a}, skills, judge_args())
+    call("use_skill", name="instruction_following_pointwise")
+    assert "True 3" in call("run_verifier", id="text_checks", code="print(is_lower(response), word_count(response))")
+    assert "NameError" in call("python_sandbox", code="print(is_lower(response))")  # not defined there
+    d = tmp_path / "instruction_following_pointwise"  # a verifier marked oracle_only (leakage low)
+    shutil.copytree(SKILLS / d.name, d)
+    y = (d / "resources.yaml").read_text().replace(
+        "path: verifiers/text_checks.py\n  applies_to: [instruction]\n  cost: low\n  hard_or_soft: hard\n  leakage_level: none\n  allowed_setting: all",
+        "path: verifiers/text_checks.py\n  applies_to: [instruction]\n  cost: low\n  hard_or_soft: hard\n  leakage_level: low\n  allowed_setting: oracle_only")
+    (d / "resources.yaml").write_text(y)
+    gated = {"instruction_following_pointwise": S.load_skill(d)}
+    t = S.JudgeTask("q", ["r"], "pointwise", "skill_rm")
+    S.execute_tool(t, {"name": "use_skill", "arguments": {"name": d.name}}, gated, judge_args())
+    out = S.execute_tool(t, {"name": "run_verifier", "arguments": {"id": "text_checks", "code": "print(1)"}}, gated, judge_args())
+    assert out.startswith("refused") and "oracle-only" in out
+
+
+# ----- constrained decoding (§1 of issue #11) -----
+
+def test_turn_schema_enumerates_tools_and_ids():
+    skills = S.load_skills(SKILLS)
+    args = judge_args()
+    t = S.JudgeTask("q", ["a", "b"], "pairwise", "skill_rm")
+    first = S.schema_instances(S.turn_schema(t, skills, args))
+    assert {"name": "use_skill", "arguments": {"name": "reward_judge_fair"}} in first
+    assert {"name": "final_answer", "arguments": {"verdict": "B"}} in first
+    assert {c["name"] for c in first} == {"use_skill", "final_answer"}  # progressive disclosure
+    S.execute_tool(t, {"name": "use_skill", "arguments": {"name": "reward_judge_fair"}}, skills, args)
+    after = S.schema_instances(S.turn_schema(t, skills, args))
+    assert {c["name"] for c in after} == {"view_resource", "run_verifier", "final_answer"}
+    ids = {c["arguments"].get("id") for c in after}
+    assert "reference_answers" not in ids and {"principles", "math_recompute", "last_number"} <= ids  # oracle never offered
+    t.force = True
+    assert S.schema_instances(S.turn_schema(t, skills, args)) == [{"verdict": "A"}, {"verdict": "B"}]
+    assert S.schema_instances(S.final_schema("selection", 4)) == [{"choice": c} for c in "ABCD"]
+    assert S.schema_instances(S.final_schema("pointwise", 1))[-1] == {"score": 1.0}
+    assert S.turn_schema(S.JudgeTask("q", ["a"], "pointwise", "python_only"), skills, args) is None  # free code
+
+
+def test_constrained_hf_sampler_only_emits_allowed_replies(tiny_model_dir):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    sampler = S.ConstrainedHFSampler(model, tok)
+    skills = S.load_skills(SKILLS)
+    t = S.JudgeTask("q", ["a", "b"], "pairwise", "skill_rm")
+    schema = S.turn_schema(t, skills, judge_args())
+    allowed = [json.dumps(v) for v in S.schema_instances(schema)]
+    prompt = S.chat_ids(tok, [{"role": "user", "content": "Which is better, A or B?"}])
+    for temperature in (0.0, 1.0):
+        outs = sampler.generate([prompt, prompt[:-3]], 3, 16, temperature, json_schema=schema)
+        assert all(s.text in allowed and S.parse_tool_call(s.text) for o in outs for s in o)
+    # greedy choice = the allowed first token with the highest logit (checked at the one branch point)
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt])).logits[0, -1]
+    opts = [tok.encode(a, add_special_tokens=False) for a in ['{"verdict": "A"}', '{"verdict": "B"}']]
+    k = next(i for i in range(len(opts[0])) if opts[0][i] != opts[1][i])
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + opts[0][:k]])).logits[0, -1]
+    want = '{"verdict": "A"}' if logits[opts[0][k]] >= logits[opts[1][k]] else '{"verdict": "B"}'
+    got = sampler.generate([prompt], 1, 16, 0.0, json_schema=S.final_schema("pairwise", 2))[0][0].text
+    assert got == want
+    # the per-conversation cache gives the same answer as a fresh sampler
+    assert S.ConstrainedHFSampler(model, tok).generate([prompt], 1, 16, 0.0, json_schema=S.final_schema("pairwise", 2))[0][0].text == got
+
+
+def test_every_judge_gives_valid_verdicts_under_constraints(tiny_model_dir):
+    """A random tiny model as judge: with constrained decoding every judgment is valid."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    skills = S.load_skills(SKILLS)
+    items = S.select_items(S.read_jsonl(ROOT / "data/skill_rm/bench.jsonl"), 1)
+    tasks, meta = S.benchmark_tasks(items, ["baseline", "skill_rm"], ["pairwise", "best_of_4"], 0)
+    S.run_judges(S.ConstrainedHFSampler(model, tok), tok, tasks, skills, judge_args(), max_turns=3)
+    res = S.score_benchmark(tasks, meta)
+    assert all(r["valid"] == 1.0 for r in res.values())
+
+
+# ----- §5 readout mappings, the oracle judge, RL rewards -----
+
+def test_best_of_4_permutation_and_order_readout():
+    items = [{"id": "x", "category": "math", "prompt": "p", "chosen": "C0", "rejected": ["R1", "R2", "R3"]}]
+    tasks, meta = S.benchmark_tasks(items, ["baseline"], ["pairwise", "best_of_4"], seed=3)
+    pair0, pair1, bo4 = tasks
+    assert pair0.candidates == ["C0", "R1"] and pair0.label == "A" and meta[0][4] == 0
+    assert pair1.candidates == ["R1", "C0"] and pair1.label == "B" and meta[1][4] == 1
+    correct = meta[2][4]
+    assert bo4.candidates["ABCD".index(correct)] == "C0" and bo4.label == correct
+    assert sorted(bo4.candidates) == ["C0", "R1", "R2", "R3"]
+    # a judge that always names the chosen wins everything; one that always says "A" wins no pair
+    for t in tasks:
+        t.judgment = {"verdict": t.label} if t.mode == "pairwise" else {"choice": t.label}
+    res = S.score_benchmark(tasks, meta)
+    assert res[("baseline", "pairwise", "math")]["score"] == 1.0 and res[("baseline", "best_of_4", "math")]["score"] == 1.0
+    for t in tasks:
+        t.judgment = {"verdict": "A"} if t.mode == "pairwise" else {"choice": "A"}
+    res = S.score_benchmark(tasks, meta)
+    assert res[("baseline", "pairwise", "math")]["score"] == 0.0
+    assert res[("baseline", "best_of_4", "math")]["score"] == float(correct == "A")
+
+
+def test_oracle_judge_reaches_100_percent_through_the_real_loop():
+    skills = S.load_skills(SKILLS)
+    items = [it for it in S.select_items(S.read_jsonl(ROOT / "data/skill_rm/bench.jsonl"), 1) if it["category"] != "code"]
+    tasks, meta = S.benchmark_tasks(items, ["oracle"], ["pairwise", "best_of_4"], 0)
+    S.run_judges(None, None, tasks, skills, judge_args(), max_turns=3)
+    res = S.score_benchmark(tasks, meta)
+    assert all(r["score"] == 1.0 and r["valid"] == 1.0 for r in res.values())
+    math_pair = next(t for t in tasks if t.category == "math")
+    assert [s["call"]["name"] for s in math_pair.trace] == ["use_skill", "run_verifier", "final_answer"]
+    if_pair = next(t for t in tasks if t.category == "precise_if")
+    assert if_pair.skill.name == "instruction_following_pointwise" and "most constraints pass" in if_pair.trace[1]["observation"]
+    assert S.default_skill("pairwise", skills).name == "reward_judge_fair"
+    assert S.default_skill("pointwise", skills).name == "instruction_following_pointwise"
+    assert "matches the expected value" in math_pair.trace[1]["observation"]
+
+
+def test_anchored_flip_maps_to_the_rollout_label():
+    skills = S.load_skills(SKILLS)
+    args = judge_args(rl_max_turns=2)
+    rng = __import__("random").Random(5)
+    flips = [rng.random() < 0.5 for _ in range(6)]  # judge_rewards draws the same flips from seed 5
+    # a judge that always prefers the rollout: its position is B when flipped (rollout shown second)
+    replies = ['{"verdict": "%s"}' % ("B" if f else "A") for f in flips]
+    rewards, valid, tasks = S.judge_rewards(ScriptedSampler(replies), CharTok(), ["p"] * 6, [f"r{k}" for k in range(6)],
+                                            "anchored", skills, args, anchors=["ref"] * 6, seed=5)
+    assert all(t.candidates[1 if f else 0].startswith("r") for t, f in zip(tasks, flips))
+    assert rewards == [1.0] * 6 and all(valid)
+
+
+def test_judge_rewards_pointwise_and_direct():
+    skills = S.load_skills(SKILLS)
+    args = judge_args(rl_max_turns=2)
+    r, v, _ = S.judge_rewards(ScriptedSampler(['{"name": "final_answer", "arguments": {"score": 0.7}}']), CharTok(),
+                              ["p", "q"], ["a", "b"], "skill_rm", skills, args)
+    assert r == [0.7, 0.7] and v == [True, True]
+    r, v, _ = S.judge_rewards(ScriptedSampler(['{"score": 0.3}']), CharTok(), ["p"], ["a"], "direct", skills, args)
+    assert r == [0.3] and v == [True]
+    r, v, _ = S.judge_rewards(ScriptedSampler(["nonsense"]), CharTok(), ["p"], ["a"], "direct", skills, args)
+    assert r == [0.5] and v == [False]  # invalid → 0.5, flagged
+
+
+def test_pointwise_final_answer_shaped_like_the_contract():
+    for score in S.SCORE_GRID:
+        reply = json.dumps({"name": "final_answer", "arguments": {"score": score}})
+        call = S.parse_tool_call(reply)
+        assert call["name"] == "final_answer" and S.readout_pointwise(call["arguments"]) == (score, True)
+    assert S.final_example("pointwise", 1).startswith('{"score": S}')
+
+
+def test_held_out_if_test_split():
+    train = S.if_prompts(0, 400, "train") + S.if_prompts(0, 50, "sft") + S.if_prompts(1234, 50, "bench")
+    test = S.if_prompts(0, 300, "test")
+    assert not {p["prompt"] for p in test} & {p["prompt"] for p in train}
+    train_types = {c["type"] for p in train for c in p["constraints"]}
+    test_types = {c["type"] for p in test for c in p["constraints"]}
+    assert {"title", "postscript"} <= test_types and not {"title", "postscript"} & train_types
+    assert S.check_constraint({"type": "title"}, "<<My day>>\nfine") and not S.check_constraint({"type": "title"}, "My day")
+    assert S.check_constraint({"type": "postscript"}, "hi\nP.S. bye") and not S.check_constraint({"type": "postscript"}, "hi")
+
+
+def test_math_pairs_differ_only_in_the_value():
+    for it in [it for it in S.read_jsonl(ROOT / "data/skill_rm/bench.jsonl") if it["category"] == "math"]:
+        strip = lambda t: __import__("re").sub(r"-?\d+", "N", t)
+        assert all(strip(r) == strip(it["chosen"]) for r in it["rejected"]), it["id"]

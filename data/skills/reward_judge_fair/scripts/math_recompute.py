@@ -40,6 +40,12 @@ if parts:
     except Exception:
         value = None
 print("expected:", value)
+right = []
 for i, c in enumerate(candidates):
     nums = re.findall(r"-?\d+(?:\.\d+)?", c.replace(",", ""))
-    print("ABCD"[i], "final number:", nums[-1] if nums else "none")
+    final = nums[-1] if nums else None
+    ok = final is not None and value is not None and abs(float(final) - value) < 1e-6
+    print("ABCDEFGHIJ"[i], "final number:", final or "none", "- matches" if ok else "- differs")
+    if ok:
+        right.append("ABCDEFGHIJ"[i])
+print("final number matches the expected value:", ", ".join(right) or "none")
