@@ -25,8 +25,9 @@ Differences from the paper:
 1. Search7 (NQ, TriviaQA, PopQA, HotpotQA, 2Wiki, MuSiQue, Bamboogle) and its
    Wikipedia corpus are not offline. A seeded fictional encyclopedia replaces
    them, with seven question types grouped into seven splits named after the
-   Search7 sets and mixing types like them (`SPLITS`); RL trains on the `nq` and
-   `hotpotqa` train sets, as the paper trains on NQ + HotpotQA.
+   Search7 sets and mixing types like them (`SPLITS`; comparisons include
+   2Wiki-style "Whose creator was born first, A or B?"); RL trains on the `nq`
+   and `hotpotqa` train sets, as the paper trains on NQ + HotpotQA.
 2. The retriever and the skill embedder are all-MiniLM-L6-v2 (the paper uses
    E5-style retrieval and Qwen3-Embedding-0.6B for skills).
 3. Table 5's guidance texts and talent–skill associations, and Table 6's
