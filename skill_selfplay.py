@@ -232,7 +232,8 @@ def build_parser():
 # ----- data -----
 # Zebra runtime: a puzzle is {"houses": N, "attributes": {attr: [values]},
 # "clues": [{"type": t, "a": value, "b": value | "house": k}]}. Values are unique
-# across attributes so a clue names values only. Houses are numbered 1..N.
+# across attributes so a clue names values only. Houses are numbered 1..N. The runtime's
+# functions (schema check, solution counter, clue compiler, answer parser) sit below main.
 
 ZEBRA_CLUE_TYPES = {  # type -> (arity, holds(pos_a, pos_b_or_house))
     "fixed": (1, lambda pa, h: pa == h),
@@ -264,227 +265,6 @@ ZEBRA_SCALES = {"small": [(2, 3), (3, 2), (3, 3)], "medium": [(3, 4), (4, 3), (4
                 "large": [(4, 5), (5, 3), (5, 4)], "xlarge": [(5, 5), (6, 4)]}
 
 
-def zebra_scale(houses, n_attrs):
-    size = math.factorial(houses) ** n_attrs
-    return "small" if size < 1e3 else "medium" if size < 1e6 else "large" if size < 1e10 else "xlarge"
-
-
-def zebra_schema_error(p):
-    """Global schema check of a puzzle dict; returns an error string or None."""
-    if not isinstance(p, dict) or not isinstance(p.get("houses"), int) or isinstance(p.get("houses"), bool):
-        return "houses must be an integer"
-    n, attrs = p["houses"], p.get("attributes")
-    if not 2 <= n <= 6:
-        return "houses must be in 2..6"
-    if not isinstance(attrs, dict) or not 2 <= len(attrs) <= 6:
-        return "attributes must map 2..6 names to value lists"
-    seen = set()
-    for name, vals in attrs.items():
-        if not isinstance(vals, list) or len(vals) != n or not all(isinstance(v, str) and v.strip() for v in vals):
-            return f"attribute {name!r} needs exactly {n} non-empty string values"
-        for v in vals:
-            if v.lower() in seen:
-                return f"value {v!r} is repeated"
-            seen.add(v.lower())
-    clues = p.get("clues", [])
-    if not isinstance(clues, list):
-        return "clues must be a list"
-    for c in clues:
-        if not isinstance(c, dict) or not isinstance(c.get("type"), str) or c["type"] not in ZEBRA_CLUE_TYPES:
-            return f"unknown clue {str(c)[:80]}"
-        arity = ZEBRA_CLUE_TYPES[c["type"]][0]
-        if not isinstance(c.get("a"), str) or c["a"].lower() not in seen:
-            return f"clue {c!r} names an unknown value"
-        if arity == 2 and (not isinstance(c.get("b"), str) or c["b"].lower() not in seen or c["b"].lower() == c["a"].lower()):
-            return f"clue {c!r} needs a second, different known value"
-        if arity == 1 and (not isinstance(c.get("house"), int) or isinstance(c.get("house"), bool) or not 1 <= c["house"] <= n):
-            return f"clue {c!r} needs a house in 1..{n}"
-    return None
-
-
-def clean_clues(clues):
-    """Schema-valid clues with only the keys their type reads (a stray "b" on a one-value clue, or a "house" on
-    a two-value clue, is dropped rather than rejected)."""
-    keep = {1: ("type", "a", "house"), 2: ("type", "a", "b")}
-    return [{k: c[k] for k in keep[ZEBRA_CLUE_TYPES[c["type"]][0]]} for c in clues]
-
-
-def _canon_value(p):
-    """lower-cased value -> (attribute, canonical spelling)."""
-    return {v.lower(): (a, v) for a, vals in p["attributes"].items() for v in vals}
-
-
-class SearchBudget(Exception):
-    pass
-
-
-def count_solutions(p, limit=2, budget=2_000_000):
-    """Backtracking count of solutions of a schema-valid puzzle, stopping at `limit`
-    (raises SearchBudget after `budget` placements, so a hostile proposal cannot stall).
-
-    Unary clues shrink each value's house domain first; values are then placed
-    most-constrained first and a binary clue is checked as soon as both of its
-    values are placed. Returns (count, first solution as {value: house})."""
-    canon = _canon_value(p)
-    attr_of = {v: a for a, vals in p["attributes"].items() for v in vals}
-    domain = {v: set(range(1, p["houses"] + 1)) for v in attr_of}
-    binary, degree = [], collections.Counter()
-    for c in p.get("clues", []):
-        a = canon[c["a"].lower()][1]
-        if ZEBRA_CLUE_TYPES[c["type"]][0] == 1:
-            domain[a] = {h for h in domain[a] if ZEBRA_CLUE_TYPES[c["type"]][1](h, c["house"])}
-        else:
-            b = canon[c["b"].lower()][1]
-            binary.append((c["type"], a, b))
-            degree[a] += 1
-            degree[b] += 1
-    order = sorted(attr_of, key=lambda v: (len(domain[v]), -degree[v]))
-    rank = {v: i for i, v in enumerate(order)}
-    checks = collections.defaultdict(list)  # index of value -> binary clues to test once it is placed
-    for t, a, b in binary:
-        checks[max(rank[a], rank[b])].append((ZEBRA_CLUE_TYPES[t][1], a, b))
-    pos, used, found, nodes = {}, collections.defaultdict(set), [], [0]
-
-    def place(i):
-        if len(found) >= limit:
-            return
-        nodes[0] += 1
-        if nodes[0] > budget:
-            raise SearchBudget("solution search exceeded its budget")
-        if i == len(order):
-            found.append(dict(pos))
-            return
-        v = order[i]
-        for h in sorted(domain[v] - used[attr_of[v]]):
-            pos[v] = h
-            if all(holds(pos[a], pos[b]) for holds, a, b in checks[i]):
-                used[attr_of[v]].add(h)
-                place(i + 1)
-                used[attr_of[v]].discard(h)
-            del pos[v]
-
-    place(0)
-    return len(found), (found[0] if found else None)
-
-
-def solution_grid(p, pos):
-    """{value: house} -> {"House k": {attr: value}}."""
-    grid = {f"House {h}": {} for h in range(1, p["houses"] + 1)}
-    for attr, vals in p["attributes"].items():
-        for v in vals:
-            grid[f"House {pos[v]}"][attr] = v
-    return grid
-
-
-def random_clue(rng, p, pos, types):
-    """A random clue of one of `types` that holds under the solution `pos`, or None."""
-    vals, n = list(pos), p["houses"]
-    t = rng.choice(types)
-    a = rng.choice(vals)
-    if t == "fixed":
-        return {"type": t, "a": a, "house": pos[a]}
-    if t == "not_house":
-        others = [h for h in range(1, n + 1) if h != pos[a]]
-        return {"type": t, "a": a, "house": rng.choice(others)}
-    cands = [b for b in vals if b != a and ZEBRA_CLUE_TYPES[t][1](pos[a], pos[b])]
-    if t == "same_house":  # same-house pairs across different attributes only
-        attr_of = {v: at for at, vs in p["attributes"].items() for v in vs}
-        cands = [b for b in cands if attr_of[b] != attr_of[a]]
-    return {"type": t, "a": a, "b": rng.choice(cands)} if cands else None
-
-
-def compile_puzzle(rng, blueprint, preferred=None, fixed_limit=None, min_counts=None, max_clues=40):
-    try:
-        return _compile(rng, blueprint, preferred, fixed_limit, min_counts, max_clues)
-    except SearchBudget as e:
-        return None, str(e)
-
-
-def _compile(rng, blueprint, preferred, fixed_limit, min_counts, max_clues):
-    """Fixed logical runtime: complete a blueprint into a uniquely solvable puzzle.
-
-    The blueprint's own clues (if any) are kept; the runtime picks one of their
-    solutions, then adds random true clues (preferred relation types 3x as likely)
-    until the solution is unique, and finally drops redundant added clues while
-    keeping `min_counts`. Returns (puzzle, {value: house}) or (None, reason)."""
-    p = {"houses": blueprint["houses"], "attributes": copy.deepcopy(blueprint["attributes"]),
-         "clues": copy.deepcopy(blueprint.get("clues", []))}
-    if zebra_schema_error(p):
-        return None, zebra_schema_error(p)
-    canon = _canon_value(p)
-    p["clues"] = clean_clues(p["clues"])
-    for c in p["clues"]:  # canonical spelling of the values
-        c["a"] = canon[c["a"].lower()][1]
-        if "b" in c:
-            c["b"] = canon[c["b"].lower()][1]
-    if p["clues"]:
-        n_sol, pos = count_solutions(p, limit=1)
-        if n_sol == 0:
-            return None, "the proposed clues contradict each other"
-    else:
-        pos = {}
-        for attr, vals in p["attributes"].items():
-            houses = list(range(1, p["houses"] + 1))
-            rng.shuffle(houses)
-            pos.update(dict(zip(vals, houses)))
-    types = list(ZEBRA_CLUE_TYPES)
-    weighted = types + [t for t in (preferred or []) if t in ZEBRA_CLUE_TYPES] * 3
-    n_given = len(p["clues"])
-    need = dict(min_counts or {})
-    for tries in range(50 * max_clues + 1):  # required counts first, then random clues until unique
-        if len(p["clues"]) > max_clues or tries == 50 * max_clues:
-            return None, "no unique puzzle within the clue budget"
-        have = collections.Counter(c["type"] for c in p["clues"])
-        missing = [t for t, k in need.items() if have[t] < k and t in ZEBRA_CLUE_TYPES]
-        if not missing and count_solutions(p, 2)[0] == 1:
-            break
-        c = random_clue(rng, p, pos, missing or weighted)
-        if c is None or c in p["clues"]:
-            continue
-        if c["type"] == "fixed" and fixed_limit is not None and have["fixed"] >= fixed_limit and not missing:
-            continue
-        p["clues"].append(c)
-    for i in range(len(p["clues"]) - 1, n_given - 1, -1):  # drop redundant compiled clues
-        trial = p["clues"][:i] + p["clues"][i + 1:]
-        have = collections.Counter(c["type"] for c in trial)
-        if all(have[t] >= k for t, k in need.items()) and count_solutions({**p, "clues": trial}, 2)[0] == 1:
-            p["clues"] = trial
-    return p, count_solutions(p, 2)[1]
-
-
-def random_blueprint(rng, houses, n_attrs):
-    attrs = rng.sample(sorted(ZEBRA_POOLS), n_attrs)
-    return {"houses": houses, "attributes": {a: rng.sample(ZEBRA_POOLS[a], houses) for a in attrs}}
-
-
-def make_zebra_puzzles(seed, scales, per_scale):
-    """Held-out puzzles by scale from a fixed seed: [(scale, puzzle, solution grid)]."""
-    rng, out = random.Random(seed), []
-    for scale in scales:
-        made = 0
-        while made < per_scale:
-            houses, m = rng.choice(ZEBRA_SCALES[scale])
-            p, pos = compile_puzzle(rng, random_blueprint(rng, houses, m))
-            if p is not None:
-                out.append((scale, p, solution_grid(p, pos)))
-                made += 1
-    return out
-
-
-def render_zebra_prompt(p):
-    """x for a zebra puzzle: the solver sees attributes and clues, never the solution."""
-    lines = [f"There are {p['houses']} houses in a row, numbered 1 (left) to {p['houses']} (right). "
-             "Each house has exactly one value of every attribute, and no two houses share a value."]
-    for attr, vals in p["attributes"].items():
-        lines.append(f"- {attr}: {', '.join(vals)}")
-    lines.append("Clues:")
-    for i, c in enumerate(p["clues"], 1):
-        lines.append(f"{i}. " + ZEBRA_TEXT[c["type"]].format(**c))
-    example = {f"House {h}": {a: "..." for a in p["attributes"]} for h in range(1, p["houses"] + 1)}
-    lines.append("Give the full solution as JSON in this shape: " + json.dumps(example))
-    return "\n".join(lines)
-
-
 def extract_json(text):
     """Last top-level decodable JSON object in text (or None)."""
     dec, best, i = json.JSONDecoder(), None, 0
@@ -510,35 +290,6 @@ def first_json_object(text):
     except (ValueError, RecursionError):  # RecursionError: hostile nesting depth
         return None
     return obj if isinstance(obj, dict) else None
-
-
-def parse_grid(text, p):
-    """Parse a solver answer into {house: {attr: value}} with canonical names.
-
-    Returns (grid, valid_structure). valid_structure needs houses 1..N, every
-    attribute in every house, and each attribute a permutation of its values."""
-    obj = extract_json(text)
-    if obj is None:
-        return None, False
-    if "solution" in obj and isinstance(obj["solution"], dict):
-        obj = obj["solution"]
-    attr_names = {a.lower(): a for a in p["attributes"]}
-    grid = {}
-    for key, row in obj.items():
-        m = re.fullmatch(r"\s*(?:house\s*)?(\d+)\s*", str(key), re.I)
-        if not m or not isinstance(row, dict):
-            continue
-        h = int(m.group(1))
-        grid[h] = {}
-        for a, v in row.items():
-            a = attr_names.get(str(a).strip().lower())
-            if a is not None and isinstance(v, str):
-                canon = {x.lower(): x for x in p["attributes"][a]}
-                grid[h][a] = canon.get(v.strip().lower(), v.strip())
-    valid = set(grid) == set(range(1, p["houses"] + 1)) and all(
-        set(grid[h]) == set(p["attributes"]) for h in grid) and all(
-        sorted(grid[h][a] for h in grid) == sorted(vals) for a, vals in p["attributes"].items())
-    return grid, valid
 
 
 # Tool-call tasks: a task is {"tools": [schema], "dialogue": [{"role", "content"}],
@@ -664,100 +415,6 @@ def zebra_reward(text, p, solution):
     # Eq. (15): R_logic = 0.9·1{FullPuzzle(y, c)} + 0.1·1{ValidStructure(y, c)}
     r = 0.9 * float(full) + 0.1 * float(valid)
     return r, valid, full, right / len(cells), grid
-
-
-# BFCL held-out data (bfcl-eval package) and a checker with BFCL's simple-AST semantics.
-BFCL_CATEGORIES = ["simple_python", "simple_java", "simple_javascript", "live_simple"]
-def bfcl_data_dir():
-    import importlib.util
-    spec = importlib.util.find_spec("bfcl_eval")
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("bfcl-eval is not installed: pip install --no-deps bfcl-eval (see requirements-nodeps.txt)")
-    return os.path.join(spec.submodule_search_locations[0], "data")
-
-
-def load_bfcl(category, n=0):
-    """[(entry, ground_truth)] for a BFCL category; n > 0 keeps the first n."""
-    d = bfcl_data_dir()
-    with open(os.path.join(d, f"BFCL_v4_{category}.json")) as f:
-        entries = [json.loads(line) for line in f if line.strip()]
-    with open(os.path.join(d, "possible_answer", f"BFCL_v4_{category}.json")) as f:
-        answers = {a["id"]: a["ground_truth"] for a in map(json.loads, filter(str.strip, f))}
-    items = [(e, answers[e["id"]]) for e in entries if e["id"] in answers]
-    return items[:n] if n else items
-
-
-def bfcl_language(category):
-    return "java" if category.endswith("_java") else "javascript" if category.endswith("javascript") else "python"
-
-
-def bfcl_messages(entry, category):
-    """BFCL prompt in our tool format, with BFCL's language-specific doc hints
-    (bfcl_eval/utils.py: _func_doc_language_specific_pre_processing)."""
-    lang, tools = bfcl_language(category), copy.deepcopy(entry["function"])
-    hint = {"java": " Note that the provided function is in Java 8 SDK syntax.",
-            "javascript": " Note that the provided function is in JavaScript syntax."}.get(
-        lang, " Note that the provided function is in Python 3 syntax.")
-    for t in tools:
-        t["description"] = t.get("description", "") + hint
-        if lang != "python":
-            for name, spec in t["parameters"]["properties"].items():
-                what = "Java" if lang == "java" else "JavaScript"
-                spec["description"] = spec.get("description", "") + (
-                    f" This parameter can be of any type of {what} object in string representation." if spec["type"] == "any"
-                    else f" This is {what} {spec['type']} type parameter in string representation.")
-                spec["type"] = "string"
-    dialogue = [m for m in entry["question"][0] if m["role"] in ("user", "system")]
-    system = ("You are a function-calling assistant. Available tools (JSON schemas):\n"
-              + "\n".join(json.dumps(t) for t in tools) + "\n" + TOOL_FORMAT)
-    sys_extra = "\n".join(m["content"] for m in dialogue if m["role"] == "system")
-    user = "\n".join(m["content"] for m in dialogue if m["role"] == "user")
-    return [{"role": "system", "content": system + ("\n" + sys_extra if sys_extra else "")},
-            {"role": "user", "content": user}]
-
-
-def bfcl_official_checker():
-    """BFCL's own AST checker module (bfcl_eval/eval_checker/ast_eval/ast_checker.py), used as is.
-
-    Shim: that module imports MODEL_CONFIG_MAPPING from bfcl_eval.constants.model_config, which imports every
-    vendor SDK (bfcl-eval is installed with --no-deps, so they are absent). The checker reads the mapping only
-    in convert_func_name, to rename "." to "_" in function names for models whose API forbids dots; our answers
-    keep the names as given. So a stand-in module holding only that mapping is registered before the import
-    (unless the real module is already loaded), and the checker's mapping answers "no renaming" for any model."""
-    import importlib
-    import types
-    name = "bfcl_eval.constants.model_config"
-    if name not in sys.modules:
-        sys.modules[name] = types.ModuleType(name)
-        sys.modules[name].MODEL_CONFIG_MAPPING = {}
-    checker = importlib.import_module("bfcl_eval.eval_checker.ast_eval.ast_checker")
-    checker.MODEL_CONFIG_MAPPING = collections.defaultdict(lambda: types.SimpleNamespace(underscore_to_dot=False))
-    return checker
-
-
-def bfcl_decode(text):
-    """The calls of a reply as BFCL's checker takes them ([{name: arguments}]), or None when a <tool_call> block
-    does not decode (a BFCL handler's decode failure: the item is wrong, the block is not silently dropped)."""
-    blocks = re.findall(r"<tool_call>(.*?)</tool_call>", text, re.S)
-    calls = parse_tool_calls(text)
-    return [{c["name"]: c["arguments"]} for c in calls] if calls and len(calls) == len(blocks) else None
-
-
-def bfcl_check(calls, func, ground_truth, category):
-    """BFCL's verdict on decoded calls (bfcl_decode) for a simple-category item: (ok, reason). The official
-    checker decides (simple_function_checker: exactly one call, names, required and unexpected parameters,
-    Python types with BFCL's variable rule, Java/JS values through its converters, accepted value lists with
-    its string standardisation). A model value it cannot handle makes it raise; that is a wrong answer."""
-    if not calls:
-        return False, "no decodable call"
-    A = bfcl_official_checker()
-    from bfcl_eval.constants.enums import Language
-    lang = {"java": Language.JAVA, "javascript": Language.JAVASCRIPT}.get(bfcl_language(category), Language.PYTHON)
-    try:
-        out = A.ast_checker([func], calls, ground_truth, lang, category, "nanoskill")
-    except Exception as e:  # e.g. a Java/JS string its converter cannot parse
-        return False, f"BFCL's checker raised {type(e).__name__}"
-    return bool(out["valid"]), "ok" if out["valid"] else str(out.get("error_type"))
 
 
 # Skill packages s = ⟨m, r, h, e, ν, σ⟩ as files: front matter = m (name, title,
@@ -1899,6 +1556,354 @@ def main(argv=None):
             if os.path.exists(os.path.join(args.run_dir, sub, "metrics.jsonl")):
                 plot_curves(os.path.join(args.run_dir, sub), ("reward", "kl"))
     return {"history": history, "rows": rows}  # the process group is left to exit (vLLM's engines tear down their own)
+
+
+# ----- task environments (below main, which reads as Algorithm 2): the zebra runtime and BFCL -----
+
+def zebra_scale(houses, n_attrs):
+    size = math.factorial(houses) ** n_attrs
+    return "small" if size < 1e3 else "medium" if size < 1e6 else "large" if size < 1e10 else "xlarge"
+
+
+def zebra_schema_error(p):
+    """Global schema check of a puzzle dict; returns an error string or None."""
+    if not isinstance(p, dict) or not isinstance(p.get("houses"), int) or isinstance(p.get("houses"), bool):
+        return "houses must be an integer"
+    n, attrs = p["houses"], p.get("attributes")
+    if not 2 <= n <= 6:
+        return "houses must be in 2..6"
+    if not isinstance(attrs, dict) or not 2 <= len(attrs) <= 6:
+        return "attributes must map 2..6 names to value lists"
+    seen = set()
+    for name, vals in attrs.items():
+        if not isinstance(vals, list) or len(vals) != n or not all(isinstance(v, str) and v.strip() for v in vals):
+            return f"attribute {name!r} needs exactly {n} non-empty string values"
+        for v in vals:
+            if v.lower() in seen:
+                return f"value {v!r} is repeated"
+            seen.add(v.lower())
+    clues = p.get("clues", [])
+    if not isinstance(clues, list):
+        return "clues must be a list"
+    for c in clues:
+        if not isinstance(c, dict) or not isinstance(c.get("type"), str) or c["type"] not in ZEBRA_CLUE_TYPES:
+            return f"unknown clue {str(c)[:80]}"
+        arity = ZEBRA_CLUE_TYPES[c["type"]][0]
+        if not isinstance(c.get("a"), str) or c["a"].lower() not in seen:
+            return f"clue {c!r} names an unknown value"
+        if arity == 2 and (not isinstance(c.get("b"), str) or c["b"].lower() not in seen or c["b"].lower() == c["a"].lower()):
+            return f"clue {c!r} needs a second, different known value"
+        if arity == 1 and (not isinstance(c.get("house"), int) or isinstance(c.get("house"), bool) or not 1 <= c["house"] <= n):
+            return f"clue {c!r} needs a house in 1..{n}"
+    return None
+
+
+def clean_clues(clues):
+    """Schema-valid clues with only the keys their type reads (a stray "b" on a one-value clue, or a "house" on
+    a two-value clue, is dropped rather than rejected)."""
+    keep = {1: ("type", "a", "house"), 2: ("type", "a", "b")}
+    return [{k: c[k] for k in keep[ZEBRA_CLUE_TYPES[c["type"]][0]]} for c in clues]
+
+
+def _canon_value(p):
+    """lower-cased value -> (attribute, canonical spelling)."""
+    return {v.lower(): (a, v) for a, vals in p["attributes"].items() for v in vals}
+
+
+class SearchBudget(Exception):
+    pass
+
+
+def count_solutions(p, limit=2, budget=2_000_000):
+    """Backtracking count of solutions of a schema-valid puzzle, stopping at `limit`
+    (raises SearchBudget after `budget` placements, so a hostile proposal cannot stall).
+
+    Unary clues shrink each value's house domain first; values are then placed
+    most-constrained first and a binary clue is checked as soon as both of its
+    values are placed. Returns (count, first solution as {value: house})."""
+    canon = _canon_value(p)
+    attr_of = {v: a for a, vals in p["attributes"].items() for v in vals}
+    domain = {v: set(range(1, p["houses"] + 1)) for v in attr_of}
+    binary, degree = [], collections.Counter()
+    for c in p.get("clues", []):
+        a = canon[c["a"].lower()][1]
+        if ZEBRA_CLUE_TYPES[c["type"]][0] == 1:
+            domain[a] = {h for h in domain[a] if ZEBRA_CLUE_TYPES[c["type"]][1](h, c["house"])}
+        else:
+            b = canon[c["b"].lower()][1]
+            binary.append((c["type"], a, b))
+            degree[a] += 1
+            degree[b] += 1
+    order = sorted(attr_of, key=lambda v: (len(domain[v]), -degree[v]))
+    rank = {v: i for i, v in enumerate(order)}
+    checks = collections.defaultdict(list)  # index of value -> binary clues to test once it is placed
+    for t, a, b in binary:
+        checks[max(rank[a], rank[b])].append((ZEBRA_CLUE_TYPES[t][1], a, b))
+    pos, used, found, nodes = {}, collections.defaultdict(set), [], [0]
+
+    def place(i):
+        if len(found) >= limit:
+            return
+        nodes[0] += 1
+        if nodes[0] > budget:
+            raise SearchBudget("solution search exceeded its budget")
+        if i == len(order):
+            found.append(dict(pos))
+            return
+        v = order[i]
+        for h in sorted(domain[v] - used[attr_of[v]]):
+            pos[v] = h
+            if all(holds(pos[a], pos[b]) for holds, a, b in checks[i]):
+                used[attr_of[v]].add(h)
+                place(i + 1)
+                used[attr_of[v]].discard(h)
+            del pos[v]
+
+    place(0)
+    return len(found), (found[0] if found else None)
+
+
+def solution_grid(p, pos):
+    """{value: house} -> {"House k": {attr: value}}."""
+    grid = {f"House {h}": {} for h in range(1, p["houses"] + 1)}
+    for attr, vals in p["attributes"].items():
+        for v in vals:
+            grid[f"House {pos[v]}"][attr] = v
+    return grid
+
+
+def random_clue(rng, p, pos, types):
+    """A random clue of one of `types` that holds under the solution `pos`, or None."""
+    vals, n = list(pos), p["houses"]
+    t = rng.choice(types)
+    a = rng.choice(vals)
+    if t == "fixed":
+        return {"type": t, "a": a, "house": pos[a]}
+    if t == "not_house":
+        others = [h for h in range(1, n + 1) if h != pos[a]]
+        return {"type": t, "a": a, "house": rng.choice(others)}
+    cands = [b for b in vals if b != a and ZEBRA_CLUE_TYPES[t][1](pos[a], pos[b])]
+    if t == "same_house":  # same-house pairs across different attributes only
+        attr_of = {v: at for at, vs in p["attributes"].items() for v in vs}
+        cands = [b for b in cands if attr_of[b] != attr_of[a]]
+    return {"type": t, "a": a, "b": rng.choice(cands)} if cands else None
+
+
+def compile_puzzle(rng, blueprint, preferred=None, fixed_limit=None, min_counts=None, max_clues=40):
+    try:
+        return _compile(rng, blueprint, preferred, fixed_limit, min_counts, max_clues)
+    except SearchBudget as e:
+        return None, str(e)
+
+
+def _compile(rng, blueprint, preferred, fixed_limit, min_counts, max_clues):
+    """Fixed logical runtime: complete a blueprint into a uniquely solvable puzzle.
+
+    The blueprint's own clues (if any) are kept; the runtime picks one of their
+    solutions, then adds random true clues (preferred relation types 3x as likely)
+    until the solution is unique, and finally drops redundant added clues while
+    keeping `min_counts`. Returns (puzzle, {value: house}) or (None, reason)."""
+    p = {"houses": blueprint["houses"], "attributes": copy.deepcopy(blueprint["attributes"]),
+         "clues": copy.deepcopy(blueprint.get("clues", []))}
+    if zebra_schema_error(p):
+        return None, zebra_schema_error(p)
+    canon = _canon_value(p)
+    p["clues"] = clean_clues(p["clues"])
+    for c in p["clues"]:  # canonical spelling of the values
+        c["a"] = canon[c["a"].lower()][1]
+        if "b" in c:
+            c["b"] = canon[c["b"].lower()][1]
+    if p["clues"]:
+        n_sol, pos = count_solutions(p, limit=1)
+        if n_sol == 0:
+            return None, "the proposed clues contradict each other"
+    else:
+        pos = {}
+        for attr, vals in p["attributes"].items():
+            houses = list(range(1, p["houses"] + 1))
+            rng.shuffle(houses)
+            pos.update(dict(zip(vals, houses)))
+    types = list(ZEBRA_CLUE_TYPES)
+    weighted = types + [t for t in (preferred or []) if t in ZEBRA_CLUE_TYPES] * 3
+    n_given = len(p["clues"])
+    need = dict(min_counts or {})
+    for tries in range(50 * max_clues + 1):  # required counts first, then random clues until unique
+        if len(p["clues"]) > max_clues or tries == 50 * max_clues:
+            return None, "no unique puzzle within the clue budget"
+        have = collections.Counter(c["type"] for c in p["clues"])
+        missing = [t for t, k in need.items() if have[t] < k and t in ZEBRA_CLUE_TYPES]
+        if not missing and count_solutions(p, 2)[0] == 1:
+            break
+        c = random_clue(rng, p, pos, missing or weighted)
+        if c is None or c in p["clues"]:
+            continue
+        if c["type"] == "fixed" and fixed_limit is not None and have["fixed"] >= fixed_limit and not missing:
+            continue
+        p["clues"].append(c)
+    for i in range(len(p["clues"]) - 1, n_given - 1, -1):  # drop redundant compiled clues
+        trial = p["clues"][:i] + p["clues"][i + 1:]
+        have = collections.Counter(c["type"] for c in trial)
+        if all(have[t] >= k for t, k in need.items()) and count_solutions({**p, "clues": trial}, 2)[0] == 1:
+            p["clues"] = trial
+    return p, count_solutions(p, 2)[1]
+
+
+def random_blueprint(rng, houses, n_attrs):
+    attrs = rng.sample(sorted(ZEBRA_POOLS), n_attrs)
+    return {"houses": houses, "attributes": {a: rng.sample(ZEBRA_POOLS[a], houses) for a in attrs}}
+
+
+def make_zebra_puzzles(seed, scales, per_scale):
+    """Held-out puzzles by scale from a fixed seed: [(scale, puzzle, solution grid)]."""
+    rng, out = random.Random(seed), []
+    for scale in scales:
+        made = 0
+        while made < per_scale:
+            houses, m = rng.choice(ZEBRA_SCALES[scale])
+            p, pos = compile_puzzle(rng, random_blueprint(rng, houses, m))
+            if p is not None:
+                out.append((scale, p, solution_grid(p, pos)))
+                made += 1
+    return out
+
+
+def render_zebra_prompt(p):
+    """x for a zebra puzzle: the solver sees attributes and clues, never the solution."""
+    lines = [f"There are {p['houses']} houses in a row, numbered 1 (left) to {p['houses']} (right). "
+             "Each house has exactly one value of every attribute, and no two houses share a value."]
+    for attr, vals in p["attributes"].items():
+        lines.append(f"- {attr}: {', '.join(vals)}")
+    lines.append("Clues:")
+    for i, c in enumerate(p["clues"], 1):
+        lines.append(f"{i}. " + ZEBRA_TEXT[c["type"]].format(**c))
+    example = {f"House {h}": {a: "..." for a in p["attributes"]} for h in range(1, p["houses"] + 1)}
+    lines.append("Give the full solution as JSON in this shape: " + json.dumps(example))
+    return "\n".join(lines)
+
+
+def parse_grid(text, p):
+    """Parse a solver answer into {house: {attr: value}} with canonical names.
+
+    Returns (grid, valid_structure). valid_structure needs houses 1..N, every
+    attribute in every house, and each attribute a permutation of its values."""
+    obj = extract_json(text)
+    if obj is None:
+        return None, False
+    if "solution" in obj and isinstance(obj["solution"], dict):
+        obj = obj["solution"]
+    attr_names = {a.lower(): a for a in p["attributes"]}
+    grid = {}
+    for key, row in obj.items():
+        m = re.fullmatch(r"\s*(?:house\s*)?(\d+)\s*", str(key), re.I)
+        if not m or not isinstance(row, dict):
+            continue
+        h = int(m.group(1))
+        grid[h] = {}
+        for a, v in row.items():
+            a = attr_names.get(str(a).strip().lower())
+            if a is not None and isinstance(v, str):
+                canon = {x.lower(): x for x in p["attributes"][a]}
+                grid[h][a] = canon.get(v.strip().lower(), v.strip())
+    valid = set(grid) == set(range(1, p["houses"] + 1)) and all(
+        set(grid[h]) == set(p["attributes"]) for h in grid) and all(
+        sorted(grid[h][a] for h in grid) == sorted(vals) for a, vals in p["attributes"].items())
+    return grid, valid
+
+
+# BFCL held-out data (bfcl-eval package) and BFCL's own AST checker.
+BFCL_CATEGORIES = ["simple_python", "simple_java", "simple_javascript", "live_simple"]
+
+
+def bfcl_data_dir():
+    import importlib.util
+    spec = importlib.util.find_spec("bfcl_eval")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("bfcl-eval is not installed: pip install --no-deps bfcl-eval (see requirements-nodeps.txt)")
+    return os.path.join(spec.submodule_search_locations[0], "data")
+
+
+def load_bfcl(category, n=0):
+    """[(entry, ground_truth)] for a BFCL category; n > 0 keeps the first n."""
+    d = bfcl_data_dir()
+    with open(os.path.join(d, f"BFCL_v4_{category}.json")) as f:
+        entries = [json.loads(line) for line in f if line.strip()]
+    with open(os.path.join(d, "possible_answer", f"BFCL_v4_{category}.json")) as f:
+        answers = {a["id"]: a["ground_truth"] for a in map(json.loads, filter(str.strip, f))}
+    items = [(e, answers[e["id"]]) for e in entries if e["id"] in answers]
+    return items[:n] if n else items
+
+
+def bfcl_language(category):
+    return "java" if category.endswith("_java") else "javascript" if category.endswith("javascript") else "python"
+
+
+def bfcl_messages(entry, category):
+    """BFCL prompt in our tool format, with BFCL's language-specific doc hints
+    (bfcl_eval/utils.py: _func_doc_language_specific_pre_processing)."""
+    lang, tools = bfcl_language(category), copy.deepcopy(entry["function"])
+    hint = {"java": " Note that the provided function is in Java 8 SDK syntax.",
+            "javascript": " Note that the provided function is in JavaScript syntax."}.get(
+        lang, " Note that the provided function is in Python 3 syntax.")
+    for t in tools:
+        t["description"] = t.get("description", "") + hint
+        if lang != "python":
+            for name, spec in t["parameters"]["properties"].items():
+                what = "Java" if lang == "java" else "JavaScript"
+                spec["description"] = spec.get("description", "") + (
+                    f" This parameter can be of any type of {what} object in string representation." if spec["type"] == "any"
+                    else f" This is {what} {spec['type']} type parameter in string representation.")
+                spec["type"] = "string"
+    dialogue = [m for m in entry["question"][0] if m["role"] in ("user", "system")]
+    system = ("You are a function-calling assistant. Available tools (JSON schemas):\n"
+              + "\n".join(json.dumps(t) for t in tools) + "\n" + TOOL_FORMAT)
+    sys_extra = "\n".join(m["content"] for m in dialogue if m["role"] == "system")
+    user = "\n".join(m["content"] for m in dialogue if m["role"] == "user")
+    return [{"role": "system", "content": system + ("\n" + sys_extra if sys_extra else "")},
+            {"role": "user", "content": user}]
+
+
+def bfcl_official_checker():
+    """BFCL's own AST checker module (bfcl_eval/eval_checker/ast_eval/ast_checker.py), used as is.
+
+    Shim: that module imports MODEL_CONFIG_MAPPING from bfcl_eval.constants.model_config, which imports every
+    vendor SDK (bfcl-eval is installed with --no-deps, so they are absent). The checker reads the mapping only
+    in convert_func_name, to rename "." to "_" in function names for models whose API forbids dots; our answers
+    keep the names as given. So a stand-in module holding only that mapping is registered before the import
+    (unless the real module is already loaded), and the checker's mapping answers "no renaming" for any model."""
+    import importlib
+    import types
+    name = "bfcl_eval.constants.model_config"
+    if name not in sys.modules:
+        sys.modules[name] = types.ModuleType(name)
+        sys.modules[name].MODEL_CONFIG_MAPPING = {}
+    checker = importlib.import_module("bfcl_eval.eval_checker.ast_eval.ast_checker")
+    checker.MODEL_CONFIG_MAPPING = collections.defaultdict(lambda: types.SimpleNamespace(underscore_to_dot=False))
+    return checker
+
+
+def bfcl_decode(text):
+    """The calls of a reply as BFCL's checker takes them ([{name: arguments}]), or None when a <tool_call> block
+    does not decode (a BFCL handler's decode failure: the item is wrong, the block is not silently dropped)."""
+    blocks = re.findall(r"<tool_call>(.*?)</tool_call>", text, re.S)
+    calls = parse_tool_calls(text)
+    return [{c["name"]: c["arguments"]} for c in calls] if calls and len(calls) == len(blocks) else None
+
+
+def bfcl_check(calls, func, ground_truth, category):
+    """BFCL's verdict on decoded calls (bfcl_decode) for a simple-category item: (ok, reason). The official
+    checker decides (simple_function_checker: exactly one call, names, required and unexpected parameters,
+    Python types with BFCL's variable rule, Java/JS values through its converters, accepted value lists with
+    its string standardisation). A model value it cannot handle makes it raise; that is a wrong answer."""
+    if not calls:
+        return False, "no decodable call"
+    A = bfcl_official_checker()
+    from bfcl_eval.constants.enums import Language
+    lang = {"java": Language.JAVA, "javascript": Language.JAVASCRIPT}.get(bfcl_language(category), Language.PYTHON)
+    try:
+        out = A.ast_checker([func], calls, ground_truth, lang, category, "nanoskill")
+    except Exception as e:  # e.g. a Java/JS string its converter cannot parse
+        return False, f"BFCL's checker raised {type(e).__name__}"
+    return bool(out["valid"]), "ok" if out["valid"] else str(out.get("error_type"))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """Tests for skill_entropy.py: equations against hand values, the parser, the scorers, the
 sandbox, rejection sampling, and a smoke test of the tiny preset."""
+import argparse
 import json
 import re
 import os
@@ -43,7 +44,8 @@ def test_eq3_smoothing_at_zero_accuracy():
 
 
 def _acc(**over):
-    acc = {"skill": {A: 0.8, B: 0.6, C: 0.5}, "domain": {"math": 0.8, "logic": 0.6, "coding": 0.5},
+    # Acc(d) ≠ Acc(s) (each domain has other skills too), so swapping them changes Eq. (7)
+    acc = {"skill": {A: 0.8, B: 0.6, C: 0.5}, "domain": {"math": 0.7, "logic": 0.4, "coding": 0.55},
            "s2d": {}, "d2s": {}}
     for a in (A, B, C):
         for d in ("math", "logic", "coding"):
@@ -57,8 +59,8 @@ def _acc(**over):
 def test_eq7_factorised_is_product_and_one_without_cost():
     assert se.ske_factorised(A, B, _acc(), 0.1) == pytest.approx(1.0)
     acc = _acc(s2d={(A, "logic"): 0.2}, d2s={("math", B): 0.5})
-    to_dom = (0.4 + 0.3 + 0.1) / (0.2 + 0.1)      # SkE(a → d_b)
-    from_dom = (0.4 + 0.3 + 0.1) / (0.5 + 0.1)    # SkE(d_a → b)
+    to_dom = (0.5 * 0.8 + 0.5 * 0.4 + 0.1) / (0.2 + 0.1)    # SkE(a → d_b): ½Acc(a) + ½Acc(logic)
+    from_dom = (0.5 * 0.7 + 0.5 * 0.6 + 0.1) / (0.5 + 0.1)  # SkE(d_a → b): ½Acc(math) + ½Acc(b)
     assert se.ske_factorised(A, B, acc, 0.1) == pytest.approx(to_dom * from_dom)
 
 
@@ -316,13 +318,15 @@ def test_spearman():
 
 
 def test_tiny_preset_smoke(tmp_path):
-    """Every stage end to end on the embedded model, shrunk further with flags."""
+    """Every stage end to end on the embedded model, shrunk further with flags. Fails when the
+    run shows no signal: a constant SkE table, or every Acc cell at 0."""
     cmd = [sys.executable, str(ROOT / "skill_entropy.py"), "--preset", "tiny", "--sampler", "hf",
-           "--run-dir", str(tmp_path / "run"), "--domains", "math,logic,science,creative_writing",
-           "--skills-per-domain", "1", "--direct-pairs", "2", "--n-train", "4", "--n-sft", "2", "--n-test", "3",
-           "--train-len", "2,3", "--test-len", "2,3", "--llm-proposer-tasks", "1", "--max-new-tokens", "24",
-           "--acc-max-new-tokens", "12", "--propose-max-new-tokens", "24", "--rl-steps", "1",
-           "--prompts-per-step", "2", "--G", "2", "--label-seeds", "1", "--n-label", "1", "--sft-epochs", "2"]
+           "--run-dir", str(tmp_path / "run"), "--domains", "math,information_extraction,creative_writing",
+           "--skills-per-domain", "2", "--acc-samples", "2", "--direct-pairs", "3", "--n-train", "4", "--n-sft", "2",
+           "--n-test", "3", "--train-len", "2,3", "--test-len", "2,3", "--llm-proposer-tasks", "1", "--max-new-tokens", "24",
+           "--acc-max-new-tokens", "12", "--propose-max-new-tokens", "24", "--rl-steps", "1", "--prompts-per-step", "2",
+           "--G", "2", "--label-seeds", "1", "--n-label", "1", "--sft-epochs", "2",
+           "--baselines", "grpo,format_only,shuffled_ske,ske_rl"]
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -330,15 +334,20 @@ def test_tiny_preset_smoke(tmp_path):
     for f in ("bank_labelled.json", "ske_table.json", "fig2_ske.png", "tasks.json", "bench.json", "table3.json",
               "offshelf_labelled.json"):
         assert (run / f).exists(), f
+    ske = json.loads((run / "ske_table.json").read_text())
+    assert ske["mean_step_score"] > 0, "every Acc cell is 0: the reference model answered nothing"
+    assert len({round(v, 6) for v in ske["ske_pairwise"].values()}) >= 3, "SkE is (nearly) constant"
+    assert ske["thetas"][0] < ske["thetas"][1]
     t3 = json.loads((run / "table3.json").read_text())["rows"]
-    assert set(t3) == {"base", "sft", "grpo", "ske_rl"}
+    assert set(t3) == {"grpo", "format_only", "shuffled_ske", "ske_rl"}
     assert all(0.0 <= r["overall"] <= 1.0 for r in t3.values())
     assert "Table 3 shape" in out.stdout
     tasks = json.loads((run / "tasks.json").read_text())["tasks"]
     assert all(t["proposer"] in ("llm", "template") for t in tasks)
-    # a re-run reuses every stage's output
+    # a re-run reuses every stage's output and every checkpoint
     out2 = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert out2.returncode == 0 and "[ske]" not in out2.stdout and "GRPO steps" not in out2.stdout
+    assert "SFT →" not in out2.stdout
 
 
 # ----- synthesis loop and reward function without a model (the LLM is an input here) -----
@@ -410,3 +419,296 @@ def test_reward_fn_eq5_malformed_and_good():
     assert r[1]["r_ans"] == 0.5 and r[1]["reward"] == pytest.approx(0.7 * 0.5 + 0.3)
     assert r[2]["r_ent"] == 0.0 and r[2]["matched"] == 0.5            # out-of-bank label: no switch left
     assert r[3] == dict(reward=0.0, r_ans=0.0, r_ent=0.0, format_ok=0.0, matched=0.0)
+
+
+# ----- issue #12: checkpoints and cached stages keyed by their settings -----
+
+
+def test_checkpoint_with_other_settings_is_not_reused(tmp_path):
+    import torch
+    (tmp_path / "ckpt").mkdir()
+    cfg = dict(row="ske_rl", lam=(0.7, 0.3), rl_steps=2)
+    torch.save({"extra": {"done": True, "config": cfg}}, tmp_path / "ckpt" / "state.pt")
+    assert se.checkpoint_state(tmp_path, dict(cfg), resume=False) == "done"
+    assert se.checkpoint_state(tmp_path, dict(cfg, lam=(0.5, 0.5)), resume=False) is None     # other λ
+    assert se.checkpoint_state(tmp_path, dict(cfg, rl_steps=5), resume=True) is None          # other --rl-steps
+    torch.save({"extra": {"done": False, "config": cfg}}, tmp_path / "ckpt" / "state.pt")
+    assert se.checkpoint_state(tmp_path, cfg, resume=True) == "resume"
+    assert se.checkpoint_state(tmp_path, cfg, resume=False) is None
+    torch.save({"extra": {"done": True}}, tmp_path / "ckpt" / "state.pt")                    # made before the keys
+    assert se.checkpoint_state(tmp_path, cfg, resume=False) is None
+    assert se.checkpoint_state(tmp_path / "nothing", cfg, resume=False) is None
+
+
+def test_cached_stage_recomputes_for_other_settings(tmp_path):
+    from grpo import Dist
+    calls = []
+    compute = lambda: calls.append(1) or {"value": len(calls), "pair": (1, 2)}
+    cfg = dict(n_train=4, lam=(0.7, 0.3))
+    j = se.cached_stage(tmp_path / "s.json", cfg, compute, Dist())
+    assert j["value"] == 1 and j["pair"] == [1, 2]
+    assert se.cached_stage(tmp_path / "s.json", dict(cfg), compute, Dist())["value"] == 1 and len(calls) == 1
+    assert se.cached_stage(tmp_path / "s.json", dict(cfg, n_train=8), compute, Dist())["value"] == 2
+    assert se.cached_stage(tmp_path / "t.json", cfg, compute, Dist(), needed=False) is None and len(calls) == 2
+
+
+# ----- issue #12: train and test seeds never overlap -----
+
+
+def test_train_and_test_seeds_are_disjoint(tmp_path):
+    bank = se.load_bank(se.DATA / "bank.json")
+    for d, s in se.bank_keys(bank, "verifiable"):
+        tr = {r["question"] for r in se.seed_pool(bank, d, s, "train", 0)}
+        te = {r["question"] for r in se.seed_pool(bank, d, s, "test", 0)}
+        assert tr and te and not tr & te, (d, s)
+        # every index of make_seed stays in its split (the old 2c / 2c+1+1000 indices mod 5 did not)
+        assert {se.make_seed(bank, d, s, i, 0, "test")["question"] for i in range(40)} <= te
+    inline = {"domains": {"x": {"kind": "verifiable", "scorer": "exact", "skills": {"s": {"source": "inline", "seeds": [
+        {"question": f"q{i % 5}", "answer": str(i)} for i in range(10)]}}}}}   # 5 distinct questions, listed twice
+    p = tmp_path / "b.json"
+    p.write_text(json.dumps(inline))
+    b = se.load_bank(p)
+    tr, te = ({r["question"] for r in se.seed_pool(b, "x", "s", sp, 0)} for sp in ("train", "test"))
+    assert tr == {"q0", "q2", "q4"} and te == {"q1", "q3"}
+
+
+# ----- issue #12: the verifier's room, failing template tasks, presets -----
+
+
+class SynArgsRules(Args):
+    seed, max_reject, llm_proposer_tasks, regenerations, propose_max_new_tokens = 0, 500, -1, 1, 256
+    verifier = "rules+llm"
+
+
+def test_verifier_reply_is_not_cut_off():
+    bank, keys, table = _small_world()
+    reason = "the rewritten question keeps every number and option of its seed " * 2
+
+    def llm(msgs, max_new_tokens, temperature=0.0):  # a real model stops at max_new_tokens (≈ 4 characters each)
+        outs = []
+        for m in msgs:
+            t = m[0]["content"]
+            if t.startswith("You are a strict verifier"):
+                full = "".join(f"<{c}> PASS: {reason}</{c}>\n" for c in se.CHECKS) + "<verdict> ACCEPT </verdict>"
+                outs.append(full[:4 * max_new_tokens])
+            else:
+                qs = re.findall(r"Step \d+ \[[^\]]+\]: (?:\(open-ended\) )?(.*?)(?:\nAnswer: .*?)?(?=\nStep \d+ \[|\n\nOutput exactly)", t, re.S)
+                outs.append("<scenario>A farm audit.</scenario>" + "".join(
+                    f"<step>{'Using the previous answer, ' if i else ''}{q}</step>" for i, q in enumerate(qs)))
+        return outs
+    tasks = se.synthesize(bank, table, llm, SynArgsRules(), "train", 6, (2, 2), ("verifiable",), 0)
+    assert sum(t["proposer"] == "llm" for t in tasks) >= 3, [t["verifier"] for t in tasks]
+
+
+def test_template_tasks_that_fail_the_rules_are_dropped(tmp_path):
+    # domain b's train pool holds only an empty question: a task that starts with it fails the rules
+    spec = {"domains": {
+        "a": {"kind": "verifiable", "scorer": "exact", "skills": {"x": {"source": "inline", "seeds": [
+            {"question": f"How many legs do {i} ducks have?", "answer": str(2 * i)} for i in range(1, 9)]}}},
+        "b": {"kind": "verifiable", "scorer": "exact", "skills": {"y": {"source": "inline", "seeds": [
+            {"question": "", "answer": "1"}, {"question": "What is 1?", "answer": "1"}]}}}}}
+    p = tmp_path / "b.json"
+    p.write_text(json.dumps(spec))
+    bank = se.load_bank(p)
+    keys = se.bank_keys(bank)
+    table = {"pairwise": {(keys[0], keys[1]): 1.0, (keys[1], keys[0]): 2.0}, "thetas": [1.2, 1.8]}
+    args = SynArgsRules()
+    tasks = se.synthesize(bank, table, None, args, "train", 12, (2, 2), ("verifiable",), 0)
+    assert 0 < len(tasks) < 12
+    for t in tasks:
+        assert t["skills"][0] == ["a", "x"]
+        seeds = [dict(s, question=s["seed_question"]) for s in t["steps"]]
+        assert all(se.rule_checks(t["scenario"], [s["question"] for s in t["steps"]], seeds).values())
+
+
+@pytest.mark.parametrize("preset", list(se.PRESETS))
+def test_presets_leave_room_for_the_prompt(preset):
+    from grpo import parse_with_preset
+    a = parse_with_preset(se.build_parser(), se.PRESETS, argv=["--preset", preset, "--run-dir", "/tmp/x"])
+    assert a.max_new_tokens < a.max_model_len
+    with pytest.raises(SystemExit, match="max-model-len"):
+        se.main(["--preset", preset, "--max-new-tokens", "4096", "--max-model-len", "2048", "--run-dir", "/tmp/x"])
+
+
+# ----- issue #12: Acc estimation (step by step, pooled, same scale) and levels -----
+
+
+def test_pair_acc_second_puts_both_sides_on_one_scale():
+    jobs = [("single", A, A), ("chain", A, B), ("pair", A, B)]
+    scores = [(1.0, 0.0), (1.0, 0.0), (1.0, 1.0)]
+    second = se.pool_cells(jobs, scores, "second")
+    assert second[("skill", A)] == [0.0] and second[("s2d", A, "logic")] == [0.0]
+    both = se.pool_cells(jobs, scores, "both")
+    assert both[("skill", A)] == [0.5] and both[("d2s", "math", B)] == [0.5]
+
+
+def test_pooling_of_chains_and_direct_pairs_kept_out():
+    jobs = [("chain", A, B), ("chain", A, C), ("chain", C, B), ("pair", A, B), ("pair", A, B)]
+    cells = se.pool_cells(jobs, [(1, 1), (0, 0), (1, 0), (0, 0), (0, 1)], "both")
+    assert cells[("s2d", A, "logic")] == [1.0] and cells[("s2d", A, "coding")] == [0.0]
+    assert cells[("d2s", "math", B)] == [1.0] and cells[("d2s", "coding", B)] == [0.5]   # direct pairs not pooled
+    assert cells[("pair", A, B)] == [0.0, 0.5]
+
+
+def test_acc_jobs_cover_every_cell_and_direct_pairs_are_cross_domain():
+    bank = se.load_bank(se.DATA / "bank.json", 2, "math,logic,science")
+    keys = se.bank_keys(bank)
+    jobs = se.acc_jobs(bank, 4, 5, random.Random(0))
+    cells = se.pool_cells(jobs, [(1, 1)] * len(jobs), "both")
+    for a in keys:
+        assert len(cells[("skill", a)]) == 4
+        for d in bank:
+            assert len(cells[("s2d", a, d)]) == 4 and len(cells[("d2s", d, a)]) >= 2
+    pairs = {(a, b) for k, a, b in jobs if k == "pair"}
+    assert len(pairs) == 5 and all(a[0] != b[0] for a, b in pairs)
+    assert all(a != b for k, a, b in jobs if k == "chain")          # ≥ 2 skills per domain: no s → s chains
+
+
+def test_estimate_acc_asks_step_by_step_and_reads_leniently(tmp_path):
+    spec = {"domains": {d: {"kind": "verifiable", "scorer": "math", "skills": {s: {"source": "inline", "seeds": [
+        {"question": f"[{d}] What is {i} plus {i}?", "answer": str(2 * i)} for i in range(20)]} for s in ("s1", "s2")}}
+        for d in ("p", "q")}}
+    p = tmp_path / "b.json"
+    p.write_text(json.dumps(spec))
+    bank = se.load_bank(p)
+    seen = []
+
+    def ref(msgs, max_new_tokens, temperature=0.0):  # right unless a [q] step follows a [p] step
+        out = []
+        for m in msgs:
+            seen.append(len(m))
+            q = m[-1]["content"]
+            x = int(re.search(r"What is (\d+)", q).group(1))
+            wrong = len(m) == 3 and "[p]" in m[0]["content"] and "[q]" in q
+            if len(m) == 3:  # the second turn carries the model's own first reply
+                x1 = int(re.search(r"What is (\d+)", m[0]["content"]).group(1))
+                assert m[1] == {"role": "assistant", "content": f"The answer is {2 * x1}."}
+            out.append(f"The answer is {2 * x + wrong}.")   # no <answer> tag: read leniently
+        return out
+    args = argparse.Namespace(seed=0, acc_samples=4, direct_pairs=2, acc_max_new_tokens=16, pair_acc="both",
+                              code_timeout=1.0, code_mem_mb=64)
+    acc = se.estimate_acc(bank, ref, None, args)
+    assert set(seen) == {1, 3}
+    assert all(v == 1.0 for v in acc["skill"].values()) and acc["domain"] == {"p": 1.0, "q": 1.0}
+    assert acc["s2d"][(("p", "s1"), "q")] == 0.5 and acc["s2d"][(("q", "s1"), "p")] == 1.0
+    assert acc["d2s"][("p", ("q", "s2"))] == 0.5 and acc["d2s"][("q", ("q", "s2"))] == 1.0
+    assert acc["step2_single"] == 1.0 and acc["step2_cross"] < 1.0
+
+
+def test_lenient_readout_per_scorer():
+    assert se.answer_candidates("I think <answer>12</answer>", "math")[0] == "12"
+    assert "42" in se.answer_candidates("Adding them gives 42.", "math")
+    assert "B" in se.answer_candidates("B. blue, because", "choice")
+    assert se.answer_candidates("def f():\n  return 1", "code") == ["def f():\n  return 1"]
+    assert se.answer_candidates("", "math") == [] and se.answer_candidates(None, "exact") == []
+    st = {"scorer": "math", "answer": "42", "meta": {}}
+    assert se.score_lenient([st, st, st], ["so 42", "<answer>41</answer> or 42", "nothing"], Args()) == [1.0, 1.0, 0.0]
+
+
+def test_level_thresholds_break_ties():
+    vals = [1.0] * 20 + [1.2, 1.3, 1.5, 2.0, 2.5, 3.0]
+    lo, hi = se.level_thresholds(vals, [0.33, 0.67])
+    assert lo < hi
+    levels = [se.level_of(v, (lo, hi)) for v in vals]
+    assert set(levels) == set(se.LEVELS)
+    assert all(se.level_of(v, (lo, hi)) == levels[0] for v in vals[:20])   # ties never straddle a threshold
+    # distinct values: the cuts sit at the target quantiles
+    lo, hi = se.level_thresholds(list(range(9)), [0.33, 0.67])
+    assert (lo, hi) == (2.5, 5.5)
+    assert se.level_thresholds([1.0] * 5, [0.33, 0.67]) == [1.0, 1.0]
+
+
+def test_ske_table_json_round_trip():
+    acc = _acc()
+    acc["pair"] = {(A, B): 0.3}
+    acc.update(n_generations=4, seconds=1.0, mean_step_score=0.5)
+    table = {"pairwise": {(A, B): 1.5, (B, C): 0.9}, "direct": {(A, B): 1.2}, "spearman_direct_vs_factorised": 0.5,
+             "thetas": [1.0, 1.4]}
+    acc2, table2 = se.json_to_table(json.loads(json.dumps(se.table_to_json(acc, table))))
+    assert table2 == table
+    assert all(acc2[k] == acc[k] for k in ("skill", "domain", "s2d", "d2s", "pair"))
+
+
+# ----- issue #12: bench rows over the same steps; Table 3 controls -----
+
+
+def test_single_and_cross_overall_use_the_same_steps():
+    single = [dict(task="t", step=0, domain="math", level="low", score=1.0)]
+    cross = [dict(task="t", step=0, domain="math", level="low", score=0.0, strict=True),
+             dict(task="t", step=1, domain="creative_writing", level="low", score=1.0, strict=True)]
+    doms = ["math", "creative_writing"]
+    assert se.summarize(cross, doms, same_as=single)["overall"] == 0.0
+    assert se.summarize(cross, doms)["overall"] == 0.5
+    assert se.summarize(cross, doms, same_as=single)["creative_writing"] == 1.0
+
+
+def test_control_rewards_format_only_and_skill_match():
+    bank, keys, table = _small_world()
+    key_emb = np.eye(len(keys))
+    texts_of = [se.key_text(*k) for k in keys]
+    embed = lambda texts: np.array([key_emb[texts_of.index(t)] if t in texts_of else 0.3 * key_emb[0] for t in texts])
+    task = {"skills": [list(keys[0]), list(keys[1])], "steps": [se.make_seed(bank, *keys[0], 0), se.make_seed(bank, *keys[1], 0)]}
+    args = Args()
+    args.match_threshold = 0.5
+    wrong_plan = (f"<think>x</think><skill>{keys[2][0]}, {keys[2][1]}</skill><answer>zz</answer>"
+                  f"<skill>{keys[1][0]}, {keys[1][1]}</skill><answer>zz</answer>")
+    oob = wrong_plan.replace(f"{keys[1][0]}, {keys[1][1]}", "cooking, baking")
+    fmt = se.make_reward_fn(bank, table, [1.0, 2.0], embed, key_emb, None, args, 0.7, 0.3, "format")
+    r = fmt([wrong_plan, oob], [task] * 2)
+    assert r[0]["r_ent"] == 1.0 and r[0]["reward"] == pytest.approx(0.3) and r[1]["r_ent"] == 0.0
+    sm = se.make_reward_fn(bank, table, [1.0, 2.0], embed, key_emb, None, args, 0.7, 0.3, "skill_match")
+    assert sm([wrong_plan], [task])[0]["r_ent"] == 0.5
+
+
+def test_shuffled_table_keeps_values_and_moves_them():
+    _, _, table = _small_world()
+    sh = se.shuffled_table(table, 0)
+    assert sorted(sh["pairwise"].values()) == sorted(table["pairwise"].values())
+    assert sh["pairwise"] != table["pairwise"] and sh["thetas"] == table["thetas"]
+
+
+def test_row_specs_and_diverse_subset():
+    a = argparse.Namespace(lambda_ans=0.7, lambda_ent=0.3)
+    assert se.row_spec("grpo", a)["lam"] == (1.0, 0.0) and se.row_spec("ske_rl", a)["lam"] == (0.7, 0.3)
+    assert se.row_spec("ske_rl_lam0.9", a)["lam"] == pytest.approx((0.9, 0.1))
+    with pytest.raises(SystemExit):
+        se.row_spec("nope", a)
+    ts = [{"skills": [A, B]}, {"skills": [A, B]}, {"skills": [B, C]}]
+    assert se.diverse_subset(ts, 2) == [ts[0], ts[2]]
+
+
+def test_compare_prints_mean_and_sd_over_seeds(tmp_path, capsys):
+    runs = []
+    for i, v in enumerate((0.1, 0.2, 0.3)):
+        r = tmp_path / f"seed{i}"
+        r.mkdir()
+        row = dict(overall=v, low=v, medium=v, high=float("nan"), format_ok=1.0)
+        (r / "table3.json").write_text(json.dumps({"rows": {"grpo": row, "ske_rl": dict(row, overall=2 * v)}}))
+        runs.append(str(r))
+    se.main(["compare", "--compare-runs", " ".join(runs)])
+    out = capsys.readouterr().out
+    assert re.search(r"GRPO \(r_ans\)\s+20\.0 ±\s+10\.0", out) and re.search(r"Skill-Entropy RL\s+40\.0 ±\s+20\.0", out)
+
+
+def test_pipeline_mechanics_on_a_tiny_random_model(tiny_model_dir, tmp_path, capsys):
+    """Every stage in-process on a 2-layer random model (no signal expected): the files, the
+    Table 3 rows, reuse on a re-run, and a changed λ retraining only the rows it touches."""
+    run = tmp_path / "run"
+    argv = ["--preset", "tiny", "--model", tiny_model_dir, "--sampler", "hf", "--run-dir", str(run),
+            "--domains", "math,logic,creative_writing", "--acc-samples", "1", "--direct-pairs", "2", "--n-train", "4",
+            "--n-sft", "2", "--n-test", "3", "--train-len", "2,3", "--test-len", "2,3", "--max-new-tokens", "8",
+            "--acc-max-new-tokens", "4", "--propose-max-new-tokens", "8", "--rl-steps", "1", "--prompts-per-step", "2",
+            "--G", "2", "--label-seeds", "1", "--n-label", "1", "--sft-epochs", "1", "--max-model-len", "512",
+            "--baselines", "base,grpo,format_only"]
+    se.main(argv)
+    out = capsys.readouterr().out
+    for f in ("bank_labelled.json", "ske_table.json", "tasks.json", "bench.json", "table3.json", "offshelf_labelled.json"):
+        assert (run / f).exists(), f
+    assert set(json.loads((run / "table3.json").read_text())["rows"]) == {"base", "grpo", "format_only"}
+    assert out.count("GRPO steps") == 2 and "[ske]" in out and "SFT →" in out
+    se.main(argv)
+    out = capsys.readouterr().out
+    assert "[ske]" not in out and "[synth]" not in out and "GRPO steps" not in out and "SFT →" not in out
+    se.main(argv + ["--lambda-ans", "0.8", "--lambda-ent", "0.2"])   # only format_only uses the flags' λ
+    out = capsys.readouterr().out
+    assert out.count("GRPO steps") == 1 and "format_only (λ_ans=0.8" in out and "SFT →" not in out

@@ -625,25 +625,72 @@ def test_eq10_induction_integrity_and_novelty():
 
 # ----- smoke test of the tiny preset -----
 
+TINY_ZEBRA_PACKAGE = """---
+name: zebra_tiny
+title: two_house_anchor
+family: zebra
+source: initial
+iteration: 0
+derived_from:
+description: Two houses, one fixed value.
+---
+# two_house_anchor
+
+## Rules
+Fix one value.
+
+## Hints
+Keep it small.
+
+## Compiler
+```json
+{"preferred": ["fixed"], "fixed_limit": 1, "min_counts": {}}
+```
+
+## Validator
+```json
+{"max_houses": 2}
+```
+
+## Example
+```json
+{"houses": 2, "attributes": {"Name": ["Ann", "Ben"], "Pet": ["Cat", "Dog"]},
+ "clues": [{"type": "fixed", "a": "Ann", "house": 1}, {"type": "same_house", "a": "Ann", "b": "Dog"}]}
+```
+"""
+
+
 def test_smoke_tiny(tmp_path, tiny_model_dir):
-    """The tiny preset, shrunk further, on the tiny random model: one iteration of zebra self-play end to end
-    (every record typed and explained), then a resume with nothing left to do."""
+    """The tiny preset, shrunk further, on the tiny random model: one iteration of zebra self-play end to end,
+    then a resume with nothing left to do. The random model is SFT-primed (--proposer-sft-steps, difference 13)
+    on the worked example of a one-package library, the smallest puzzle the runtime accepts; the test fails
+    unless proposals pass every gate (valid), D(t) is not empty and the solver takes its GRPO step on it."""
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "zebra_tiny.md").write_text(TINY_ZEBRA_PACKAGE)
+    run = tmp_path / "run"
     flags = ["--family", "zebra", "--preset", "tiny", "--model", tiny_model_dir, "--no-autocast", "--T", "1",
-             "--proposer-prompts", "2", "--proposer-G", "2", "--proposer-max-new-tokens", "64", "--max-new-tokens", "48",
+             "--library", str(tmp_path / "lib"), "--proposer-sft-steps", "150", "--proposer-sft-lr", "1e-2",
+             "--proposer-prompts", "2", "--proposer-G", "2", "--proposer-max-new-tokens", "100", "--max-new-tokens", "48",
              "--solver-steps", "1", "--K", "2", "--zebra-eval-per-scale", "1", "--zebra-eval-scales", "small",
              "--rg-eval-n", "1", "--induce-min", "1", "--controller-max-new-tokens", "32", "--collect-prompts", "1",
-             "--sampler", "hf", "--no-plots", "--run-dir", str(tmp_path)]
+             "--sampler", "hf", "--no-plots", "--run-dir", str(run)]
     out = S.main(flags)
     assert [name for name, _ in out["history"]] == ["base", "iter 1"]
     assert 0.0 <= out["history"][-1][1]["zebra_grid"] <= 1.0
     row = out["rows"][0]
-    assert row["lib_size"] >= 1 and row["n_proposals_parsed"] + row["n_proposals_unparsed"] == 2 * 2 + 1 * 2
-    recs = [json.loads(line) for line in open(tmp_path / "records" / "iter_0.jsonl")]
+    assert row["n_proposals_parsed"] + row["n_proposals_unparsed"] == 2 * 2 + 1 * 2
+    assert row["n_accepted_skill"] + row["n_accepted_explore"] >= 1, row   # some proposal passed every gate
+    assert row["pool_size"] >= 1 and row["lib_size"] >= 1
+    assert json.loads(open(run / "proposer_sft" / "metrics.jsonl").readlines()[-1])["sft_loss"] < 0.5
+    (step,) = [json.loads(line) for line in open(run / "solver" / "metrics.jsonl")]
+    assert step["n_tokens"] > 0 and step["skipped"] == 0.0                  # the solver trained on D(t)
+    recs = [json.loads(line) for line in open(run / "records" / "iter_0.jsonl")]
     assert len(recs) == row["n_proposals_parsed"]
+    assert sum(r["valid"] for r in recs) == row["n_accepted_skill"] + row["n_accepted_explore"]
     assert all(r["reject"] in (None,) + S.REJECT_TYPES and (r["valid"] or r["why"]) for r in recs)
-    assert os.path.exists(tmp_path / "solver" / "ckpt" / "state.pt")
-    assert os.path.exists(tmp_path / "library" / "iter_1" / "stats.json")
-    with open(tmp_path / "metrics.jsonl") as f:
+    assert os.path.exists(run / "solver" / "ckpt" / "state.pt")
+    assert os.path.exists(run / "library" / "iter_1" / "stats.json")
+    with open(run / "metrics.jsonl") as f:
         assert json.loads(f.readline())["iteration"] == 1
     again = S.main(flags + ["--resume"])  # nothing left to do: the saved history comes back
     assert [name for name, _ in again["history"]] == ["base", "iter 1"]
