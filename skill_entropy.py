@@ -34,7 +34,11 @@ Differences from the paper:
     the template proposer; the output records which proposer made each task.
  2. Seeds: reasoning-gym generators (math, logic, planning, extraction) and HumanEval
     (coding) with small configs; science uses a 20-question multiple-choice set written
-    for this project (data/skill_entropy/science_mc.jsonl). 33 curated skills, not 558.
+    for this project (data/skill_entropy/science_mc.jsonl). 36 curated skills, not 558.
+    The sources were screened once by the embedded model's single-question accuracy
+    (data/skill_entropy/screen.py → screen.json; each bank skill records screen_acc):
+    math, logic and extraction lead with two seeds in or next to [0.2, 0.7]; planning
+    has one, coding (1 of 80 HumanEval problems) and science (0 %) none.
  3. The curated bank is the default; `bank` runs the labelling pipeline (3–5 labels per
     seed, MiniLM embeddings, greedy average-link clustering at --cluster-threshold) and
     writes bank_labelled.json for review; no manual review step is automated.
@@ -82,10 +86,11 @@ Differences from the paper:
     namespaces (pid, network, mount), a fresh unprivileged uid, rlimits, an empty
     environment and a temporary folder, with an audit hook as defence in depth; see
     sandbox.py and the README's Sandbox section.
-13. Scale: the tiny preset keeps one skill per domain (9 skills; --skills-per-domain 0 uses
-    all 33) and one Monte-Carlo sample per Acc cell, so its SkE table is very noisy; Acc
-    cells are pooled over every chain that covers them and a (d, s) cell gets its own
-    chains only when no pooled chain reached it (≈ 2·|S|·|D| generations, as in B.4).
+13. Scale: the tiny preset keeps three verifiable domains with two screened skills each
+    (--domains, --skills-per-domain; 0 uses all 36) and 8 chains per Acc cell; Acc(s, d)
+    pools the chains s → (each skill of d in turn) and Acc(d, s) the same chains seen from
+    their second skill (|S|·|D|·acc_samples chains, as in B.4), plus |S|·acc_samples for
+    Acc(s) and direct_pairs·acc_samples for the Eq. (3) check.
 14. Frozen models (reference, proposer, verifier, judge, teacher) run in bf16
     (--frozen-dtype); only rank 0 runs the bank/ske/synth/bench/label stages, and SFT
     examples are not sharded over ranks.
