@@ -94,3 +94,16 @@ ske-seed-%: install
 	$(BIN)/python skill_entropy.py train --preset tiny --seed $* --run-dir runs/ske-seed$*
 ske-seeds: $(addprefix ske-seed-,$(SKE_SEEDS))
 	$(BIN)/python skill_entropy.py compare --compare-runs "$(addprefix runs/ske-seed,$(SKE_SEEDS))"
+
+# TalentRL's Table 1 over seeds: one process per seed (run them one at a time on a small machine,
+# e.g. `make talentrl-seed-1`), then `make talentrl-seeds` aggregates mean ± sd (and runs what is missing).
+TALENTRL_SEEDS ?= 0 1 2
+talentrl-seed-%: install
+	mkdir -p runs/talentrl-seeds
+	set -o pipefail; $(BIN)/python talentrl.py --preset tiny --seed $* --run-dir runs/talentrl-seeds/seed$* 2>runs/talentrl-seeds/seed$*.err | tee runs/talentrl-seeds/seed$*.log
+
+talentrl-seeds: $(foreach s,$(TALENTRL_SEEDS),runs/talentrl-seeds/seed$(s)/results.json)
+	$(BIN)/python talentrl.py --aggregate $(foreach s,$(TALENTRL_SEEDS),runs/talentrl-seeds/seed$(s))
+
+runs/talentrl-seeds/seed%/results.json:
+	$(MAKE) talentrl-seed-$*

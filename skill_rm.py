@@ -71,7 +71,7 @@ Differences from the paper:
      The plain judge therefore answers at once (no explanation first) and gives a
      0-1 score like the skill contract (MT-Bench: a 0-10 rating after reasoning).
   9. Judge SFT warm-up (`--judge-sft-steps`, on in tiny): constrained decoding
-     alone leaves the 135M judge at chance, so each judge is first fine-tuned on
+     alone is expected to leave the 135M judge near chance (not measured yet), so each judge is first fine-tuned on
      scripted traces (use_skill → run_verifier → final_answer with the known
      label; the plain judge: the final answer alone) from a split the benchmark,
      pools and RL prompts never use (`sft_items`); the baseline gets the same

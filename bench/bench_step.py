@@ -1,55 +1,113 @@
-"""One full GRPO step (generate + score + update): grpo.py against Hugging Face TRL's GRPOTrainer.
+"""One full GRPO step (generate + score + update): grpo.py against Hugging Face TRL's GRPOTrainer, and
+grpo.py's update phase against a bare forward+backward — every ratio printed side by side in one run.
 
     .venv/bin/python -m pip install trl      # `make bench` does this
-    .venv/bin/python bench/bench_step.py [--prompts 4] [--G 4] [--max-new-tokens 32] [--steps 3]
+    .venv/bin/python bench/bench_step.py [--lengths 32 128] [--prompts 4] [--G 4] [--steps 3]
+    .venv/bin/python bench/bench_step.py --only vllm --max-new-tokens 128    # one configuration, one JSON line
 
 Same model, prompts (the toy addition task), G, completion length, temperature,
 reward, β, AdamW learning rate and loss aggregation (token mean = TRL "dapo"), one
 prompt batch per step, and the whole batch in one forward (micro-batch = P·G).
-Both sample with HF `generate` here (TRL's colocated vLLM needs a GPU), so the ratio
-compares the trainers, not the engines; grpo.py with its vLLM sampler is a third line.
-Precision matches too: bf16 autocast over fp32 weights in both (--no-autocast: fp32 in both).
+TRL samples with HF `generate` (its colocated vLLM needs a GPU); grpo.py runs once with
+HF `generate` (the trainers compared on the same engine) and once with its vLLM sampler.
+Precision: each trainer's mixed precision with fp32 master weights — grpo.py's default
+--precision bf16 (bf16 weights, fp32 master copy and AdamW moments), TRL's `bf16=True`
+(bf16 autocast over fp32 weights); --precision fp32 runs both in fp32.
+
+Update phase: grpo_update's wall time against a bare forward+backward of the same
+micro-batches with bf16 weights (a mean of the same completion logits as the loss), plus one
+π_ref forward when β > 0, and no optimizer step; the ratio is bare time ÷ update time.
+
+Each (trainer, length) runs in a fresh child process: vLLM's in-process engine pins
+torch's thread settings for the rest of its process, and a child's memory is returned.
 The first step of each is warm-up and not timed."""
 import argparse
+import json
 import os
 import random
+import subprocess
 import sys
 import time
+
+import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import grpo  # noqa: E402
 
 p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 grpo.add_grpo_args(p)
-p.add_argument("--prompts", type=int, default=4)
+p.add_argument("--prompts", type=int, default=4, help="P, prompts per step")
 p.add_argument("--steps", type=int, default=3, help="timed steps (plus one warm-up)")
-p.set_defaults(G=4, max_new_tokens=32, temperature=0.7, lr=1e-5, beta=0.04)
+p.add_argument("--lengths", type=int, nargs="+", default=[32, 128], help="completion lengths (--max-new-tokens) to run")
+p.add_argument("--trainers", nargs="+", default=["trl", "hf", "vllm"], choices=["trl", "hf", "vllm"], help="which lines to run")
+p.add_argument("--only", choices=["trl", "hf", "vllm"], help="child mode: run this trainer at --max-new-tokens, print one RESULT line")
+p.set_defaults(G=4, temperature=0.7, lr=1e-5, beta=0.04)
 args = p.parse_args()
 args.micro_batch = args.prompts * args.G
-dist = grpo.setup_distributed()
-rng = random.Random(0)
-problems = [grpo.toy_problem(rng) for _ in range(args.prompts * (args.steps + 1))]
+
+
+def problems():
+    rng = random.Random(0)
+    return [grpo.toy_problem(rng) for _ in range(args.prompts * (args.steps + 1))]
+
+
+def bare_update(model, ref, rollouts, dist):
+    """The floor for an update: forward+backward of the same micro-batches (bf16 weights), π_ref forward if β > 0."""
+    rows = [(r.prompt_ids, r.ids, r.mask, [0.0] * len(r.ids)) for r in rollouts if sum(r.mask) > 0]
+    t0 = time.perf_counter()
+    for i in range(0, len(rows), args.micro_batch):
+        b = grpo.collate(rows[i:i + args.micro_batch], 0, dist.device)
+        ids, attn = b["input_ids"], b["attention_mask"]
+        before = torch.arange(b["start"] - 1, ids.shape[1] - 1)
+        if args.beta > 0:
+            with torch.no_grad():
+                ref(input_ids=ids, attention_mask=attn, logits_to_keep=before)
+        model(input_ids=ids, attention_mask=attn, logits_to_keep=before).logits.mean().backward()
+    model.zero_grad(set_to_none=True)
+    return time.perf_counter() - t0
+
+
+def padded_share(rollouts, size, by_length):
+    """Share of the (B, L) positions of micro-batches of `size` that are padding, in rollout order or sorted by length."""
+    lens = sorted(len(r.prompt_ids) + len(r.ids) for r in rollouts) if by_length else \
+        [len(r.prompt_ids) + len(r.ids) for r in rollouts]
+    chunks = [lens[i:i + size] for i in range(0, len(lens), size)]
+    return 1 - sum(map(sum, chunks)) / sum(len(c) * max(c) for c in chunks)
 
 
 def ours(sampler_name):
+    dist = grpo.setup_distributed()
     grpo.seed_everything(args.seed)
-    model, tok = grpo.load_model(args.model, dist)
-    ref = grpo.load_model(args.model, dist, trainable=False)[0]
+    model, tok = grpo.load_policy(args, dist)
+    ref = grpo.load_model(args.model, dist, args.dtype, trainable=False)[0]
     opt = grpo.make_optimizer(model, args)
+    # the bare reference always has bf16 weights (the policy itself under --precision bf16)
+    bare_model = model if args.precision == "bf16" else grpo.load_model(args.model, dist, "bfloat16")[0]
+    bare_ref = ref if args.dtype == "bfloat16" else grpo.load_model(args.model, dist, "bfloat16", trainable=False)[0]
     args.sampler = sampler_name
     sampler = grpo.make_sampler(args, model, tok, dist)
-    times = []
+    probs = problems()
+    steps, updates, bares, tokens, pads = [], [], [], [], []
     for step in range(args.steps + 1):
         t0 = time.perf_counter()
-        batch = problems[step * args.prompts:(step + 1) * args.prompts]
+        batch = probs[step * args.prompts:(step + 1) * args.prompts]
         prompts = [grpo.chat_ids(tok, [{"role": "user", "content": q}]) for q, _ in batch]
         rollouts = grpo.sample_group_rollouts(sampler, prompts, args.G, args)
         for r in rollouts:
             r.reward = grpo.toy_reward(r.text, batch[r.group][1])
+        t1 = time.perf_counter()
         grpo.grpo_update(model, ref, opt, rollouts, args, dist)
+        t2 = time.perf_counter()
         sampler.sync(model)
-        times.append(time.perf_counter() - t0)
-    return sum(times[1:]) / args.steps
+        steps.append(time.perf_counter() - t0)
+        updates.append(t2 - t1)
+        bares.append(bare_update(bare_model, bare_ref, rollouts, dist))  # outside the step's clock
+        tokens.append(sum(len(r.ids) for r in rollouts))
+        half = max(1, len(rollouts) // 2)  # two micro-batches, as in grpo.py's tiny preset
+        pads.append((padded_share(rollouts, half, False), padded_share(rollouts, half, True)))
+    mean = lambda xs: sum(xs[1:]) / args.steps  # noqa: E731, the timed steps
+    return {"step": mean(steps), "update": mean(updates), "bare": mean(bares), "tokens": mean(tokens),
+            "pad_in_order": mean([a for a, _ in pads]), "pad_sorted": mean([b for _, b in pads])}
 
 
 def trl():
@@ -57,7 +115,7 @@ def trl():
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
     path = grpo.resolve_model(args.model)
-    ds = datasets.Dataset.from_list([{"prompt": [{"role": "user", "content": q}], "answer": a} for q, a in problems])
+    ds = datasets.Dataset.from_list([{"prompt": [{"role": "user", "content": q}], "answer": a} for q, a in problems()])
 
     def reward(completions, answer, **kw):
         return [grpo.toy_reward(c[0]["content"], a) for c, a in zip(completions, answer)]
@@ -74,24 +132,52 @@ def trl():
     cfg = GRPOConfig(output_dir="/tmp/nanoskill-bench-trl", per_device_train_batch_size=args.prompts * args.G,
                      num_generations=args.G, max_completion_length=args.max_new_tokens, temperature=args.temperature,
                      top_k=0, beta=args.beta, learning_rate=args.lr, loss_type="dapo", epsilon=args.eps_low,
-                     max_steps=args.steps + 1, gradient_accumulation_steps=1, use_cpu=True, bf16=args.autocast,
+                     max_steps=args.steps + 1, gradient_accumulation_steps=1, use_cpu=True, bf16=args.precision != "fp32",
                      logging_steps=1, save_strategy="no", report_to=[], shuffle_dataset=False, seed=args.seed,
                      lr_scheduler_type="constant", weight_decay=args.weight_decay, max_grad_norm=args.grad_clip)
     model = AutoModelForCausalLM.from_pretrained(path, dtype="float32")
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=cfg, train_dataset=ds,
                           processing_class=AutoTokenizer.from_pretrained(path), callbacks=[Clock()])
     trainer.train()
-    return sum(times[1:]) / args.steps
+    return {"step": sum(times[1:]) / args.steps}
 
 
-t_trl = trl()
-t_ours = ours("hf")
-print(f"TRL GRPOTrainer      {t_trl:7.2f} s/step")
-print(f"grpo.py (HF sampler) {t_ours:7.2f} s/step   speed-up over TRL {t_trl / t_ours:.2f}x")
-try:
-    t_vllm = ours("vllm")
-    print(f"grpo.py (vLLM)       {t_vllm:7.2f} s/step   speed-up over TRL {t_trl / t_vllm:.2f}x")
-except Exception as e:  # no vLLM on this machine
-    print(f"grpo.py (vLLM)       unavailable: {type(e).__name__}")
-print(f"({args.prompts} prompts x G={args.G}, {args.max_new_tokens} new tokens, T={args.temperature}, beta={args.beta}, "
-      f"lr={args.lr}, loss token-mean, {args.steps} timed steps)")
+if args.only:  # child: one configuration
+    res = trl() if args.only == "trl" else ours(args.only)
+    print("RESULT " + json.dumps(res), flush=True)
+    sys.exit(0)
+
+results = {}
+for n in args.lengths:
+    for t in args.trainers:
+        t0 = time.perf_counter()
+        out = subprocess.run([sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--only", t, "--max-new-tokens", str(n)],
+                             capture_output=True, text=True)
+        line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
+        results[n, t] = json.loads(line[-1][len("RESULT "):]) if line else None
+        status = "ok" if line else "failed: " + (out.stderr.strip().splitlines() or ["?"])[-1][:200]
+        print(f"  ran {t:4s} at {n:3d} new tokens in {time.perf_counter() - t0:5.0f} s: {status}", file=sys.stderr, flush=True)
+
+
+def cell(n, t, key="step"):
+    r = results.get((n, t))
+    return f"{r[key]:6.2f}" if r else "     –"
+
+
+def ratio(a, b):
+    return f"{a / b:5.2f}x" if a and b else "    –"
+
+
+print(f"{args.prompts} prompts x G={args.G}, T={args.temperature}, beta={args.beta}, lr={args.lr}, token-mean loss, "
+      f"--precision {args.precision} (TRL bf16={args.precision != 'fp32'}), {args.steps} timed steps after one warm-up")
+print("new tok | TRL s/step | ours HF s/step  vs TRL | ours vLLM s/step  vs TRL | update s  bare s  bare/update (vLLM run)")
+for n in args.lengths:
+    trl_s = (results.get((n, "trl")) or {}).get("step")
+    hf, vl = results.get((n, "hf")) or {}, results.get((n, "vllm")) or {}
+    print(f"{n:7d} | {cell(n, 'trl'):>10s} | {cell(n, 'hf'):>14s}  {ratio(trl_s, hf.get('step')):>6s} | "
+          f"{cell(n, 'vllm'):>16s}  {ratio(trl_s, vl.get('step')):>6s} | {cell(n, 'vllm', 'update'):>8s}  "
+          f"{cell(n, 'vllm', 'bare'):>6s}  {ratio(vl.get('bare'), vl.get('update')):>6s}")
+for n in args.lengths:
+    if vl := results.get((n, "vllm")):
+        print(f"{n} new tokens, vLLM run: {vl['tokens']:.0f} completion tokens/step; padding in 2 micro-batches: "
+              f"{vl['pad_in_order']:.0%} of positions in rollout order, {vl['pad_sorted']:.0%} sorted by length")

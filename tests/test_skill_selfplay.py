@@ -809,7 +809,7 @@ def prime(model, tok, family, task, steps=100):
     a mix of reward-1 and reward-0 answers: a group whose rewards vary, hence a nonzero GRPO gradient."""
     import torch
     from grpo import Dist, sft_update
-    args = type("A", (), {"micro_batch": 8, "autocast": False, "grad_clip": 1.0})()
+    args = type("A", (), {"micro_batch": 8, "precision": "fp32", "grad_clip": 1.0})()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
     prompt = S.chat_ids(tok, S.solver_messages(family, task["task"]))
     examples = [(prompt, tok.encode(text, add_special_tokens=False) + [tok.eos_token_id])

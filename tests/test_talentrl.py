@@ -1,5 +1,6 @@
 """Tests for talentrl.py: the equations against hand values, the search world,
 the parsers, and a tiny end-to-end run on one and on two gloo ranks."""
+import argparse
 import json
 import os
 import subprocess
@@ -11,6 +12,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
 import talentrl as T  # noqa: E402
 
 
@@ -141,6 +143,8 @@ def _naive_answer(w, q):
     """Recompute the gold answer of a question from the structured world with a plain loop."""
     e = [w[i] for i in q["support"]]
     text, t = q["question"], q["qtype"]
+    if text.startswith("Whose creator"):  # a bridge on each side, then compare the creators' birth years
+        return min(e[:2], key=lambda x: w[x["creator"]]["born"])["name"]
     if t == "comparison":
         key = "born" if "born" in text else "founded" if "founded" in text else "population"
         pick = max if key == "population" else min
@@ -229,8 +233,9 @@ def test_skillbank_and_talents_load(tmp_path):
     f = tmp_path / "bank.json"
     f.write_text(json.dumps(other))
     b2, m2 = T.load_skillbank(f)
-    assert [s["skill_id"] for s in b2] == ["g1", "w1"] and b2[1]["category"] == "webshop" and m2 == []
-    assert all(t["skills"] == [] for t in T.load_talents(T.DATA / "talents.json", b2))
+    assert [s["skill_id"] for s in b2] == ["g1", "w1"] and b2[1]["category"] == "webshop" and m2 == other
+    with pytest.warns(UserWarning, match="talent_bridge_entity: links to .*'mul_005'"):
+        assert all(t["skills"] == [] for t in T.load_talents(T.DATA / "talents.json", b2))
     T.save_skillbank(tmp_path / "out.json", b2, m2)
     assert T.load_skillbank(tmp_path / "out.json")[0] == b2
 
@@ -259,9 +264,12 @@ def test_scripted_teacher_reads_facts():
     doc = ("<information>Doc 1: The Iron Tide. The Iron Tide is an album released in 1950 by the composer Ka Vel. "
            "Doc 2: Ka Vel (composer). Ka Vel was a composer born in 1920 in Osk, Dalmiria. Known works: The Iron Tide.</information>")
     facts = T.read_facts(doc)
-    assert T.scripted_answer("How old was the creator of The Iron Tide in the year it was released?", facts) == "30"
-    assert T.scripted_answer("Where was the creator of the album The Iron Tide born?", facts) == "Osk"
-    assert T.scripted_answer("Where was Nobody born?", facts) is None
+    assert T.scripted_answer("How old was the creator of The Iron Tide in the year it was released?", facts, {"arith"}) == "30"
+    assert T.scripted_answer("Where was the creator of the album The Iron Tide born?", facts, {"follow"}) == "Osk"
+    # without the talent's move the teacher reads naively: a year copied instead of the age computed
+    assert T.scripted_answer("How old was the creator of The Iron Tide in the year it was released?", facts) == "1950"
+    assert T.scripted_answer("Where was Nobody born?", facts, {"check"}) is None  # verification checks the name
+    assert T.scripted_answer("Where was Nobody born?", facts) == "Osk"  # the naive reader does not
 
 
 def test_phase1_keeps_positive_utility_tasks_with_routing_and_execution_targets(embedder):
@@ -271,8 +279,8 @@ def test_phase1_keeps_positive_utility_tasks_with_routing_and_execution_targets(
     W = T.World(args, embedder)
     tok = AutoTokenizer.from_pretrained(grpo.resolve_model("embedded"))
     tasks = [q for s in T.TRAIN_SPLITS for q in W.questions[s]["train"]]
-    talent_rows, ref_rows, strip_rows, st = T.build_sft_data(None, tok, W, tasks, args)
-    assert st["n_kept"] == len(talent_rows) == len(strip_rows) >= 1
+    talent_rows, ref_rows, st = T.build_sft_data(None, tok, W, tasks, args)
+    assert st["n_kept"] == len(talent_rows) >= 1 and ref_rows
     assert sum(st["chosen"].values()) == st["n_kept"]
     for p, ids, mask in talent_rows:
         trained = tok.decode([i for i, m in zip(ids, mask) if m])
@@ -280,8 +288,8 @@ def test_phase1_keeps_positive_utility_tasks_with_routing_and_execution_targets(
         assert T.parse_route(route, set(W.by_id)) in st["chosen"]  # routing target: <think>…</think><talent>c*</talent>
         assert "<answer>" in trained and "<information>" not in trained and "Talent guidance" not in trained
         assert "Talent guidance" in tok.decode(ids)  # the context is in the row, masked
-    for p, ids, mask in strip_rows:
-        assert "Talent guidance" not in tok.decode(p) and "<talent>" not in tok.decode(ids)
+    for p, ids, mask in ref_rows:  # the original rows: similarity skills, no talent, a correct answer
+        assert "Talent guidance" not in tok.decode(p + ids) and "<talent>" not in tok.decode(p + ids)
 
 
 class ScriptedSampler:
@@ -331,15 +339,248 @@ def test_eq10_to_eq14_in_talentrl_rollouts(embedder):
     assert 0 in anchor.mask and all(a == 0.0 for a, m in zip(anchor.adv, anchor.mask) if not m)
 
 
-# ----- smoke: tiny end to end, one process and two gloo ranks -----
-SMOKE = ["--preset", "tiny", "--n-test", "1", "--sft-tasks", "6", "--n-train", "5", "--rl-steps", "1",
-         "--tasks-per-step", "2", "--G", "2", "--max-new-tokens", "16", "--route-max-tokens", "16",
-         "--max-steps", "2", "--evolve-every", "1", "--val-tasks", "2", "--evolve-max-tokens", "16", "--sampler", "hf"]
+# ----- issue #10: token budgets, no shaping, SkillRL banks, greedy eval, disjoint pools, SFT sets, teacher -----
+@pytest.fixture(scope="module")
+def tiny_world(embedder):
+    args = T.parse_with_preset(T.build_parser(), T.PRESETS, argv=["--preset", "tiny"])
+    return args, T.World(args, embedder)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from transformers import AutoTokenizer
+    import grpo
+    return AutoTokenizer.from_pretrained(grpo.resolve_model("embedded"))
+
+
+def _runs_of_ones(mask):
+    runs, n = [], 0
+    for m in mask + [0]:
+        if m:
+            n += 1
+        elif n:
+            runs.append(n)
+            n = 0
+    return runs
+
+
+@pytest.mark.parametrize("preset", list(T.PRESETS))
+def test_every_sft_target_fits_its_token_budget(preset, tiny_world, tok):
+    args = T.parse_with_preset(T.build_parser(), T.PRESETS, argv=["--preset", preset])
+    _, W = tiny_world
+    # routing: <think>rationale</think><talent>id</talent> must end before route_max_tokens
+    for t in W.talents:
+        assert len(tok.encode(T.route_target(t), add_special_tokens=False)) <= args.route_max_tokens, t["talent_id"]
+    # execution: every teacher action (one generated segment) fits max_new_tokens, for every talent and none
+    tasks = [q for s in T.SPLITS for q in W.questions[s]["test"][:6]]
+    for tid in [None] + list(W.by_id):
+        res = T.run_episodes(None, tok, W, tasks, [dict(talent=tid, k=args.K, teacher=True)] * len(tasks),
+                             argparse.Namespace(**{**vars(tiny_world[0]), "teacher": "scripted"}), 1.0)
+        longest = max(n for r in res for n in _runs_of_ones(r["mask"]))
+        assert longest <= args.max_new_tokens, (preset, tid, longest)
+
+
+@pytest.mark.parametrize("preset", list(T.PRESETS))
+def test_return_is_the_task_score_alone_by_default(preset):
+    # App. D.2: no shaping; a penalty would also leak into routing credit (0 vs −0.1 passes η = 0.1)
+    args = T.parse_with_preset(T.build_parser(), T.PRESETS, argv=["--preset", preset])
+    ep = T.new_episode(dict(question="q", answer="Velm"))
+    T.env_reply(ep, "no action", lambda q: [], 4)
+    T.env_reply(ep, "<answer>Velm</answer>", lambda q: [], 4)
+    assert ep["n_invalid"] == 1 and T.episode_return(ep, args.invalid_penalty) == 1.0
+    ep = T.new_episode(dict(question="q", answer="Velm"))
+    T.env_reply(ep, "no action", lambda q: [], 1)
+    assert T.episode_return(ep, args.invalid_penalty) == 0.0
+
+
+def _skill(i, **extra):
+    return dict(skill_id=f"s{i}", title=f"title {i}", principle=f"principle {i}", when_to_apply=f"when {i}", **extra)
+
+
+@pytest.mark.parametrize("section", ["query_type_skills", "task_specific_skills"])
+def test_skillrl_bank_layouts_load_whole_and_round_trip(section, tmp_path):
+    # SkillRL's search bank keeps per-type skills under query_type_skills, its ALFWorld bank under
+    # task_specific_skills; both carry fields the loader does not use (metadata, extra skill keys)
+    raw = {"metadata": {"source": "skillrl", "version": 3}, "general_skills": [_skill(0), _skill(1, source_type="x")],
+           section: {"multi_hop": [_skill(2), _skill(3)], "comparison": [_skill(4)], "empty": []},
+           "common_mistakes": [{"mistake_id": "m1", "description": "d"}]}
+    f = tmp_path / "bank.json"
+    f.write_text(json.dumps(raw))
+    bank, kept = T.load_skillbank(f)
+    assert [s["skill_id"] for s in bank] == [f"s{i}" for i in range(5)]
+    assert [s["category"] for s in bank] == ["general", "general", "multi_hop", "multi_hop", "comparison"]
+    T.save_skillbank(tmp_path / "out.json", bank, kept)
+    assert json.loads((tmp_path / "out.json").read_text()) == raw  # a load → save round trip changes nothing
+    # a skill added by evolution joins the bank's own per-type section
+    T.save_skillbank(tmp_path / "grown.json", bank + [dict(_skill(9), category="bridge")], kept)
+    grown = json.loads((tmp_path / "grown.json").read_text())
+    assert grown[section]["bridge"] == [_skill(9)] and set(grown) == set(raw)
+    # talent links to skills of the per-type section survive; a missing one is named in a warning
+    talents = tmp_path / "talents.json"
+    talents.write_text(json.dumps([dict(talent_id="talent_x", description="d", guidance="g", skills=["s2", "s4", "gone"])]))
+    with pytest.warns(UserWarning, match=r"talent_x: links to \['gone'\]"):
+        assert T.load_talents(talents, bank)[0]["skills"] == ["s2", "s4"]
+
+
+class RecordingSampler:
+    """Records the temperatures it is asked for; routes and answers with fixed strings."""
+
+    def __init__(self, tok):
+        self.tok, self.temps = tok, []
+
+    def generate(self, prompts, n, max_new_tokens, temperature, top_p=1.0, stop=None, json_schema=None):
+        from grpo import Sample
+        self.temps.append(temperature)
+        reply = ("<think>x</think><talent>talent_verification</talent>" if stop == ["</talent>"]
+                 else "<answer>nobody</answer>")
+        return [[Sample(self.tok.encode(reply, add_special_tokens=False), reply)] * n for _ in prompts]
+
+    def sync(self, model):
+        pass
+
+
+@pytest.mark.parametrize("preset", list(T.PRESETS))
+def test_evaluation_is_greedy_by_default(preset, tiny_world, tok):
+    args = T.parse_with_preset(T.build_parser(), T.PRESETS, argv=["--preset", preset])
+    _, W = tiny_world
+    args = argparse.Namespace(**{**vars(tiny_world[0]), "eval_temperature": args.eval_temperature,
+                                 "route_temperature": args.route_temperature})
+    s = RecordingSampler(tok)
+    out, _ = T.evaluate(s, tok, W, W.questions["nq"]["test"][:3], True, args, T.setup_distributed())
+    assert s.temps and set(s.temps) == {0.0}  # routing and execution
+    assert out["route_valid"] == 100.0 and out["talents"]["nq"] == {"talent_verification": 3}
+
+
+def test_sft_and_rl_pools_are_disjoint_or_a_clear_error():
+    sft, rl = T.split_pools(list(range(10)), 4)
+    assert sft == [0, 1, 2, 3] and rl == [4, 5, 6, 7, 8, 9]
+    for n in (10, 12, 0):
+        with pytest.raises(ValueError, match="disjoint"):
+            T.split_pools(list(range(10)), n)
+    for preset, cfg in T.PRESETS.items():  # every preset leaves an RL pool
+        assert cfg["sft_tasks"] < cfg["n_train"] * len(T.TRAIN_SPLITS), preset
+
+
+def test_skillrl_sft_sees_the_original_rows_only():
+    orig, talent = [("p", "orig", [1])], [("p", "talent", [1])]
+    for init in ("pi0", "skillrl-sft"):
+        sets = T.sft_sets(orig, talent, init)
+        assert sets["skillrl-sft"] == orig
+    assert T.sft_sets(orig, talent, "pi0")["talentrl-sft"] == orig + talent  # Search7: augmented data from π_0
+    assert T.sft_sets(orig, talent, "skillrl-sft")["talentrl-sft"] == talent  # ALFWorld: on top of SkillRL-SFT
+
+
+def test_eq8_scripted_teacher_can_choose_every_talent(tiny_world, tok):
+    args, W = tiny_world
+    tasks = [q for s in T.SPLITS for q in W.questions[s]["test"]]
+    _, _, st = T.build_sft_data(None, tok, W, tasks, args)
+    assert set(st["chosen"]) == set(W.by_id)
+    # each question type goes mostly to the talent meant for it
+    meant = {"single": "talent_verification", "constrained": "talent_constraint", "bridge": "talent_bridge_entity",
+             "comparison": "talent_comparison", "temporal": "talent_temporal_numeric",
+             "disambiguation": "talent_disambiguation", "longtail": "talent_longtail"}
+    for qtype, counts in st["by_qtype"].items():
+        assert max(counts, key=counts.get) == meant[qtype], (qtype, counts)
+
+
+def test_eq10_eq14_invalid_anchor_route_keeps_execution_advantages(embedder, tok):
+    from talentrl_ddp_check import ScriptedPolicy
+    args = T.parse_with_preset(T.build_parser(), T.PRESETS, argv=["--preset", "tiny", "--G", "3", "--train-controls"])
+    W = T.World(args, embedder)
+    task = W.questions["hotpotqa"]["train"][0]
+    # route k is invalid for k = 0 (the anchor) and 2, valid for k = 1: only rollout 1 gets guidance and succeeds
+    sampler = ScriptedPolicy(tok, {task["question"]: task["answer"]}, anchor_invalid=True)
+    rollouts, st = T.talentrl_rollouts(sampler, tok, W, [task], args, 0)
+    assert st["route_ok"] == [False, True, False] and st["R_P"] == [0.0, 1.0, 0.0]
+    assert st["A_talent"] == [0.0]  # no routing action was taken: nothing to credit
+    # Eq. (10) over 𝒫 = anchor + ordinary: R = (0, 1, 0), μ = 1/3, σ (Bessel) = 0.577
+    mu, sd = 1 / 3, (((0 - 1 / 3) ** 2 * 2 + (2 / 3) ** 2) / 2) ** 0.5
+    A = [(r - mu) / (sd + args.adv_eps) for r in (0.0, 1.0, 0.0)]
+    for r, a in zip(rollouts[:3], A):
+        n_route = len(tok.encode(ScriptedPolicy.ROUTES[0 if r is rollouts[1] else 1], add_special_tokens=False))
+        route, execution = r.adv[:n_route], [x for x, m in zip(r.adv[n_route:], r.mask[n_route:]) if m]
+        assert route == [0.0] * n_route  # Eq. (14): routing tokens of the anchor get Â_talent = 0, others 0
+        assert execution and execution == [pytest.approx(a)] * len(execution) and a != 0
+    assert all(a == 0.0 for r in rollouts[3:] for a in r.adv)  # controls: 0 everywhere
+
+
+class UtilityTeacher:
+    """A policy teacher whose return depends only on the talent guidance in its context:
+    per question, `always` talents answer correctly every time, `every_other` talents on
+    alternate calls, the rest and the reference (no guidance) never; or all succeed."""
+
+    def __init__(self, tok, W, plans):
+        self.tok, self.W, self.plans, self.calls = tok, W, plans, {}
+
+    def generate(self, prompts, n, max_new_tokens, temperature, top_p=1.0, stop=None, json_schema=None):
+        from grpo import Sample
+        out = []
+        for p in prompts:
+            text = self.tok.decode(p)
+            q, (always, every_other, answer) = next((q, v) for q, v in self.plans.items() if q in text)
+            tid = next((t["talent_id"] for t in self.W.talents if t["guidance"] in text), None)
+            k = self.calls[(q, tid)] = self.calls.get((q, tid), -1) + 1
+            good = always == "all" or tid in always or (tid in every_other and k % 2 == 0)
+            reply = f"<answer>{answer if good else 'nobody'}</answer>"
+            out.append([Sample(self.tok.encode(reply, add_special_tokens=False), reply)] * n)
+        return out
+
+
+def test_eq8_phase1_picks_argmax_utility_among_positive(embedder, tok):
+    args = T.parse_with_preset(T.build_parser(), T.PRESETS, argv=["--preset", "tiny", "--teacher", "policy", "--sft-n", "2"])
+    W = T.World(args, embedder)
+    q1, q2, q3, q4 = W.questions["hotpotqa"]["train"][:4]
+    plans = {q1["question"]: ({"talent_comparison"}, {"talent_bridge_entity"}, q1["answer"]),  # ū = 1 vs 0.5
+             q2["question"]: ({"talent_bridge_entity"}, {"talent_comparison", "talent_decomposition"}, q2["answer"]),
+             q3["question"]: (set(), set(), q3["answer"]),  # every ū = 0: dropped
+             q4["question"]: ("all", set(), q4["answer"])}  # the reference succeeds too: ū = 0, dropped
+    talent_rows, orig_rows, st = T.build_sft_data(UtilityTeacher(tok, W, plans), tok, W, [q1, q2, q3, q4], args)
+    assert st["n_kept"] == 2 and st["chosen"] == {"talent_comparison": 1, "talent_bridge_entity": 1}
+    routes = [T.parse_route(tok.decode([i for i, m in zip(ids, mask) if m]).split("</talent>")[0] + "</talent>", set(W.by_id))
+              for _, ids, mask in talent_rows]
+    assert routes == ["talent_comparison", "talent_bridge_entity"]
+    assert len(orig_rows) == 2  # the two successful reference rollouts of q4
+
+
+def test_one_rl_step_two_gloo_ranks_equal_one_process(tiny_model_dir, tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    script = str(ROOT / "tests" / "talentrl_ddp_check.py")
+    subprocess.run([sys.executable, script, tiny_model_dir, str(tmp_path / "one.pt")], check=True, env=env)
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29541", script,
+                    tiny_model_dir, str(tmp_path / "two.pt")], check=True, env=env)
+    one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
+    for k in one["state"]:
+        assert torch.allclose(one["state"][k], two["state"][k], atol=1e-6), k
+    assert one["metrics"]["loss"] == pytest.approx(two["metrics"]["loss"], rel=1e-5)
+    assert one["metrics"]["n_tokens"] == two["metrics"]["n_tokens"] and one["metrics"]["grad_norm"] > 0
+
+
+def test_seed_aggregation_mean_sd_and_orderings(tmp_path, capsys):
+    def result(overall_by_method):
+        return {k: {"success": {sp: v for sp in T.SPLITS}, "single_hop": v, "multi_hop": v, "overall": v}
+                for k, v in overall_by_method.items()}
+    runs = [dict(zip(("skillrl-sft", "talentrl-sft", "talentrl"), v)) for v in ((10, 20, 15), (20, 30, 25), (30, 10, 50))]
+    for i, r in enumerate(runs):
+        (tmp_path / f"s{i}").mkdir()
+        (tmp_path / f"s{i}" / "results.json").write_text(json.dumps(result(r)))
+    out = T.main(["--aggregate"] + [str(tmp_path / f"s{i}") for i in range(3)])
+    assert out["rows"]["TalentRL-SFT (n=3)"]["avg"] == (pytest.approx(20.0), pytest.approx(10.0))  # mean, sd (Bessel)
+    assert out["talentrl-sft > skillrl-sft"] is False and out["talentrl > talentrl-sft"] is True
+    text = capsys.readouterr().out
+    assert "20.0±10.0" in text and "does not hold (20.0 vs 20.0; higher in 2/3 seeds)" in text
+
+
+# ----- smoke: tiny end to end on two gloo ranks, then a resume that recomputes every row -----
+# a short SFT pushed harder (3 epochs over ~12 short rows at 5e-4) so that routing and answers appear in minutes
+SMOKE = ["--preset", "tiny", "--n-test", "2", "--n-train", "10", "--sft-tasks", "12", "--sft-epochs", "3",
+         "--sft-lr", "5e-4", "--max-steps", "2", "--topk-docs", "2", "--K", "2", "--k-reduced", "1",
+         "--rl-steps", "1", "--tasks-per-step", "2", "--G", "2", "--evolve-every", "1",
+         "--val-tasks", "2", "--evolve-max-tokens", "16", "--sampler", "hf"]
 
 
 def _run(cmd, tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1500, env=env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return json.loads((tmp_path / "results.json").read_text()), out.stdout
 
@@ -348,15 +589,22 @@ def test_smoke_tiny_two_rank_gloo_and_resume(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29533",
            "talentrl.py", *SMOKE, "--run-dir", str(tmp_path)]
     res, stdout = _run(cmd, tmp_path)
-    for k in ("zero-shot", "skillrl-sft", "talentrl-sft", "skillrl", "talentrl"):
+    rows = ("skillrl-sft", "talentrl-sft", "talentrl")
+    for k in rows:
         assert set(res[k]["success"]) == set(T.SPLITS) and 0 <= res[k]["overall"] <= 100
-    assert "Table 1" in stdout and "Table 2" in stdout
-    assert (tmp_path / "talent_selection.png").exists()
+    # signal: TalentRL-SFT routes to catalog talents, and the tables are not all zero
+    assert res["talentrl-sft"]["route_valid"] > 0 and res["talentrl"]["route_valid"] > 0
+    assert max(v for k in rows for v in res[k]["success"].values()) > 0
+    assert res["sft_data"]["kept"] > 0 and res["sft_data"]["original_rows"] > 0
+    assert "Table 1" in stdout and "Figure 2a" in stdout and (tmp_path / "talent_selection.png").exists()
     assert (tmp_path / "talentrl" / "ckpt" / "state.pt").exists()
     assert (tmp_path / "talentrl" / "skillbanks" / "step0000.json").exists()
-    rows = [json.loads(l) for l in (tmp_path / "talentrl" / "metrics.jsonl").read_text().splitlines()]
-    assert {"A_talent", "delta_skill", "route_valid", "R_P", "kl"} <= set(rows[0])
-    # resume: everything is done, so nothing is retrained and the results are kept
-    res2, _ = _run([sys.executable, "talentrl.py", *SMOKE, "--run-dir", str(tmp_path), "--resume",
-                    "--arms", "talentrl"], tmp_path)
-    assert res2["talentrl"] == res["talentrl"]
+    metrics = [json.loads(l) for l in (tmp_path / "talentrl" / "metrics.jsonl").read_text().splitlines()]
+    assert {"A_talent", "A_talent_abs", "A_talent_nonzero", "delta_skill", "route_valid", "R_P", "kl"} <= set(metrics[0])
+    # resume with results.json gone: every row is recomputed from the checkpoints (SFT, RL, SkillBank);
+    # evaluation is greedy, so the recomputed tables equal the first run's
+    (tmp_path / "results.json").unlink()
+    res2, _ = _run(cmd + ["--resume"], tmp_path)
+    for k in rows:
+        assert res2[k]["success"] == res[k]["success"] and res2[k]["talents"] == res[k]["talents"], k
+    assert res2["talentrl-sft"].get("resumed") and not (tmp_path / "talentrl" / "skillbanks" / "step0001.json").exists()
