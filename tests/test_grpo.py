@@ -316,6 +316,24 @@ def test_fsdp_resume_and_checkpoints(tiny_model_dir, tmp_path):
     assert type(hf).__name__ == "LlamaForCausalLM" and all(torch.equal(hf.state_dict()[k], a[k]) for k in a)
 
 
+def test_fsdp_vllm_greedy_equals_hf_greedy_after_sync(tmp_path):
+    """FSDP, two gloo ranks, one vLLM engine per rank: after SFT on the sharded model and a sync, vLLM's greedy
+    reply is HF's (a 2-layer random model with vLLM-sized heads; SFT makes the reply a memorised sentence)."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    tok = AutoTokenizer.from_pretrained(grpo.embedded_model_path())
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+                      num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True,
+                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    torch.manual_seed(0)
+    LlamaForCausalLM(cfg).save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+    _torchrun(29529, os.path.join(ROOT, "tests", "fsdp_check.py"), "vllm", str(tmp_path / "m"), str(tmp_path / "out"))
+    for rank in range(2):
+        r = json.loads((tmp_path / f"out.{rank}").read_text())
+        assert "banana split" in r["hf"] and r["hf"] == r["vllm"] and r["same_ids"], r
+        assert r["stale"] == r["before"] and "banana split" not in r["stale"], r  # without the sync vLLM has the old weights
+
+
 def test_resume_matches_uninterrupted_run(tiny_model_dir, tmp_path, monkeypatch):
     # a dense reward so the random tiny model gets a learning signal (the arithmetic reward would be all zero)
     monkeypatch.setattr(grpo, "toy_reward", lambda text, answer: (len(text) % 5) / 4)
