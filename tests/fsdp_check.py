@@ -34,6 +34,7 @@ elif mode == "vllm":
         grpo.sft_update(model, opt, [(q[0], tgt)], args, dist)
     stale = v.generate(q, 1, 12, 0.0)[0][0].text
     v.sync(model)  # all-gathers the shards, then pushes bf16 weights into this rank's engine
+    h.sync(model)  # under FSDP the HF sampler generates from a full copy, refreshed here as in the training loop
     hf, vl = h.generate(q, 1, 12, 0.0)[0][0], v.generate(q, 1, 12, 0.0)[0][0]
     with open(f"{rest[1]}.{dist.rank}", "w") as f:
         json.dump(dict(before=before, stale=stale, hf=hf.text, vllm=vl.text, same_ids=hf.ids == vl.ids), f)
