@@ -572,7 +572,7 @@ def test_seed_aggregation_mean_sd_and_orderings(tmp_path, capsys):
 
 # ----- smoke: tiny end to end on two gloo ranks, then a resume that recomputes every row -----
 # a short SFT pushed harder (3 epochs over ~12 short rows at 5e-4) so that routing and answers appear in minutes
-SMOKE = ["--preset", "tiny", "--n-test", "2", "--n-train", "10", "--sft-tasks", "12", "--sft-epochs", "3",
+SMOKE = ["--preset", "tiny", "--n-test", "2", "--n-train", "60", "--sft-tasks", "48", "--sft-epochs", "4",
          "--sft-lr", "5e-4", "--max-steps", "2", "--topk-docs", "2", "--K", "2", "--k-reduced", "1",
          "--rl-steps", "1", "--tasks-per-step", "2", "--G", "2", "--evolve-every", "1",
          "--val-tasks", "2", "--evolve-max-tokens", "16", "--sampler", "hf"]
