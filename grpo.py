@@ -104,16 +104,18 @@ def add_grpo_args(p):
     g.add_argument("--save-every", type=int, default=10, help="checkpoint every N steps (and at the end)")
 
 
-def parse_with_preset(parser, presets, default="tiny", argv=None):
-    """`--preset NAME` sets defaults from the script's presets; explicit flags still win."""
+def parse_with_preset(parser, presets, default="tiny", argv=None, name=None):
+    """`--preset NAME` sets defaults from the script's presets; explicit flags still win.
+    A flag's own default is the paper's value, so a preset lists only what differs from it.
+    name: the script, for the default run folder runs/<name>-<preset>."""
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--preset", choices=list(presets), default=default)
-    name = pre.parse_known_args(argv)[0].preset
+    preset = pre.parse_known_args(argv)[0].preset
     parser.add_argument("--preset", choices=list(presets), default=default, help="hyperparameter set: " + ", ".join(presets))
-    parser.set_defaults(**presets[name])
+    parser.set_defaults(**presets[preset])
     args = parser.parse_args(argv)
     if args.run_dir is None:
-        args.run_dir = f"runs/{Path(sys.argv[0]).stem}-{name}"
+        args.run_dir = f"runs/{name or Path(parser.prog).stem}-{preset}"
     return args
 
 
@@ -295,11 +297,11 @@ class MasterAdamW(torch.optim.AdamW):
         super().load_state_dict(state)
 
 
-def make_optimizer(model, args):
+def make_optimizer(model, args, lr=None):
     """AdamW (the fused kernel: one pass over the weights, 4-5x the default loop on the 2-core CPU);
-    MasterAdamW (fp32 masters and moments) when the weights are bf16."""
+    MasterAdamW (fp32 masters and moments) when the weights are bf16. lr: a stage's own rate (default args.lr)."""
     opt = MasterAdamW if any(p.dtype == torch.bfloat16 for p in model.parameters()) else torch.optim.AdamW
-    return opt(model.parameters(), lr=args.lr, weight_decay=args.weight_decay, fused=True)
+    return opt(model.parameters(), lr=args.lr if lr is None else lr, weight_decay=args.weight_decay, fused=True)
 
 
 def clip_and_step(model, optimizer, max_norm):
@@ -365,6 +367,24 @@ def reduce_metrics(metrics, dist):
 def barrier(dist):
     if dist.world > 1:
         torch_dist.barrier()
+
+
+def gather_objects(items, dist):
+    """Every rank's list of Python objects, concatenated in rank order, on every rank (a copy for one process)."""
+    if dist.world == 1:
+        return list(items)
+    parts = [None] * dist.world
+    torch_dist.all_gather_object(parts, list(items))
+    return [x for part in parts for x in part]
+
+
+def broadcast_object(obj, dist, src=0):
+    """Rank src's Python object on every rank (the object itself for one process)."""
+    if dist.world == 1:
+        return obj
+    box = [obj if dist.rank == src else None]
+    torch_dist.broadcast_object_list(box, src=src)
+    return box[0]
 
 # ----- sampling -----
 
@@ -440,11 +460,11 @@ class HFSampler:
 class VLLMSampler:
     """A vLLM engine colocated in this process; `sync` pushes the trained weights after each update."""
 
-    def __init__(self, model, tok, args, dist):
+    def __init__(self, model, tok, args, dist, max_model_len=None):
         from vllm import LLM
-        self.tok, self.max_len = tok, args.max_model_len
+        self.tok, self.max_len = tok, max_model_len or args.max_model_len
         self.llm = LLM(model=unwrap(model).name_or_path, dtype="bfloat16", enforce_eager=True, seed=args.seed + dist.rank,
-                       kv_cache_memory_bytes=int(args.vllm_kv_gib * 2**30), max_model_len=args.max_model_len,
+                       kv_cache_memory_bytes=int(args.vllm_kv_gib * 2**30), max_model_len=self.max_len,
                        distributed_executor_backend="external_launcher" if dist.world > 1 else None,
                        structured_outputs_config={"backend": "xgrammar", "disable_any_whitespace": True})
         self.sync(model)  # the policy may already differ from the folder (resume, SFT)
@@ -477,10 +497,11 @@ class VLLMSampler:
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
 
 
-def make_sampler(args, model, tok, dist):
+def make_sampler(args, model, tok, dist, max_model_len=None):
+    """--sampler's engine for this model; max_model_len: a vLLM context other than --max-model-len (e.g. a judge's)."""
     if args.sampler in ("auto", "vllm"):
         try:
-            return VLLMSampler(model, tok, args, dist)
+            return VLLMSampler(model, tok, args, dist, max_model_len)
         except Exception as e:  # auto falls back; an explicit --sampler vllm fails loudly
             if args.sampler == "vllm":
                 raise
@@ -509,18 +530,20 @@ def sample_group_rollouts(sampler, prompts, G, args, stop=None, first_group=0, j
             for k, (p, samples) in enumerate(zip(prompts, outs)) for s in samples]
 
 
-def multi_turn_rollouts(sampler, tok, prompts, env_step, max_turns, args, stop=None, groups=None, max_tokens=4096):
+def multi_turn_rollouts(sampler, tok, prompts, env_step, max_turns, args, stop=None, groups=None, max_tokens=4096,
+                        temperature=None):
     """Multi-turn: generate, let `env_step(i, text) -> reply | None` answer, repeat.
 
     Environment replies are tokenised and appended with mask 0, so they are
     context for later turns but never trained on. One rollout per prompt (repeat a
-    prompt G times for a group)."""
+    prompt G times for a group). temperature: other than args.temperature (e.g. greedy evaluation)."""
+    temperature = args.temperature if temperature is None else temperature
     rs = [Rollout(p, [], [], group=g) for p, g in zip(prompts, groups or range(len(prompts)))]
     active = list(range(len(rs)))
     for turn in range(max_turns):
         if not active:
             break
-        outs = sampler.generate([rs[i].prompt_ids + rs[i].ids for i in active], 1, args.max_new_tokens, args.temperature, args.top_p, stop)
+        outs = sampler.generate([rs[i].prompt_ids + rs[i].ids for i in active], 1, args.max_new_tokens, temperature, args.top_p, stop)
         nxt = []
         for i, (s,) in zip(active, outs):
             r = rs[i]
@@ -729,16 +752,17 @@ def grpo_update(model, ref_model, optimizer, rollouts, args, dist):
 # ----- SFT -----
 
 
-def sft_update(model, optimizer, examples, args, dist):
+def sft_update(model, optimizer, examples, args, dist, micro_batch=None):
     """One optimizer step of cross-entropy on the target tokens only (warm-up stages).
-    examples = [(prompt_ids, target_ids)] or [(prompt_ids, target_ids, mask)] for multi-turn targets."""
+    examples = [(prompt_ids, target_ids)] or [(prompt_ids, target_ids, mask)] for multi-turn targets;
+    micro_batch: sequences per forward/backward (default args.micro_batch; fewer for long sequences)."""
     rows = [(e[0], e[1], e[2] if len(e) > 2 else [1] * len(e[1]), [0.0] * len(e[1])) for e in examples if len(e[1])]
     n_tokens = all_reduce_sum([sum(sum(r[2]) for r in rows)], dist)[0]
     if n_tokens == 0:
         return reduce_metrics({"sft_loss": 0.0, "skipped": 1.0}, dist)
     norm = n_tokens / dist.world
     filler = [([0], [0], [0], [0.0])]
-    local = _same_count_on_all_ranks(_micro_batches(rows, args.micro_batch) or [filler], filler, model, dist)
+    local = _same_count_on_all_ranks(_micro_batches(rows, micro_batch or args.micro_batch) or [filler], filler, model, dist)
     optimizer.zero_grad(set_to_none=True)
     total = 0.0
     for j, mb in enumerate(local):

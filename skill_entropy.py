@@ -1137,7 +1137,7 @@ def run_sft(args, dist, tasks, teacher_gen, judge, doms, out_dir, cfg):
         else:
             continue
         examples.append((chat_ids(tok, pr), tok.encode(target, add_special_tokens=False) + [tok.eos_token_id]))
-    opt = make_optimizer(policy, argparse.Namespace(**{**vars(args), "lr": args.sft_lr}))
+    opt = make_optimizer(policy, args, lr=args.sft_lr)
     rng = random.Random(args.seed)
     step = 0
     for epoch in range(args.sft_epochs):

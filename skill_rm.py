@@ -144,6 +144,8 @@ def build_parser():
     g.add_argument("--judge-sft-steps", type=int, default=0, help="SFT steps on scripted judge traces, per judge (0 = off)")
     g.add_argument("--judge-sft-batch", type=int, default=8, help="examples (assistant turns) per SFT step")
     g.add_argument("--judge-sft-items", type=int, default=16, help="SFT-split items per category (precise_if, math, focus)")
+    g.add_argument("--judge-sft-micro-batch", type=int, default=1,
+                   help="traces per forward/backward in the judge SFT (they run to ~1.4k tokens: 8 at once need >24 GiB on CPU)")
     g.add_argument("--judge-sft-lr", type=float, default=5e-5, help="AdamW learning rate of the judge SFT")
     g = p.add_argument_group("benchmark")
     g.add_argument("--bench", default=str(ROOT / "data/skill_rm/bench.jsonl"), help="benchmark file (built by --build-bench)")
@@ -1157,11 +1159,12 @@ def judge_sft(judge, tok, skills, args, dist, method):
     # every assistant turn of a trace is one example: (the conversation before it, the reply + end of turn)
     examples = [(chat_ids(tok, t.messages[:k]), tok.encode(m["content"], add_special_tokens=False) + [tok.eos_token_id])
                 for t in tasks for k, m in enumerate(t.messages) if m["role"] == "assistant"]
-    model = copy.deepcopy(judge).float().train().requires_grad_(True)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.judge_sft_lr)
+    model = copy.deepcopy(judge).to(torch.float32 if args.precision == "fp32" else torch.bfloat16).train().requires_grad_(True)
+    opt = make_optimizer(model, args, lr=args.judge_sft_lr)  # bf16 weights: fp32 masters and moments (MasterAdamW)
     rng = random.Random(args.seed)
     for step in range(args.judge_sft_steps):
-        m = sft_update(model, opt, rng.sample(examples, min(args.judge_sft_batch, len(examples))), args, dist)
+        batch = rng.sample(examples, min(args.judge_sft_batch, len(examples)))
+        m = sft_update(model, opt, batch, args, dist, micro_batch=args.judge_sft_micro_batch)
         print(f"judge sft ({method}) step {step} loss {m['sft_loss']:.3f}", flush=True)
     return model.to(torch.bfloat16).eval().requires_grad_(False)
 

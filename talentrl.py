@@ -598,7 +598,7 @@ def build_sft_data(sampler, tok, W, tasks, args):
 
 def run_sft(model, rows, args, dist, rng):
     """Alg. 1 l.13 on rows (prompt, target, mask); every rank runs the same number of steps."""
-    opt = make_optimizer(model, argparse.Namespace(**{**vars(args), "lr": args.sft_lr}))
+    opt = make_optimizer(model, args, lr=args.sft_lr)
     n_global = int(all_reduce_sum([len(rows)], dist)[0])
     per_rank = max(1, math.ceil(args.sft_batch / dist.world))
     steps = args.sft_epochs * math.ceil(n_global / args.sft_batch) if n_global else 0

@@ -264,6 +264,20 @@ def test_ddp_two_gloo_ranks_equal_one_process(tiny_model_dir, tmp_path, agg):
     assert one["metrics"]["n_tokens"] == two["metrics"]["n_tokens"]
 
 
+def test_gather_and_broadcast_objects_two_gloo_ranks(tmp_path):
+    """grpo.gather_objects: rank 0's list then rank 1's, on both ranks; grpo.broadcast_object: rank 0's object on both."""
+    out = tmp_path / "objs"
+    _torchrun(29531, os.path.join(ROOT, "tests", "objects_check.py"), str(out))
+    for rank in (0, 1):
+        got = json.loads((tmp_path / f"objs.{rank}").read_text())
+        assert got["gather"] == [{"rank": 0, "k": 0}, {"rank": 1, "k": 0}, {"rank": 1, "k": 1}]
+        assert got["broadcast"] == ["from", 0, [0, 0, 0]]
+    dist = grpo.Dist()  # one process: the list (a copy) and the object itself
+    items = [1, 2]
+    assert grpo.gather_objects(items, dist) == items and grpo.gather_objects(items, dist) is not items
+    assert grpo.broadcast_object(items, dist) is items
+
+
 def _torchrun(port, *argv):
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}", *argv],
                    check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
