@@ -966,7 +966,6 @@ def prime_proposer(proposer, tok, pkgs, args, dist, grammar):
     iteration 0. Each package's skill-stream prompt is paired with its own example, the exploration prompt with
     every example; the target is the example as the proposer would write it (compact JSON under the grammar,
     else spaced JSON after the prefilled opening). Returns the last step's metrics."""
-    import torch
     prefix = "" if grammar else PROPOSER_PREFIX[args.family]
     examples = []
     for pkg in pkgs:
@@ -976,7 +975,7 @@ def prime_proposer(proposer, tok, pkgs, args, dist, grammar):
         target = tok.encode(text[len(prefix):], add_special_tokens=False) + [tok.eos_token_id]
         for stream_pkg in ([pkg, None] if not args.skill_only else [pkg]):
             examples.append((prefilled_prompt(tok, proposer_messages(args.family, stream_pkg), prefix), target))
-    opt = torch.optim.AdamW(proposer.parameters(), lr=args.proposer_sft_lr, weight_decay=0.0)
+    opt = make_optimizer(proposer, args, lr=args.proposer_sft_lr)  # bf16 weights: fp32 masters (MasterAdamW)
     m = {}
     for step in range(args.proposer_sft_steps):
         # grpo.sft_update: L_SFT = − Σ log π(y_t | x, y_<t) / Σ 1 over the target tokens of all examples
