@@ -147,23 +147,21 @@ PRESETS = {
                  solver_G=4, solver_steps=2, solver_batch=4, eval_n=4, eval_samples=1,
                  eval_temperature=0.0, max_new_tokens=96, proposer_max_new_tokens=320,
                  controller_max_new_tokens=96, induce_min=1, zebra_eval_per_scale=2,
-                 zebra_eval_scales="small,medium", rg_eval_n=2, lr=1e-5, beta=1e-2, weight_decay=1e-2,
-                 grad_clip=1.0, sampler="auto", micro_batch=2, temperature=0.7, proposer_grammar="on",
-                 solver_aid="on"),
-    # Table 5 (tool: M=8000, 5/15 steps; zebra: M=1920, 3/10 steps, set by --family)
-    "paper": dict(T=5, K=10, M=8000, proposer_prompts=256, proposer_G=4, proposer_steps=5, collect_prompts=2048,
-                  solver_G=5, solver_steps=15, solver_batch=64, eval_n=0, eval_samples=8,
-                  eval_temperature=1.0, max_new_tokens=8192, proposer_max_new_tokens=8192,
-                  controller_max_new_tokens=2048, induce_min=20, zebra_eval_per_scale=100,
-                  zebra_eval_scales="small,medium,large,xlarge", rg_eval_n=200,
-                  lr=1e-6, beta=1e-2, weight_decay=1e-2, grad_clip=1.0),
+                 zebra_eval_scales="small,medium", rg_eval_n=2, lr=1e-5, sampler="auto", micro_batch=2,
+                 temperature=0.7, proposer_grammar="on", solver_aid="on"),
+    # Table 5: the flag defaults (the four family-dependent ones from TABLE5_BY_FAMILY)
+    "paper": {},
 }
-PAPER_ZEBRA = dict(M=1920, proposer_steps=3, solver_steps=10, induce_min=10)
+# Table 5's values that differ between the families; they fill the flags no preset or argv set (parse_args)
+TABLE5_BY_FAMILY = {"tool": dict(M=8000, proposer_steps=5, solver_steps=15, induce_min=20),
+                    "zebra": dict(M=1920, proposer_steps=3, solver_steps=10, induce_min=10)}
 
 
 def build_parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_grpo_args(p)
+    p.set_defaults(beta=1e-2, weight_decay=1e-2, max_new_tokens=8192)  # Table 5: KL 10⁻², weight decay 10⁻², 8192 tokens
     g = p.add_argument_group("task family and data")
     g.add_argument("--family", choices=["tool", "zebra"], default="tool", help="task family (§4.1)")
     g.add_argument("--library", default=None, help="initial library S(0) folder; default data/selfplay/<family>")
@@ -172,7 +170,7 @@ def build_parser():
     g = p.add_argument_group("self-play loop (Table 5)")
     g.add_argument("--T", type=int, default=5, help="self-play iterations T; paper 5")
     g.add_argument("--K", type=int, default=10, help="solver probes per candidate K (Eq. 1, 4); paper 10")
-    g.add_argument("--M", type=int, default=8000, help="training pool size M (Eq. 6); paper 8000 tool / 1920 zebra")
+    g.add_argument("--M", type=int, default=None, help="training pool size M (Eq. 6); paper 8000 tool / 1920 zebra (default by --family)")
     g.add_argument("--alpha", type=float, default=0.5, help="skill-stream share α of the pool (Eq. 6); paper 0.5")
     g.add_argument("--v-lo", type=float, default=0.25, help="lower v_solve bound of the frontier band; paper 0.25")
     g.add_argument("--v-hi", type=float, default=0.75, help="upper v_solve bound of the frontier band; paper 0.75")
@@ -186,13 +184,15 @@ def build_parser():
                    help="tool: prefill the call opening; zebra: decode the grid under its answer schema; paper off")
     g.add_argument("--proposer-prompts", type=int, default=256, help="proposer prompts per update step (half skill, half exploration)")
     g.add_argument("--proposer-G", type=int, default=4, help="proposer rollouts per prompt; paper 4")
-    g.add_argument("--proposer-steps", type=int, default=5, help="proposer GRPO steps per iteration; paper 5 tool / 3 zebra")
+    g.add_argument("--proposer-steps", type=int, default=None,
+                   help="proposer GRPO steps per iteration; paper 5 tool / 3 zebra (default by --family)")
     g.add_argument("--proposer-sft-steps", type=int, default=0,
                    help="SFT steps priming the proposer on S(0)'s worked examples before iteration 0 (difference 13); paper 0")
     g.add_argument("--proposer-sft-lr", type=float, default=1e-4, help="learning rate of that SFT warm-up")
     g.add_argument("--proposer-max-new-tokens", type=int, default=8192, help="proposer generation limit; paper 8192")
     g.add_argument("--solver-G", type=int, default=5, help="solver rollouts per task; paper 5")
-    g.add_argument("--solver-steps", type=int, default=15, help="solver GRPO steps per iteration; paper 15 tool / 10 zebra")
+    g.add_argument("--solver-steps", type=int, default=None,
+                   help="solver GRPO steps per iteration; paper 15 tool / 10 zebra (default by --family)")
     g.add_argument("--solver-batch", type=int, default=64, help="tasks per solver GRPO step")
     g.add_argument("--parse-penalty", type=float, default=-1.0, help="proposer reward for an unparseable proposal; paper -1")
     g.add_argument("--rep-threshold", type=float, default=0.5, help="Jaccard threshold of the repetition clusters; paper 0.5")
@@ -206,8 +206,9 @@ def build_parser():
     g.add_argument("--gamma-prune", type=float, default=0.05, help="γ_prune (Eq. 8); not given in the paper")
     g.add_argument("--prune-min-attempts", type=int, default=4, help="attempts a package needs before Eq. 8 may prune it")
     g.add_argument("--gamma-induce", type=float, default=0.5, help="γ_induce (Eq. 9); not given in the paper")
-    g.add_argument("--induce-min", type=int, default=20,
-                   help="packages to induce per iteration, at least (while T_induce lasts); paper ≥20 tool / ≥10 zebra")
+    g.add_argument("--induce-min", type=int, default=None,
+                   help="packages to induce per iteration, at least (while T_induce lasts); paper ≥20 tool / ≥10 zebra "
+                        "(default by --family)")
     g.add_argument("--novelty-threshold", type=float, default=0.6, help="max Jaccard similarity to an existing package (Eq. 10)")
     g.add_argument("--refine-max", type=int, default=2, help="packages refined per iteration (those with most failed attempts)")
     g.add_argument("--controller-max-new-tokens", type=int, default=2048, help="controller generation limit")
@@ -227,6 +228,22 @@ def build_parser():
     g.add_argument("--rg-eval-n", type=int, default=200, help="reasoning-gym zebra puzzles (external check; 0 = off)")
     g.add_argument("--no-plots", action="store_true", help="skip the diagnostic PNGs")
     return p
+
+
+def parse_args(argv=None):
+    """Flags with the preset's values; Table 5's per-family values fill the flags left unset (None); the
+    default run folder runs/skill_selfplay-<preset> gets the family and the ablations as suffixes."""
+    args = parse_with_preset(build_parser(), PRESETS, argv=argv, name="skill_selfplay")
+    for k, v in TABLE5_BY_FAMILY[args.family].items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    if args.run_dir == f"runs/skill_selfplay-{args.preset}":  # no --run-dir given
+        args.run_dir += "-" + args.family + "".join(
+            "-" + f for f in ("unguided", "skill_only", "uniform_routing", "frozen_skills", "frozen_proposer",
+                              "frozen_feedback_solver") if getattr(args, f))
+    if args.unguided and args.skill_only:
+        raise SystemExit("--unguided and --skill-only exclude each other")
+    return args
 
 
 # ----- data -----
@@ -1359,26 +1376,6 @@ def plot_diagnostics(run_dir, rows, recs_by_iter):
 
 
 # ----- main -----
-
-def parse_args(argv=None):
-    """Flags with the preset's defaults (paper + zebra: Table 5's zebra column); explicit flags always win,
-    in any spelling argparse accepts (`--M 500`, `--M=500`)."""
-    parser = build_parser()
-    add_grpo_args(parser)
-    pre = argparse.ArgumentParser(add_help=False)  # the flags that choose other flags' defaults
-    pre.add_argument("--family", default="tool")
-    pre.add_argument("--run-dir", default=None)
-    known = pre.parse_known_args(argv)[0]
-    presets = dict(PRESETS, paper={**PRESETS["paper"], **PAPER_ZEBRA}) if known.family == "zebra" else PRESETS
-    args = parse_with_preset(parser, presets, argv=argv)
-    if known.run_dir is None:
-        args.run_dir += "-" + args.family + "".join(
-            "-" + f for f in ("unguided", "skill_only", "uniform_routing", "frozen_skills", "frozen_proposer",
-                              "frozen_feedback_solver") if getattr(args, f))
-    if args.unguided and args.skill_only:
-        raise SystemExit("--unguided and --skill-only exclude each other")
-    return args
-
 
 def checkpoint_extra(folder):
     """The `extra` dict of a checkpoint (iteration, history, rows, library), read without loading weights; or None."""
