@@ -128,12 +128,11 @@ import sys
 import time
 
 import numpy as np
-import torch.distributed as torch_dist
 
-from grpo import (HFSampler, Rollout, add_grpo_args, barrier, chat_ids, grpo_update, load_checkpoint, load_embedder,
-                  load_model, load_policy, log_metrics, make_optimizer, make_sampler, parse_with_preset, plot_curves,
-                  reduce_metrics, save_checkpoint, sample_group_rollouts, seed_everything, setup_distributed,
-                  sft_update)
+from grpo import (HFSampler, Rollout, add_grpo_args, barrier, broadcast_object, chat_ids, gather_objects, grpo_update,
+                  load_checkpoint, load_embedder, load_model, load_policy, log_metrics, make_optimizer, make_sampler,
+                  parse_with_preset, plot_curves, reduce_metrics, save_checkpoint, sample_group_rollouts,
+                  seed_everything, setup_distributed, sft_update)
 
 # ----- config -----
 
@@ -961,15 +960,6 @@ def probe_records(family, recs, probe_sampler, tok, args):
     return recs
 
 
-def gather(items, dist):
-    """Every rank's list, concatenated in rank order, on every rank (a copy of items for one process)."""
-    if dist.world == 1:
-        return list(items)
-    parts = [None] * dist.world
-    torch_dist.all_gather_object(parts, list(items))
-    return [x for part in parts for x in part]
-
-
 def proposal_decoding(args, proposer_sampler):
     """(prefilled opening of the reply, JSON schema that constrains decoding) of every proposal: the schema with
     --proposer-grammar on and a sampler that can constrain (vLLM), else the PROPOSER_PREFIX prefill."""
@@ -1027,7 +1017,7 @@ def propose(tag, n_prompts, proposer_sampler, probe_sampler, tok, pkgs, stats, a
             rollouts.append(Rollout(prompt, s.ids, [1] * len(s.ids), s.text, group=g))
             local.append({"g": g, "j": j, "stream": stream, "skill": pkg["name"] if pkg else None, "rec": rec})
     probe_records(args.family, [x["rec"] for x in local if x["rec"] is not None], probe_sampler, tok, args)
-    batch = sorted(gather(local, dist), key=lambda x: (x["g"], x["j"]))
+    batch = sorted(gather_objects(local, dist), key=lambda x: (x["g"], x["j"]))
     return rollouts, local, batch
 
 
@@ -1245,7 +1235,7 @@ def eval_tool(sampler, tok, args, dist):
         for (e, gt), samples in zip(items, outs):
             for s in samples:
                 hits.append(bfcl_check(bfcl_decode(prefix + s.text), e["function"][0], gt, cat)[0])
-        hits = gather(hits, dist)
+        hits = gather_objects(hits, dist)
         res[f"bfcl_{cat}"] = float(np.mean(hits)) if hits else 0.0
     res["bfcl_avg"] = float(np.mean([res[f"bfcl_{c}"] for c in BFCL_CATEGORIES]))
     return res
@@ -1265,7 +1255,7 @@ def eval_zebra(sampler, tok, args, dist):
             _, _, full, acc, _ = zebra_reward(s.text, p, sol)
             scored.append((scale, float(full), float(acc)))
     grid, cell, by_scale = [], [], collections.defaultdict(list)
-    for scale, full, acc in gather(scored, dist):
+    for scale, full, acc in gather_objects(scored, dist):
         grid.append(full), cell.append(acc), by_scale[scale].append(full)
     res = {f"zebra_{s}": float(np.mean(by_scale[s])) for s in scales}
     res.update(zebra_grid=float(np.mean(grid)) if grid else 0.0, zebra_cell=float(np.mean(cell)) if cell else 0.0)
@@ -1281,7 +1271,7 @@ def eval_zebra(sampler, tok, args, dist):
                 last = (s.text.strip().splitlines() or [""])[-1]
                 words_ = re.findall(r"[A-Za-z]+", last)
                 scores.append(float(ds.score_answer(words_[-1].lower() if words_ else "", e)))
-        res["rg_zebra"] = float(np.mean(gather(scores, dist)))
+        res["rg_zebra"] = float(np.mean(gather_objects(scores, dist)))
     return res
 
 
@@ -1449,10 +1439,7 @@ def evolve_library(t, pkgs, stats, recs, controller, tok, args, dist):
         # S(t+1) = (S(t) \ S_prune) ∪ S_new
         pkgs = [p for p in pkgs if p["name"] not in pruned] + new
         stats = {**stats, **{p["name"]: new_stats() for p in new}}
-    if dist.world > 1:  # S(t+1), σ and the change log of rank 0 on every rank
-        box = [(pkgs, stats, changes)]
-        torch_dist.broadcast_object_list(box, src=0)
-        pkgs, stats, changes = box[0]
+    pkgs, stats, changes = broadcast_object((pkgs, stats, changes), dist)  # S(t+1), σ and the change log of rank 0
     return pkgs, stats, changes
 
 

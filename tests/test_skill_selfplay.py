@@ -519,9 +519,7 @@ def test_proposer_grammar_on_vllm_prefill_on_hf():
     sampler, which cannot, gets the PROPOSER_PREFIX prefill instead (and the prefix is part of the proposal)."""
     from grpo import Dist
     tok = _tok()
-    p = S.build_parser()
-    S.add_grpo_args(p)
-    args = S.parse_with_preset(p, S.PRESETS, argv=["--family", "zebra", "--preset", "tiny"])
+    args = S.parse_args(["--family", "zebra", "--preset", "tiny"])
     assert args.proposer_grammar == "on"
     pkgs, stats = S.load_library(os.path.join(ROOT, "data", "selfplay", "zebra"), "zebra")
     reply = ' 2, "attributes": {"Name": ["Ann", "Ben"], "Pet": ["Cat", "Dog"]}, "clues": []}'
@@ -779,9 +777,7 @@ def curriculum_records(family):
 def solver_args(model_dir, family, run_dir, *extra):
     """Tiny-preset arguments for the solver-phase tests; the v_solve band filters both families here (the
     default for zebra is off, as in Table 5; test_eq6 covers that case)."""
-    p = S.build_parser()
-    S.add_grpo_args(p)
-    return S.parse_with_preset(p, S.PRESETS, argv=[
+    return S.parse_args([
         "--family", family, "--preset", "tiny", "--model", model_dir, "--solver-G", "8", "--solver-batch", "2",
         "--solver-steps", "1", "--max-new-tokens", "96", "--weight-decay", "0", "--no-autocast", "--solver-aid", "off", "--zebra-band", "on",
         "--run-dir", str(run_dir), *extra])
