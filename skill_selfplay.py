@@ -157,8 +157,7 @@ TABLE5_BY_FAMILY = {"tool": dict(M=8000, proposer_steps=5, solver_steps=15, indu
 
 
 def build_parser():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     add_grpo_args(p)
     p.set_defaults(beta=1e-2, weight_decay=1e-2, max_new_tokens=8192)  # Table 5: KL 10⁻², weight decay 10⁻², 8192 tokens
     g = p.add_argument_group("task family and data")
