@@ -245,10 +245,10 @@ def parse_args(argv=None):
 
 
 # ----- data -----
-# Zebra runtime: a puzzle is {"houses": N, "attributes": {attr: [values]},
+# Zebra puzzles: a puzzle is {"houses": N, "attributes": {attr: [values]},
 # "clues": [{"type": t, "a": value, "b": value | "house": k}]}. Values are unique
-# across attributes so a clue names values only. Houses are numbered 1..N. The runtime's
-# functions (schema check, solution counter, clue compiler, answer parser) sit below main.
+# across attributes so a clue names values only. Houses are numbered 1..N. The runtime (value
+# pools, scales, schema check, solution counter, clue compiler, answer parser) sits below main.
 
 ZEBRA_CLUE_TYPES = {  # type -> (arity, holds(pos_a, pos_b_or_house))
     "fixed": (1, lambda pa, h: pa == h),
@@ -266,18 +266,6 @@ ZEBRA_TEXT = {
     "left_of": "{a} is somewhere to the left of {b}.",
     "directly_left_of": "{a} is directly left of {b}.",
 }
-ZEBRA_POOLS = {
-    "Name": ["Alice", "Bob", "Carol", "Dave", "Eva", "Finn", "Gia", "Leo"],
-    "Drink": ["Tea", "Coffee", "Milk", "Juice", "Water", "Cocoa", "Soda", "Latte"],
-    "Pet": ["Cat", "Dog", "Bird", "Fish", "Horse", "Rabbit", "Turtle", "Hamster"],
-    "Color": ["Red", "Green", "Blue", "Yellow", "White", "Black", "Purple", "Orange"],
-    "Hobby": ["Reading", "Cooking", "Gardening", "Painting", "Chess", "Hiking", "Knitting", "Fishing"],
-    "Sport": ["Tennis", "Soccer", "Golf", "Rugby", "Hockey", "Boxing", "Rowing", "Skiing"],
-    "Nationality": ["German", "Swede", "Brit", "Dane", "Norwegian", "Indian", "Korean", "Peruvian"],
-}
-# ZebraLogic scales by search space (N!)^m: small < 1e3 <= medium < 1e6 <= large < 1e10 <= xlarge
-ZEBRA_SCALES = {"small": [(2, 3), (3, 2), (3, 3)], "medium": [(3, 4), (4, 3), (4, 4)],
-                "large": [(4, 5), (5, 3), (5, 4)], "xlarge": [(5, 5), (6, 4)]}
 
 
 def extract_json(text):
@@ -308,10 +296,9 @@ def first_json_object(text):
 
 
 # Tool-call tasks: a task is {"tools": [schema], "dialogue": [{"role", "content"}],
-# "call": {"name", "arguments"}}; x = tools + dialogue, c = call.
+# "call": {"name", "arguments"}}; x = tools + dialogue, c = call. The checker (global schema check,
+# call parser, call equality) sits below main.
 
-TOOL_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool,
-              "array": list, "object": dict}
 # a filled-in call, not placeholders: SmolLM2-135M copies "<argument name>: <value>" literally
 TOOL_FORMAT = ('Reply with exactly one tool call: the tool\'s name and its arguments as JSON inside <tool_call> tags. '
                'For example, for a tool "get_weather" with a string parameter "city":\n'
@@ -325,111 +312,6 @@ def tool_messages(tools, dialogue):
     turns = "\n".join(f"<{d['role']}> {d['content']}" for d in dialogue)
     return [{"role": "system", "content": system},
             {"role": "user", "content": turns + "\nBased on the conversation above, make exactly one tool call."}]
-
-
-def parse_tool_calls(text):
-    """All parseable <tool_call>{"name", "arguments"}</tool_call> blocks in text."""
-    calls = []
-    for body in re.findall(r"<tool_call>(.*?)</tool_call>", text, re.S):
-        try:
-            obj = json.loads(body.strip())
-        except (ValueError, RecursionError):
-            continue
-        if isinstance(obj, dict) and isinstance(obj.get("name"), str) and isinstance(obj.get("arguments", {}), dict):
-            calls.append({"name": obj["name"], "arguments": obj.get("arguments", {})})
-    return calls
-
-
-def _canon_arg(v):
-    """An argument value up to JSON spelling: integral floats as integers (1.0 ≡ 1); booleans stay booleans."""
-    if isinstance(v, float) and v.is_integer():
-        return int(v)
-    if isinstance(v, list):
-        return [_canon_arg(x) for x in v]
-    if isinstance(v, dict):
-        return {k: _canon_arg(x) for k, x in v.items()}
-    return v
-
-
-def call_key(call):
-    """Canonical string of a call: the one equality used by ExactCall (Eq. 14) and by the probes' majority vote
-    (Eq. 4). Argument order is ignored, 1 ≡ 1.0, but True ≢ 1 and "1" ≢ 1 (Python's == would say True == 1.0)."""
-    return None if call is None else json.dumps([call["name"], _canon_arg(call["arguments"])], sort_keys=True)
-
-
-def type_ok(value, typ):
-    if typ not in TOOL_TYPES:
-        return False
-    if typ in ("integer", "number") and isinstance(value, bool):
-        return False
-    return isinstance(value, TOOL_TYPES[typ])
-
-
-def tool_schema_error(task):
-    """Global schema compliance of a proposed tool task (first part of Eq. 4)."""
-    if not isinstance(task, dict):
-        return "task is not a JSON object"
-    tools, dialogue, call = task.get("tools"), task.get("dialogue"), task.get("call")
-    if not isinstance(tools, list) or not tools:
-        return "tools must be a non-empty list"
-    by_name = {}
-    for t in tools:
-        if not isinstance(t, dict) or not isinstance(t.get("name"), str) or not re.fullmatch(r"[A-Za-z_][\w.\-]{0,63}", t["name"]):
-            return f"bad tool {str(t)[:80]}"
-        params = t.get("parameters", {})
-        props = params.get("properties", {}) if isinstance(params, dict) else None
-        if not isinstance(props, dict) or not all(isinstance(s, dict) and isinstance(s.get("type"), str)
-                                                  and s["type"] in TOOL_TYPES and isinstance(s.get("enum", []), list)
-                                                  for s in props.values()):
-            return f"tool {t['name']} has bad parameters"
-        required = params.get("required", [])
-        if not isinstance(required, list) or not all(isinstance(r, str) and r in props for r in required):
-            return f"tool {t['name']} requires unknown parameters"
-        if t["name"] in by_name:
-            return f"tool {t['name']} listed twice"
-        by_name[t["name"]] = t
-    if not isinstance(dialogue, list) or not dialogue or not all(
-            isinstance(d, dict) and d.get("role") in ("user", "assistant", "observation")
-            and isinstance(d.get("content"), str) and d["content"].strip() for d in dialogue):
-        return "dialogue must be a non-empty list of {role: user|assistant|observation, content}"
-    if dialogue[0]["role"] != "user":
-        return "dialogue must start with the user"
-    if not isinstance(call, dict) or not isinstance(call.get("name"), str) or call["name"] not in by_name \
-            or not isinstance(call.get("arguments"), dict):
-        return "call must name a listed tool and give an arguments object"
-    params = by_name[call["name"]].get("parameters", {})
-    props = params.get("properties", {})
-    for arg, value in call["arguments"].items():
-        if arg not in props:
-            return f"argument {arg!r} is not in the schema"
-        if not type_ok(value, props[arg]["type"]):
-            return f"argument {arg!r} is not of type {props[arg]['type']}"
-        if "enum" in props[arg] and value not in props[arg]["enum"]:
-            return f"argument {arg!r} is not one of its enum values"
-    missing = [r for r in params.get("required", []) if r not in call["arguments"]]
-    return f"missing required arguments {missing}" if missing else None
-
-
-def tool_reward(text, call):
-    """Eq. (14) with its parts: (R_tool, valid_format, exact_call, first parsed call). The reply's answer is its
-    first well-formed call, the same answer the probes' majority vote counts (solve_reward)."""
-    calls = parse_tool_calls(text)
-    valid_format = len(calls) > 0
-    exact = valid_format and call_key(calls[0]) == call_key(call)
-    # Eq. (14): R_tool = 0.9·1{ExactCall(y, c)} + 0.1·1{ValidFormat(y)}
-    r = 0.9 * float(exact) + 0.1 * float(valid_format)
-    return r, valid_format, exact, (calls[0] if calls else None)
-
-
-def zebra_reward(text, p, solution):
-    """Eq. (15) with its parts: (R_logic, valid_structure, full_puzzle, cell accuracy, grid)."""
-    grid, valid = parse_grid(text, p)
-    cells = [(h, a) for h in range(1, p["houses"] + 1) for a in p["attributes"]]
-    right = sum(1 for h, a in cells if grid and grid.get(h, {}).get(a) == solution[f"House {h}"][a])
-    full = right == len(cells) and valid
-    # Eq. (15): R_logic = 0.9·1{FullPuzzle(y, c)} + 0.1·1{ValidStructure(y, c)}
-    r = 0.9 * float(full) + 0.1 * float(valid)
-    return r, valid, full, right / len(cells), grid
 
 
 # Skill packages s = ⟨m, r, h, e, ν, σ⟩ as files: front matter = m (name, title,
@@ -649,7 +531,7 @@ def save_library(folder, pkgs, stats):
         json.dump({p["name"]: stats[p["name"]] for p in pkgs}, f, indent=1)
 
 
-# ----- rewards -----
+# ----- routing (App. B: Eq. 11-13) -----
 
 def smoothed_rate(n, a, kappa):
     # Eq. (11): r̂ᵒ_j = (nᵒ_j + κ/2) / (a_j + κ)
@@ -669,6 +551,30 @@ def routing_probs(stats_list, kappa, w_min, w_max, beta, tau, uniform=False):
     # Eq. (13): w(s_j) = clip(v_skill(s_j), w_min, w_max)·(1 + β·exp(−a_j/τ)),  P(s_j) = w(s_j) / Σ_ℓ w(s_ℓ)
     w = [min(max(skill_score(st, kappa), w_min), w_max) * (1 + beta * math.exp(-st["a"] / tau)) for st in stats_list]
     return [x / sum(w) for x in w]
+
+
+# ----- rewards -----
+
+def tool_reward(text, call):
+    """Eq. (14) with its parts: (R_tool, valid_format, exact_call, first parsed call). The reply's answer is its
+    first well-formed call, the same answer the probes' majority vote counts (solve_reward)."""
+    calls = parse_tool_calls(text)
+    valid_format = len(calls) > 0
+    exact = valid_format and call_key(calls[0]) == call_key(call)
+    # Eq. (14): R_tool = 0.9·1{ExactCall(y, c)} + 0.1·1{ValidFormat(y)}
+    r = 0.9 * float(exact) + 0.1 * float(valid_format)
+    return r, valid_format, exact, (calls[0] if calls else None)
+
+
+def zebra_reward(text, p, solution):
+    """Eq. (15) with its parts: (R_logic, valid_structure, full_puzzle, cell accuracy, grid)."""
+    grid, valid = parse_grid(text, p)
+    cells = [(h, a) for h in range(1, p["houses"] + 1) for a in p["attributes"]]
+    right = sum(1 for h, a in cells if grid and grid.get(h, {}).get(a) == solution[f"House {h}"][a])
+    full = right == len(cells) and valid
+    # Eq. (15): R_logic = 0.9·1{FullPuzzle(y, c)} + 0.1·1{ValidStructure(y, c)}
+    r = 0.9 * float(full) + 0.1 * float(valid)
+    return r, valid, full, right / len(cells), grid
 
 
 def v_solve(probe_rewards):
@@ -719,6 +625,8 @@ def repetition_penalty(texts, threshold, B=None):
     size = collections.Counter(member_of)
     return [size[c] / B for c in member_of]
 
+
+# ----- curriculum and library selection (Eq. 6, 8-10) -----
 
 def build_curriculum(records, M, alpha, v_lo, v_hi, band=True):
     """Eq. (6) on valid records, restricted to the frontier band v_solve ∈ [v_lo, v_hi]."""
@@ -967,29 +875,6 @@ def proposal_decoding(args, proposer_sampler):
     return PROPOSER_PREFIX[args.family], None
 
 
-def prime_proposer(proposer, tok, pkgs, args, dist, grammar):
-    """--proposer-sft-steps (difference 13): SFT warm-up of the proposer on the worked examples of S(0), before
-    iteration 0. Each package's skill-stream prompt is paired with its own example, the exploration prompt with
-    every example; the target is the example as the proposer would write it (compact JSON under the grammar,
-    else spaced JSON after the prefilled opening). Returns the last step's metrics."""
-    prefix = "" if grammar else PROPOSER_PREFIX[args.family]
-    examples = []
-    for pkg in pkgs:
-        text = json.dumps(pkg["example"], separators=(",", ":") if grammar else None)
-        if not text.startswith(prefix):
-            continue
-        target = tok.encode(text[len(prefix):], add_special_tokens=False) + [tok.eos_token_id]
-        for stream_pkg in ([pkg, None] if not args.skill_only else [pkg]):
-            examples.append((prefilled_prompt(tok, proposer_messages(args.family, stream_pkg), prefix), target))
-    opt = make_optimizer(proposer, args, lr=args.proposer_sft_lr)  # bf16 weights: fp32 masters (MasterAdamW)
-    m = {}
-    for step in range(args.proposer_sft_steps):
-        # grpo.sft_update: L_SFT = − Σ log π(y_t | x, y_<t) / Σ 1 over the target tokens of all examples
-        m = sft_update(proposer, opt, examples[dist.rank::dist.world], args, dist)
-        log_metrics(os.path.join(args.run_dir, "proposer_sft"), step, m, dist, keys=("sft_loss", "grad_norm"))
-    return m
-
-
 def propose(tag, n_prompts, proposer_sampler, probe_sampler, tok, pkgs, stats, args, rng, dist):
     """n_prompts proposer prompts (routed skill stream, Eq. 13, and exploration stream), G proposals each,
     gated (check_proposal) and probed by the solver (probe_records). Each rank generates and probes its share
@@ -1070,6 +955,120 @@ def collection_pass(t, proposer_sampler, probe_sampler, tok, pkgs, stats, args, 
     update_stats(batch, stats, args)
     return [x["rec"] for x in batch if x["rec"] is not None], sum(x["rec"] is None for x in batch)
 
+
+# ----- training loop -----
+
+def prime_proposer(proposer, tok, pkgs, args, dist, grammar):
+    """--proposer-sft-steps (difference 13): SFT warm-up of the proposer on the worked examples of S(0), before
+    iteration 0. Each package's skill-stream prompt is paired with its own example, the exploration prompt with
+    every example; the target is the example as the proposer would write it (compact JSON under the grammar,
+    else spaced JSON after the prefilled opening). Returns the last step's metrics."""
+    prefix = "" if grammar else PROPOSER_PREFIX[args.family]
+    examples = []
+    for pkg in pkgs:
+        text = json.dumps(pkg["example"], separators=(",", ":") if grammar else None)
+        if not text.startswith(prefix):
+            continue
+        target = tok.encode(text[len(prefix):], add_special_tokens=False) + [tok.eos_token_id]
+        for stream_pkg in ([pkg, None] if not args.skill_only else [pkg]):
+            examples.append((prefilled_prompt(tok, proposer_messages(args.family, stream_pkg), prefix), target))
+    opt = make_optimizer(proposer, args, lr=args.proposer_sft_lr)  # bf16 weights: fp32 masters (MasterAdamW)
+    m = {}
+    for step in range(args.proposer_sft_steps):
+        # grpo.sft_update: L_SFT = − Σ log π(y_t | x, y_<t) / Σ 1 over the target tokens of all examples
+        m = sft_update(proposer, opt, examples[dist.rank::dist.world], args, dist)
+        log_metrics(os.path.join(args.run_dir, "proposer_sft"), step, m, dist, keys=("sft_loss", "grad_norm"))
+    return m
+
+
+def proposer_phase(t, proposer, ref, opt_p, p_sampler, probe_sampler, tok, pkgs, stats, args, rng, dist):
+    """Algorithm 2, lines 3-20: --proposer-steps GRPO steps of the proposer (Eq. 5) on skill- and
+    exploration-stream batches probed by the solver, then the collection pass of the updated proposer.
+    Updates σ in place. Returns (every parsed record of the iteration, the number unparsed, timings)."""
+    for st in stats.values():
+        st.update(a_t=0, R_t=0.0, failed_t=[])
+    t0, recs, n_unparsed_all, times = time.time(), [], 0, {}
+    for s in range(args.proposer_steps):
+        rollouts, batch_recs, n_unparsed = proposer_round(s, t, p_sampler, probe_sampler, tok, pkgs, stats, args,
+                                                          rng, dist)
+        recs += batch_recs
+        n_unparsed_all += n_unparsed
+        if args.frozen_proposer:
+            m = reduce_metrics({"reward": float(np.mean([r.reward for r in rollouts])) if rollouts else 0.0,
+                                "skipped": 1.0}, dist)
+        else:
+            # Eq. (5): J_propose(π) = E_{s~S, (x,c)~π(·|s)}[R_propose(x, c; π_solve^(t))], GRPO over G proposals per prompt
+            m = grpo_update(proposer, ref, opt_p, rollouts, args, dist)
+            p_sampler.sync(proposer)
+        m.update(n_unparsed=n_unparsed, n_valid=sum(r["valid"] for r in batch_recs),
+                 v_solve=float(np.mean([r["v_solve"] for r in batch_recs])) if batch_recs else 0.0)
+        log_metrics(os.path.join(args.run_dir, "proposer"), t * args.proposer_steps + s, m, dist,
+                    keys=("reward", "n_unparsed", "n_valid", "v_solve", "kl", "grad_norm", "completion_len"))
+    times["time_propose"] = time.time() - t0
+    t0 = time.time()
+    if args.collect_prompts:  # candidates of the updated proposer, probed by the current solver (App. E)
+        collected, n_unparsed = collection_pass(t, p_sampler, probe_sampler, tok, pkgs, stats, args, rng, dist)
+        recs += collected
+        n_unparsed_all += n_unparsed
+    times["time_collect"] = time.time() - t0
+    return recs, n_unparsed_all, times
+
+
+def solver_round(D, solver_sampler, tok, args, rng, dist):
+    """Solver GRPO rollouts on a batch of the curriculum D(t) (Eq. 7): only x is shown.
+    The batch is drawn with the shared rng (same on every rank); each rank rolls out its share."""
+    batch = rng.sample(D, min(args.solver_batch, len(D)))[dist.rank::dist.world]
+    prefix, stop = answer_prefix(args)
+    prompts = [prefilled_prompt(tok, solver_messages(args.family, r["task"]), prefix) for r in batch]
+    rollouts = sample_group_rollouts(solver_sampler, prompts, args.solver_G, args, stop,
+                                     json_schema=answer_schemas(args, [r["task"] for r in batch])) if batch else []
+    for ro in rollouts:
+        ro.reward = solve_reward(args.family, prefix + ro.text, batch[ro.group])[0]
+    return rollouts
+
+
+def solver_phase(recs, t, solver, ref, opt_s, s_sampler, tok, args, rng, dist):
+    """Step 2 of iteration t: the curriculum D(t) from this iteration's records (Eq. 6), then
+    --solver-steps GRPO steps of the solver on batches of D(t) (Eq. 7), each logged to
+    <run-dir>/solver. An empty D(t) leaves the solver untouched. Returns (D(t), per-step metrics)."""
+    alpha = 0.0 if args.unguided else 1.0 if args.skill_only else args.alpha
+    band = args.family == "tool" or args.zebra_band == "on"
+    D = build_curriculum(recs, args.M, alpha, args.v_lo, args.v_hi, band=band)
+    if not D:
+        if dist.is_main:
+            print(f"iteration {t}: the curriculum is empty (no valid candidate{' in the frontier band' if band else ''}); "
+                  "solver not updated")
+        return D, []
+    steps = []
+    for s in range(args.solver_steps):
+        rollouts = solver_round(D, s_sampler, tok, args, rng, dist)
+        # Eq. (7): J_solve(π) = E_{(x,c)~D(t), y~π(·|x)}[R_solve(x, y, c)], GRPO over G answers per task
+        m = grpo_update(solver, ref, opt_s, rollouts, args, dist)
+        s_sampler.sync(solver)
+        log_metrics(os.path.join(args.run_dir, "solver"), t * args.solver_steps + s, m, dist,
+                    keys=("reward", "kl", "loss", "grad_norm", "completion_len", "n_groups_dropped"))
+        steps.append(m)
+    return D, steps
+
+
+def iteration_metrics(recs, D, pkgs, stats, changes, t):
+    """Figure 5/6 diagnostics of one iteration."""
+    m = {"iteration": t, "n_proposals_parsed": len(recs), "pool_size": len(D), "lib_size": len(pkgs)}
+    for stream in ("skill", "explore"):
+        rs = [r for r in recs if r["stream"] == stream]
+        acc = [r for r in rs if r["valid"]]
+        m[f"valid_rate_{stream}"] = len(acc) / len(rs) if rs else 0.0
+        m[f"n_accepted_{stream}"] = len(acc)
+        m[f"v_solve_{stream}"] = float(np.mean([r["v_solve"] for r in acc])) if acc else float("nan")
+        m[f"R_propose_{stream}"] = float(np.mean([r["R"] for r in rs])) if rs else float("nan")
+    counts = collections.Counter(r["skill"] for r in recs if r["stream"] == "skill" and r["valid"])
+    m["active_skills"], m["n_eff"] = effective_skills(counts)
+    for op in ("induce", "refine", "prune"):
+        m[f"n_{op}d" if op != "prune" else "n_pruned"] = sum(c["op"] == op for c in changes)
+    return m
+
+
+# ----- library evolution (§3.4) -----
 
 CONTROLLER_INDUCE = ("You maintain a library of skills for generating {what}. Here is a generated task that was "
                      "valid and at the solver's frontier:\n{x}\nReference answer: {c}\nDescribe the reusable pattern "
@@ -1163,60 +1162,24 @@ def refine_packages(pkgs, stats, controller_sampler, tok, args, t):
     return log
 
 
-# ----- training loop -----
-
-def solver_round(D, solver_sampler, tok, args, rng, dist):
-    """Solver GRPO rollouts on a batch of the curriculum D(t) (Eq. 7): only x is shown.
-    The batch is drawn with the shared rng (same on every rank); each rank rolls out its share."""
-    batch = rng.sample(D, min(args.solver_batch, len(D)))[dist.rank::dist.world]
-    prefix, stop = answer_prefix(args)
-    prompts = [prefilled_prompt(tok, solver_messages(args.family, r["task"]), prefix) for r in batch]
-    rollouts = sample_group_rollouts(solver_sampler, prompts, args.solver_G, args, stop,
-                                     json_schema=answer_schemas(args, [r["task"] for r in batch])) if batch else []
-    for ro in rollouts:
-        ro.reward = solve_reward(args.family, prefix + ro.text, batch[ro.group])[0]
-    return rollouts
-
-
-def solver_phase(recs, t, solver, ref, opt_s, s_sampler, tok, args, rng, dist):
-    """Step 2 of iteration t: the curriculum D(t) from this iteration's records (Eq. 6), then
-    --solver-steps GRPO steps of the solver on batches of D(t) (Eq. 7), each logged to
-    <run-dir>/solver. An empty D(t) leaves the solver untouched. Returns (D(t), per-step metrics)."""
-    alpha = 0.0 if args.unguided else 1.0 if args.skill_only else args.alpha
-    band = args.family == "tool" or args.zebra_band == "on"
-    D = build_curriculum(recs, args.M, alpha, args.v_lo, args.v_hi, band=band)
-    if not D:
-        if dist.is_main:
-            print(f"iteration {t}: the curriculum is empty (no valid candidate{' in the frontier band' if band else ''}); "
-                  "solver not updated")
-        return D, []
-    steps = []
-    for s in range(args.solver_steps):
-        rollouts = solver_round(D, s_sampler, tok, args, rng, dist)
-        # Eq. (7): J_solve(π) = E_{(x,c)~D(t), y~π(·|x)}[R_solve(x, y, c)], GRPO over G answers per task
-        m = grpo_update(solver, ref, opt_s, rollouts, args, dist)
-        s_sampler.sync(solver)
-        log_metrics(os.path.join(args.run_dir, "solver"), t * args.solver_steps + s, m, dist,
-                    keys=("reward", "kl", "loss", "grad_norm", "completion_len", "n_groups_dropped"))
-        steps.append(m)
-    return D, steps
-
-
-def iteration_metrics(recs, D, pkgs, stats, changes, t):
-    """Figure 5/6 diagnostics of one iteration."""
-    m = {"iteration": t, "n_proposals_parsed": len(recs), "pool_size": len(D), "lib_size": len(pkgs)}
-    for stream in ("skill", "explore"):
-        rs = [r for r in recs if r["stream"] == stream]
-        acc = [r for r in rs if r["valid"]]
-        m[f"valid_rate_{stream}"] = len(acc) / len(rs) if rs else 0.0
-        m[f"n_accepted_{stream}"] = len(acc)
-        m[f"v_solve_{stream}"] = float(np.mean([r["v_solve"] for r in acc])) if acc else float("nan")
-        m[f"R_propose_{stream}"] = float(np.mean([r["R"] for r in rs])) if rs else float("nan")
-    counts = collections.Counter(r["skill"] for r in recs if r["stream"] == "skill" and r["valid"])
-    m["active_skills"], m["n_eff"] = effective_skills(counts)
-    for op in ("induce", "refine", "prune"):
-        m[f"n_{op}d" if op != "prune" else "n_pruned"] = sum(c["op"] == op for c in changes)
-    return m
+def evolve_library(t, pkgs, stats, recs, controller, tok, args, dist):
+    """§3.4 on rank 0 (the controller is the frozen initial policy): refine the hints of failing packages,
+    prune (Eq. 8), induce from frontier exploration records (Eq. 9-10, novelty against the whole S(t));
+    S(t+1), σ and the change log are then broadcast. Returns (S(t+1), σ, changes)."""
+    changes = []
+    if not (args.frozen_skills or args.unguided) and dist.is_main:
+        changes += refine_packages(pkgs, stats, controller, tok, args, t)
+        pruned = prune_set(pkgs, stats, args.gamma_prune, args.prune_min_attempts)
+        changes += [{"iteration": t, "op": "prune", "skill": n, "reason":
+                     f"E[R_propose] = {stats[n]['R_t'] / stats[n]['a_t']:.3f} < γ_prune over {stats[n]['a_t']} attempts"}
+                    for n in pruned]
+        new, log = induce_packages(induce_set(recs, args.gamma_induce), controller, tok, pkgs, args, t)
+        changes += log
+        # S(t+1) = (S(t) \ S_prune) ∪ S_new
+        pkgs = [p for p in pkgs if p["name"] not in pruned] + new
+        stats = {**stats, **{p["name"]: new_stats() for p in new}}
+    pkgs, stats, changes = broadcast_object((pkgs, stats, changes), dist)  # S(t+1), σ and the change log of rank 0
+    return pkgs, stats, changes
 
 
 # ----- evaluation -----
@@ -1389,59 +1352,6 @@ def resume(run_dir, proposer, solver, opt_p, opt_s, dist):
     return ext["solver"]
 
 
-def proposer_phase(t, proposer, ref, opt_p, p_sampler, probe_sampler, tok, pkgs, stats, args, rng, dist):
-    """Algorithm 2, lines 3-20: --proposer-steps GRPO steps of the proposer (Eq. 5) on skill- and
-    exploration-stream batches probed by the solver, then the collection pass of the updated proposer.
-    Updates σ in place. Returns (every parsed record of the iteration, the number unparsed, timings)."""
-    for st in stats.values():
-        st.update(a_t=0, R_t=0.0, failed_t=[])
-    t0, recs, n_unparsed_all, times = time.time(), [], 0, {}
-    for s in range(args.proposer_steps):
-        rollouts, batch_recs, n_unparsed = proposer_round(s, t, p_sampler, probe_sampler, tok, pkgs, stats, args,
-                                                          rng, dist)
-        recs += batch_recs
-        n_unparsed_all += n_unparsed
-        if args.frozen_proposer:
-            m = reduce_metrics({"reward": float(np.mean([r.reward for r in rollouts])) if rollouts else 0.0,
-                                "skipped": 1.0}, dist)
-        else:
-            # Eq. (5): J_propose(π) = E_{s~S, (x,c)~π(·|s)}[R_propose(x, c; π_solve^(t))], GRPO over G proposals per prompt
-            m = grpo_update(proposer, ref, opt_p, rollouts, args, dist)
-            p_sampler.sync(proposer)
-        m.update(n_unparsed=n_unparsed, n_valid=sum(r["valid"] for r in batch_recs),
-                 v_solve=float(np.mean([r["v_solve"] for r in batch_recs])) if batch_recs else 0.0)
-        log_metrics(os.path.join(args.run_dir, "proposer"), t * args.proposer_steps + s, m, dist,
-                    keys=("reward", "n_unparsed", "n_valid", "v_solve", "kl", "grad_norm", "completion_len"))
-    times["time_propose"] = time.time() - t0
-    t0 = time.time()
-    if args.collect_prompts:  # candidates of the updated proposer, probed by the current solver (App. E)
-        collected, n_unparsed = collection_pass(t, p_sampler, probe_sampler, tok, pkgs, stats, args, rng, dist)
-        recs += collected
-        n_unparsed_all += n_unparsed
-    times["time_collect"] = time.time() - t0
-    return recs, n_unparsed_all, times
-
-
-def evolve_library(t, pkgs, stats, recs, controller, tok, args, dist):
-    """§3.4 on rank 0 (the controller is the frozen initial policy): refine the hints of failing packages,
-    prune (Eq. 8), induce from frontier exploration records (Eq. 9-10, novelty against the whole S(t));
-    S(t+1), σ and the change log are then broadcast. Returns (S(t+1), σ, changes)."""
-    changes = []
-    if not (args.frozen_skills or args.unguided) and dist.is_main:
-        changes += refine_packages(pkgs, stats, controller, tok, args, t)
-        pruned = prune_set(pkgs, stats, args.gamma_prune, args.prune_min_attempts)
-        changes += [{"iteration": t, "op": "prune", "skill": n, "reason":
-                     f"E[R_propose] = {stats[n]['R_t'] / stats[n]['a_t']:.3f} < γ_prune over {stats[n]['a_t']} attempts"}
-                    for n in pruned]
-        new, log = induce_packages(induce_set(recs, args.gamma_induce), controller, tok, pkgs, args, t)
-        changes += log
-        # S(t+1) = (S(t) \ S_prune) ∪ S_new
-        pkgs = [p for p in pkgs if p["name"] not in pruned] + new
-        stats = {**stats, **{p["name"]: new_stats() for p in new}}
-    pkgs, stats, changes = broadcast_object((pkgs, stats, changes), dist)  # S(t+1), σ and the change log of rank 0
-    return pkgs, stats, changes
-
-
 def save_iteration(t, pkgs, stats, changes, recs, rows, history, proposer, solver, opt_p, opt_s, tok, args, dist):
     """Files of iteration t (rank 0): the library S(t+1), its change log, the records and the metrics row
     (rows[-1]); then both checkpoints. A rerun of iteration t (a resume after a crash before its checkpoints)
@@ -1540,7 +1450,112 @@ def main(argv=None):
     return {"history": history, "rows": rows}  # the process group is left to exit (vLLM's engines tear down their own)
 
 
-# ----- task environments (below main, which reads as Algorithm 2): the zebra runtime and BFCL -----
+# ----- task environments (below main, which reads as Algorithm 2): tool-call checker, zebra runtime, BFCL -----
+
+# Tool-call checker: the global schema check of Eq. 4 and the call equality of Eq. 4 and 14.
+
+TOOL_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool,
+              "array": list, "object": dict}
+
+
+def parse_tool_calls(text):
+    """All parseable <tool_call>{"name", "arguments"}</tool_call> blocks in text."""
+    calls = []
+    for body in re.findall(r"<tool_call>(.*?)</tool_call>", text, re.S):
+        try:
+            obj = json.loads(body.strip())
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(obj, dict) and isinstance(obj.get("name"), str) and isinstance(obj.get("arguments", {}), dict):
+            calls.append({"name": obj["name"], "arguments": obj.get("arguments", {})})
+    return calls
+
+
+def _canon_arg(v):
+    """An argument value up to JSON spelling: integral floats as integers (1.0 ≡ 1); booleans stay booleans."""
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    if isinstance(v, list):
+        return [_canon_arg(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _canon_arg(x) for k, x in v.items()}
+    return v
+
+
+def call_key(call):
+    """Canonical string of a call: the one equality used by ExactCall (Eq. 14) and by the probes' majority vote
+    (Eq. 4). Argument order is ignored, 1 ≡ 1.0, but True ≢ 1 and "1" ≢ 1 (Python's == would say True == 1.0)."""
+    return None if call is None else json.dumps([call["name"], _canon_arg(call["arguments"])], sort_keys=True)
+
+
+def type_ok(value, typ):
+    if typ not in TOOL_TYPES:
+        return False
+    if typ in ("integer", "number") and isinstance(value, bool):
+        return False
+    return isinstance(value, TOOL_TYPES[typ])
+
+
+def tool_schema_error(task):
+    """Global schema compliance of a proposed tool task (first part of Eq. 4)."""
+    if not isinstance(task, dict):
+        return "task is not a JSON object"
+    tools, dialogue, call = task.get("tools"), task.get("dialogue"), task.get("call")
+    if not isinstance(tools, list) or not tools:
+        return "tools must be a non-empty list"
+    by_name = {}
+    for t in tools:
+        if not isinstance(t, dict) or not isinstance(t.get("name"), str) or not re.fullmatch(r"[A-Za-z_][\w.\-]{0,63}", t["name"]):
+            return f"bad tool {str(t)[:80]}"
+        params = t.get("parameters", {})
+        props = params.get("properties", {}) if isinstance(params, dict) else None
+        if not isinstance(props, dict) or not all(isinstance(s, dict) and isinstance(s.get("type"), str)
+                                                  and s["type"] in TOOL_TYPES and isinstance(s.get("enum", []), list)
+                                                  for s in props.values()):
+            return f"tool {t['name']} has bad parameters"
+        required = params.get("required", [])
+        if not isinstance(required, list) or not all(isinstance(r, str) and r in props for r in required):
+            return f"tool {t['name']} requires unknown parameters"
+        if t["name"] in by_name:
+            return f"tool {t['name']} listed twice"
+        by_name[t["name"]] = t
+    if not isinstance(dialogue, list) or not dialogue or not all(
+            isinstance(d, dict) and d.get("role") in ("user", "assistant", "observation")
+            and isinstance(d.get("content"), str) and d["content"].strip() for d in dialogue):
+        return "dialogue must be a non-empty list of {role: user|assistant|observation, content}"
+    if dialogue[0]["role"] != "user":
+        return "dialogue must start with the user"
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str) or call["name"] not in by_name \
+            or not isinstance(call.get("arguments"), dict):
+        return "call must name a listed tool and give an arguments object"
+    params = by_name[call["name"]].get("parameters", {})
+    props = params.get("properties", {})
+    for arg, value in call["arguments"].items():
+        if arg not in props:
+            return f"argument {arg!r} is not in the schema"
+        if not type_ok(value, props[arg]["type"]):
+            return f"argument {arg!r} is not of type {props[arg]['type']}"
+        if "enum" in props[arg] and value not in props[arg]["enum"]:
+            return f"argument {arg!r} is not one of its enum values"
+    missing = [r for r in params.get("required", []) if r not in call["arguments"]]
+    return f"missing required arguments {missing}" if missing else None
+
+
+# Zebra runtime.
+
+ZEBRA_POOLS = {
+    "Name": ["Alice", "Bob", "Carol", "Dave", "Eva", "Finn", "Gia", "Leo"],
+    "Drink": ["Tea", "Coffee", "Milk", "Juice", "Water", "Cocoa", "Soda", "Latte"],
+    "Pet": ["Cat", "Dog", "Bird", "Fish", "Horse", "Rabbit", "Turtle", "Hamster"],
+    "Color": ["Red", "Green", "Blue", "Yellow", "White", "Black", "Purple", "Orange"],
+    "Hobby": ["Reading", "Cooking", "Gardening", "Painting", "Chess", "Hiking", "Knitting", "Fishing"],
+    "Sport": ["Tennis", "Soccer", "Golf", "Rugby", "Hockey", "Boxing", "Rowing", "Skiing"],
+    "Nationality": ["German", "Swede", "Brit", "Dane", "Norwegian", "Indian", "Korean", "Peruvian"],
+}
+# ZebraLogic scales by search space (N!)^m: small < 1e3 <= medium < 1e6 <= large < 1e10 <= xlarge
+ZEBRA_SCALES = {"small": [(2, 3), (3, 2), (3, 3)], "medium": [(3, 4), (4, 3), (4, 4)],
+                "large": [(4, 5), (5, 3), (5, 4)], "xlarge": [(5, 5), (6, 4)]}
+
 
 def zebra_scale(houses, n_attrs):
     size = math.factorial(houses) ** n_attrs
