@@ -482,28 +482,6 @@ def save_library(folder, pkgs, stats):
         json.dump({p["name"]: stats[p["name"]] for p in pkgs}, f, indent=1)
 
 
-# ----- routing (App. B: Eq. 11-13) -----
-
-def smoothed_rate(n, a, kappa):
-    # Eq. (11): r̂ᵒ_j = (nᵒ_j + κ/2) / (a_j + κ)
-    return (n + kappa / 2) / (a + kappa)
-
-
-def skill_score(st, kappa):
-    # Eq. (12): v_skill(s_j) = ½ r̂ᵛᵉʳ_j + ¼ r̂ᶜᵒⁿ_j + ¼ r̂ᶠᵈ_j
-    return (0.5 * smoothed_rate(st["n_ver"], st["a"], kappa) + 0.25 * smoothed_rate(st["n_con"], st["a"], kappa)
-            + 0.25 * smoothed_rate(st["n_fd"], st["a"], kappa))
-
-
-def routing_probs(stats_list, kappa, w_min, w_max, beta, tau, uniform=False):
-    """Selection probabilities P(s_j) over the library (list of σ dicts)."""
-    if uniform:  # "Uniform routing" ablation
-        return [1.0 / len(stats_list)] * len(stats_list)
-    # Eq. (13): w(s_j) = clip(v_skill(s_j), w_min, w_max)·(1 + β·exp(−a_j/τ)),  P(s_j) = w(s_j) / Σ_ℓ w(s_ℓ)
-    w = [min(max(skill_score(st, kappa), w_min), w_max) * (1 + beta * math.exp(-st["a"] / tau)) for st in stats_list]
-    return [x / sum(w) for x in w]
-
-
 # ----- rewards -----
 
 def tool_reward(text, call):
@@ -575,6 +553,28 @@ def repetition_penalty(texts, threshold, B=None):
             member_of.append(len(founders) - 1)
     size = collections.Counter(member_of)
     return [size[c] / B for c in member_of]
+
+
+# ----- routing (App. B: Eq. 11-13) -----
+
+def smoothed_rate(n, a, kappa):
+    # Eq. (11): r̂ᵒ_j = (nᵒ_j + κ/2) / (a_j + κ)
+    return (n + kappa / 2) / (a + kappa)
+
+
+def skill_score(st, kappa):
+    # Eq. (12): v_skill(s_j) = ½ r̂ᵛᵉʳ_j + ¼ r̂ᶜᵒⁿ_j + ¼ r̂ᶠᵈ_j
+    return (0.5 * smoothed_rate(st["n_ver"], st["a"], kappa) + 0.25 * smoothed_rate(st["n_con"], st["a"], kappa)
+            + 0.25 * smoothed_rate(st["n_fd"], st["a"], kappa))
+
+
+def routing_probs(stats_list, kappa, w_min, w_max, beta, tau, uniform=False):
+    """Selection probabilities P(s_j) over the library (list of σ dicts)."""
+    if uniform:  # "Uniform routing" ablation
+        return [1.0 / len(stats_list)] * len(stats_list)
+    # Eq. (13): w(s_j) = clip(v_skill(s_j), w_min, w_max)·(1 + β·exp(−a_j/τ)),  P(s_j) = w(s_j) / Σ_ℓ w(s_ℓ)
+    w = [min(max(skill_score(st, kappa), w_min), w_max) * (1 + beta * math.exp(-st["a"] / tau)) for st in stats_list]
+    return [x / sum(w) for x in w]
 
 
 # ----- curriculum and library selection (Eq. 6, 8-10) -----
