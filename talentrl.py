@@ -103,6 +103,8 @@ from grpo import (HFSampler, Rollout, add_grpo_args, all_reduce_sum, chat_ids, f
                   multi_turn_rollouts, parse_with_preset, plot_curves, reduce_metrics, save_checkpoint,
                   seed_everything, setup_distributed, sft_update, unwrap)
 
+
+
 # ----- config -----
 DATA = Path(__file__).resolve().parent / "data" / "talentrl"
 
@@ -184,89 +186,6 @@ def build_parser():
     g.add_argument("--evolve-max-tokens", type=int, help="tokens of the skill proposal")
     return p
 
-# ----- data -----
-def embed(embedder, texts):
-    """L2-normalised MiniLM embeddings, so a dot product is a cosine similarity."""
-    return torch.as_tensor(embedder.encode(list(texts), normalize_embeddings=True,
-                                           convert_to_numpy=True))  # (n, 384)
-
-
-def search_corpus(query, passages, P_emb, embedder, topk):
-    """Dense retrieval: the top-k passages by cosine similarity to the query."""
-    q = embed(embedder, [query])  # (1, 384)
-    sims = (P_emb @ q.T).squeeze(1)  # (n_passages,)
-    idx = sims.topk(min(topk, len(passages))).indices.tolist()
-    return [passages[i] for i in idx]
-
-
-def load_talents(path, bank):
-    """The talent catalog 𝒯: per talent c its id, description d_c, guidance g_c
-    and associated skill ids ℳ(c). A link to a skill missing from the bank (a
-    SkillBank from elsewhere) is dropped with a warning that names it."""
-    try:
-        talents = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"talent file {path}: {e}") from e
-    ids = {s["skill_id"] for s in bank}
-    out = []
-    for t in talents:
-        missing = [k for k in ("talent_id", "description", "guidance", "skills") if k not in t]
-        if missing:
-            raise ValueError(f"talent file {path}: talent {t.get('talent_id', '?')} lacks {missing}")
-        if dropped := [s for s in t["skills"] if s not in ids]:
-            warnings.warn(f"talent {t['talent_id']}: links to {dropped} dropped (not in the SkillBank)")
-        out.append(dict(t, skills=[s for s in t["skills"] if s in ids]))
-    return out
-
-
-# SkillRL keeps per-type skills under `task_specific_skills` (its ALFWorld bank)
-# or `query_type_skills` (its search bank); both are read and written back.
-SKILL_SECTIONS = ("task_specific_skills", "query_type_skills")
-
-
-def load_skillbank(path):
-    """A SkillBank in SkillRL's JSON format, flattened to a list of skills
-    {skill_id, title, principle, when_to_apply?, …, category, section}, and the
-    whole JSON (common mistakes, metadata and any other field), which
-    save_skillbank writes back unchanged. Mistakes are kept, not retrieved."""
-    try:
-        raw = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"SkillBank {path}: {e}") from e
-    if not isinstance(raw, dict) or not {"general_skills", *SKILL_SECTIONS} & set(raw):
-        raise ValueError(f"SkillBank {path}: expected general_skills / {' / '.join(SKILL_SECTIONS)} keys")
-    bank = [dict(s, category="general", section="general_skills") for s in raw.get("general_skills") or []]
-    for key in SKILL_SECTIONS:
-        if not isinstance(raw.get(key) or {}, dict):
-            raise ValueError(f"SkillBank {path}: {key} must map a category to a list of skills")
-        for cat, skills in (raw.get(key) or {}).items():
-            bank += [dict(s, category=cat, section=key) for s in skills]
-    for s in bank:
-        missing = [k for k in ("skill_id", "title", "principle") if not s.get(k)]
-        if missing:
-            raise ValueError(f"SkillBank {path}: skill {s.get('skill_id', '?')} lacks {missing}")
-    return bank, raw
-
-
-def save_skillbank(path, bank, raw):
-    """Write the bank back in the layout it was loaded from: every top-level field
-    of `raw` kept, skills in their section; new skills join the bank's per-type section."""
-    out = {k: (v if k not in ("general_skills", *SKILL_SECTIONS) else {c: [] for c in v}
-               if isinstance(v, dict) else []) for k, v in raw.items()}
-    per_type = next((k for k in SKILL_SECTIONS if k in raw), SKILL_SECTIONS[0])
-    for s in bank:
-        item = {k: v for k, v in s.items() if k not in ("category", "section")}
-        if s["category"] == "general":
-            out.setdefault("general_skills", []).append(item)
-        else:
-            out.setdefault(s.get("section", per_type), {}).setdefault(s["category"], []).append(item)
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(out, indent=1))
-
-
-def skill_text(s):
-    return f"{s['title']}. {s['principle']} {s.get('when_to_apply', '')}"  # SkillRL's embedded text
-
 
 # ----- rewards -----
 def normalize_answer(s):
@@ -288,47 +207,6 @@ def f1_score(pred, gold):
         return 0.0
     prec, rec = common / len(p), common / len(g)
     return 2 * prec * rec / (prec + rec)
-
-
-ACTION_RE = re.compile(r"<(search|answer)>(.*?)</\1>", re.S)
-INVALID_MSG = ("\nMy previous action is invalid. If I want to search, I should put the query "
-               "between <search> and </search>. If I want to give the final answer, I should "
-               "put the answer between <answer> and </answer>. Let me try again.\n")
-
-
-def parse_action(text):
-    """First `<search>q</search>` or `<answer>a</answer>` in a turn (Search-R1), else (None, None)."""
-    m = ACTION_RE.search(text or "")
-    if m is None or not m.group(2).strip():
-        return None, None
-    return m.group(1), m.group(2).strip()
-
-
-def new_episode(task):
-    return dict(task=task, turns=0, n_search=0, n_invalid=0, pred=None, done=False)
-
-
-def env_reply(ep, text, search_fn, max_steps):
-    """One environment step of the search protocol: returns the observation to
-    insert (environment tokens, masked out of the loss) or None when the episode
-    ends (an answer, or the step budget is spent). Malformed actions are
-    penalised through n_invalid, never fatal."""
-    ep["turns"] += 1
-    action, content = parse_action(text)
-    if action == "answer":
-        ep["pred"], ep["done"] = content, True
-        return None
-    if action == "search":
-        ep["n_search"] += 1
-        docs = search_fn(content)
-        obs = "\n<information>" + " ".join(f"Doc {i + 1}: {d['text']}" for i, d in enumerate(docs)) + "</information>\n"
-    else:
-        ep["n_invalid"] += 1
-        obs = INVALID_MSG
-    if ep["turns"] >= max_steps:
-        ep["done"] = True
-        return None
-    return obs
 
 
 def episode_return(ep, invalid_penalty):
@@ -392,45 +270,6 @@ def route_target(talent):
     return f"<think>{talent['rationale']}</think><talent>{talent['talent_id']}</talent>"
 
 
-# Credit: Eq. (8) and (10)–(14) as pure functions of returns and masks.
-def talent_utilities(R_talent, R_ref):
-    """Eq. (8) per rollout and its mean over the n repeats.
-    R_talent: (T, n) returns per talent; R_ref: (n,) reference returns."""
-    # Eq. (8): u_{c,r}(x) = R(τ_{c,r}) − R(τ_{∅,r})
-    u = R_talent - R_ref[None, :]  # (T, n)
-    return u, u.mean(dim=1)  # (T, n), (T,): ū_c(x) = 1/n Σ_r u_{c,r}(x)
-
-
-def dead_zone(z, eta):
-    # Eq. (11): D_η(z) = 0 if |z| < η else z
-    return torch.where(z.abs() < eta, torch.zeros_like(z), z)
-
-
-def routing_advantage(R_a, R_controls, weights, alpha, kappa, eta):
-    """R_controls: (3,) returns of the no-skill, reduced-context and no-prior
-    controls (ℓ = skill, budget, talent); weights: (3,) summing to 1."""
-    # Eq. (12): δ_ℓ = D_η(R_a − R_ℓ),  ℓ ∈ {skill, budget, talent}
-    delta = dead_zone(R_a - R_controls, eta)  # (3,)
-    # Eq. (13): Â_talent = clip(α Σ_ℓ w_ℓ δ_ℓ, −κ, κ)
-    return float((alpha * (weights * delta).sum()).clamp(-kappa, kappa)), delta
-
-
-def token_advantages(mask, n_route, anchor, in_P, A_talent, A_exec):
-    """Eq. (14) for one rollout's completion tokens.
-    mask: per-token 1 (policy) / 0 (environment); the first n_route tokens are
-    the routing response (ℐ_route), later policy tokens are execution (ℐ_exec)."""
-    # Eq. (14): A_{i,t} = Â_talent if i = i_a, t ∈ ℐ_route; Â_exec_i if i ∈ 𝒫, t ∈ ℐ_exec; 0 otherwise
-    adv = []
-    for t, m in enumerate(mask):
-        if not m:
-            adv.append(0.0)  # environment tokens: masked out of Eq. (15) anyway
-        elif t < n_route:
-            adv.append(A_talent if anchor else 0.0)  # Â_talent, i = i_a, t ∈ ℐ_route
-        else:
-            adv.append(A_exec if in_P else 0.0)  # Â_exec_i, i ∈ 𝒫, t ∈ ℐ_exec
-    return adv  # 0 otherwise (controls, ordinary routing tokens)
-
-
 def turn_suffix_ids(tok, user_text):
     """Ids that close the assistant's routing turn, open a user turn carrying
     `user_text` (the execution context) and open the next assistant turn."""
@@ -438,50 +277,6 @@ def turn_suffix_ids(tok, user_text):
     full = tok.apply_chat_template([{"role": "user", "content": "x"}, {"role": "assistant", "content": mark},
                                     {"role": "user", "content": user_text}], add_generation_prompt=True, tokenize=False)
     return tok.encode(full.split(mark, 1)[1], add_special_tokens=False)
-
-
-class World:
-    """Everything an episode needs that is not the model: corpus, retriever,
-    SkillBank, talents and the flags, with the two retrieval look-ups."""
-
-    def __init__(self, args, embedder):
-        self.args, self.embedder = args, embedder
-        self.world = build_world(args.seed, args.n_people, args.n_places, args.n_orgs, args.n_events,
-                                 args.n_hamlets, args.n_shared)
-        self.passages = render_passages(self.world)
-        self.P_emb = embed(embedder, [p["text"] for p in self.passages])  # (n_passages, 384)
-        self.questions = build_questions(self.world, args.seed, args.n_train, args.n_test)
-        self.set_bank(*load_skillbank(args.skillbank))
-        self.cache, self.q_emb = {}, {}
-        self.set_talents(load_talents(args.talents, self.bank))
-
-    def set_bank(self, bank, raw):
-        self.bank, self.bank_raw = bank, raw
-        self.S_emb = embed(self.embedder, [skill_text(s) for s in bank])  # (S, 384)
-
-    def set_talents(self, talents):
-        self.talents, self.by_id = talents, {t["talent_id"]: t for t in talents}
-        self.D_emb = embed(self.embedder, [t["description"] for t in talents])  # (T, 384)
-
-    def description_similarity(self, task):
-        return (self.D_emb @ self.question_embedding(task["question"]).T).squeeze(1)  # (T,): cos(x, d_c)
-
-    def question_embedding(self, q):
-        if q not in self.q_emb:
-            self.q_emb[q] = embed(self.embedder, [q])  # (1, 384)
-        return self.q_emb[q]
-
-    def search(self, query):
-        if query not in self.cache:  # the same query recurs across a group's rollouts
-            self.cache[query] = search_corpus(query, self.passages, self.P_emb, self.embedder, self.args.topk_docs)
-        return self.cache[query]
-
-    def skills_for(self, task, talent, k, prior):
-        """𝒮_k(x, c) with the talent bonus (prior) or 𝒮_k(x) by similarity alone."""
-        sims = (self.S_emb @ self.question_embedding(task["question"]).T).squeeze(1)  # (S,)
-        assoc = {i for i, s in enumerate(self.bank) if talent and prior and s["skill_id"] in talent["skills"]}
-        a = self.args
-        return [self.bank[i] for i in retrieve_skills(sims, assoc, k, a.recall, a.sim_threshold, a.lam)]
 
 
 def condition_prompt(W, tok, task, cond, route_ids=None):
@@ -550,6 +345,45 @@ def run_episodes(sampler, tok, W, tasks, conds, args, temperature):
             d.update(prompt_ids=prompts[i], ids=ex.ids, mask=ex.mask, n_route=0)
         out.append(d)
     return out
+
+
+# ----- credit: Eq. (8) and (10)–(14) as pure functions of returns and masks -----
+def talent_utilities(R_talent, R_ref):
+    """Eq. (8) per rollout and its mean over the n repeats.
+    R_talent: (T, n) returns per talent; R_ref: (n,) reference returns."""
+    # Eq. (8): u_{c,r}(x) = R(τ_{c,r}) − R(τ_{∅,r})
+    u = R_talent - R_ref[None, :]  # (T, n)
+    return u, u.mean(dim=1)  # (T, n), (T,): ū_c(x) = 1/n Σ_r u_{c,r}(x)
+
+
+def dead_zone(z, eta):
+    # Eq. (11): D_η(z) = 0 if |z| < η else z
+    return torch.where(z.abs() < eta, torch.zeros_like(z), z)
+
+
+def routing_advantage(R_a, R_controls, weights, alpha, kappa, eta):
+    """R_controls: (3,) returns of the no-skill, reduced-context and no-prior
+    controls (ℓ = skill, budget, talent); weights: (3,) summing to 1."""
+    # Eq. (12): δ_ℓ = D_η(R_a − R_ℓ),  ℓ ∈ {skill, budget, talent}
+    delta = dead_zone(R_a - R_controls, eta)  # (3,)
+    # Eq. (13): Â_talent = clip(α Σ_ℓ w_ℓ δ_ℓ, −κ, κ)
+    return float((alpha * (weights * delta).sum()).clamp(-kappa, kappa)), delta
+
+
+def token_advantages(mask, n_route, anchor, in_P, A_talent, A_exec):
+    """Eq. (14) for one rollout's completion tokens.
+    mask: per-token 1 (policy) / 0 (environment); the first n_route tokens are
+    the routing response (ℐ_route), later policy tokens are execution (ℐ_exec)."""
+    # Eq. (14): A_{i,t} = Â_talent if i = i_a, t ∈ ℐ_route; Â_exec_i if i ∈ 𝒫, t ∈ ℐ_exec; 0 otherwise
+    adv = []
+    for t, m in enumerate(mask):
+        if not m:
+            adv.append(0.0)  # environment tokens: masked out of Eq. (15) anyway
+        elif t < n_route:
+            adv.append(A_talent if anchor else 0.0)  # Â_talent, i = i_a, t ∈ ℐ_route
+        else:
+            adv.append(A_exec if in_P else 0.0)  # Â_exec_i, i ∈ 𝒫, t ∈ ℐ_exec
+    return adv  # 0 otherwise (controls, ordinary routing tokens)
 
 
 # ----- training loop -----
@@ -1021,6 +855,176 @@ def main(argv=None):
     report(run_dir, results, dist)
     say(f"results: {run_dir / 'results.json'}")
     return results
+
+
+# ----- data: retriever, SkillBank and talent catalog -----
+def embed(embedder, texts):
+    """L2-normalised MiniLM embeddings, so a dot product is a cosine similarity."""
+    return torch.as_tensor(embedder.encode(list(texts), normalize_embeddings=True,
+                                           convert_to_numpy=True))  # (n, 384)
+
+
+def search_corpus(query, passages, P_emb, embedder, topk):
+    """Dense retrieval: the top-k passages by cosine similarity to the query."""
+    q = embed(embedder, [query])  # (1, 384)
+    sims = (P_emb @ q.T).squeeze(1)  # (n_passages,)
+    idx = sims.topk(min(topk, len(passages))).indices.tolist()
+    return [passages[i] for i in idx]
+
+
+def load_talents(path, bank):
+    """The talent catalog 𝒯: per talent c its id, description d_c, guidance g_c
+    and associated skill ids ℳ(c). A link to a skill missing from the bank (a
+    SkillBank from elsewhere) is dropped with a warning that names it."""
+    try:
+        talents = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"talent file {path}: {e}") from e
+    ids = {s["skill_id"] for s in bank}
+    out = []
+    for t in talents:
+        missing = [k for k in ("talent_id", "description", "guidance", "skills") if k not in t]
+        if missing:
+            raise ValueError(f"talent file {path}: talent {t.get('talent_id', '?')} lacks {missing}")
+        if dropped := [s for s in t["skills"] if s not in ids]:
+            warnings.warn(f"talent {t['talent_id']}: links to {dropped} dropped (not in the SkillBank)")
+        out.append(dict(t, skills=[s for s in t["skills"] if s in ids]))
+    return out
+
+
+# SkillRL keeps per-type skills under `task_specific_skills` (its ALFWorld bank)
+# or `query_type_skills` (its search bank); both are read and written back.
+SKILL_SECTIONS = ("task_specific_skills", "query_type_skills")
+
+
+def load_skillbank(path):
+    """A SkillBank in SkillRL's JSON format, flattened to a list of skills
+    {skill_id, title, principle, when_to_apply?, …, category, section}, and the
+    whole JSON (common mistakes, metadata and any other field), which
+    save_skillbank writes back unchanged. Mistakes are kept, not retrieved."""
+    try:
+        raw = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"SkillBank {path}: {e}") from e
+    if not isinstance(raw, dict) or not {"general_skills", *SKILL_SECTIONS} & set(raw):
+        raise ValueError(f"SkillBank {path}: expected general_skills / {' / '.join(SKILL_SECTIONS)} keys")
+    bank = [dict(s, category="general", section="general_skills") for s in raw.get("general_skills") or []]
+    for key in SKILL_SECTIONS:
+        if not isinstance(raw.get(key) or {}, dict):
+            raise ValueError(f"SkillBank {path}: {key} must map a category to a list of skills")
+        for cat, skills in (raw.get(key) or {}).items():
+            bank += [dict(s, category=cat, section=key) for s in skills]
+    for s in bank:
+        missing = [k for k in ("skill_id", "title", "principle") if not s.get(k)]
+        if missing:
+            raise ValueError(f"SkillBank {path}: skill {s.get('skill_id', '?')} lacks {missing}")
+    return bank, raw
+
+
+def save_skillbank(path, bank, raw):
+    """Write the bank back in the layout it was loaded from: every top-level field
+    of `raw` kept, skills in their section; new skills join the bank's per-type section."""
+    out = {k: (v if k not in ("general_skills", *SKILL_SECTIONS) else {c: [] for c in v}
+               if isinstance(v, dict) else []) for k, v in raw.items()}
+    per_type = next((k for k in SKILL_SECTIONS if k in raw), SKILL_SECTIONS[0])
+    for s in bank:
+        item = {k: v for k, v in s.items() if k not in ("category", "section")}
+        if s["category"] == "general":
+            out.setdefault("general_skills", []).append(item)
+        else:
+            out.setdefault(s.get("section", per_type), {}).setdefault(s["category"], []).append(item)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(out, indent=1))
+
+
+def skill_text(s):
+    return f"{s['title']}. {s['principle']} {s.get('when_to_apply', '')}"  # SkillRL's embedded text
+
+
+class World:
+    """Everything an episode needs that is not the model: corpus, retriever,
+    SkillBank, talents and the flags, with the two retrieval look-ups."""
+
+    def __init__(self, args, embedder):
+        self.args, self.embedder = args, embedder
+        self.world = build_world(args.seed, args.n_people, args.n_places, args.n_orgs, args.n_events,
+                                 args.n_hamlets, args.n_shared)
+        self.passages = render_passages(self.world)
+        self.P_emb = embed(embedder, [p["text"] for p in self.passages])  # (n_passages, 384)
+        self.questions = build_questions(self.world, args.seed, args.n_train, args.n_test)
+        self.set_bank(*load_skillbank(args.skillbank))
+        self.cache, self.q_emb = {}, {}
+        self.set_talents(load_talents(args.talents, self.bank))
+
+    def set_bank(self, bank, raw):
+        self.bank, self.bank_raw = bank, raw
+        self.S_emb = embed(self.embedder, [skill_text(s) for s in bank])  # (S, 384)
+
+    def set_talents(self, talents):
+        self.talents, self.by_id = talents, {t["talent_id"]: t for t in talents}
+        self.D_emb = embed(self.embedder, [t["description"] for t in talents])  # (T, 384)
+
+    def description_similarity(self, task):
+        return (self.D_emb @ self.question_embedding(task["question"]).T).squeeze(1)  # (T,): cos(x, d_c)
+
+    def question_embedding(self, q):
+        if q not in self.q_emb:
+            self.q_emb[q] = embed(self.embedder, [q])  # (1, 384)
+        return self.q_emb[q]
+
+    def search(self, query):
+        if query not in self.cache:  # the same query recurs across a group's rollouts
+            self.cache[query] = search_corpus(query, self.passages, self.P_emb, self.embedder, self.args.topk_docs)
+        return self.cache[query]
+
+    def skills_for(self, task, talent, k, prior):
+        """𝒮_k(x, c) with the talent bonus (prior) or 𝒮_k(x) by similarity alone."""
+        sims = (self.S_emb @ self.question_embedding(task["question"]).T).squeeze(1)  # (S,)
+        assoc = {i for i, s in enumerate(self.bank) if talent and prior and s["skill_id"] in talent["skills"]}
+        a = self.args
+        return [self.bank[i] for i in retrieve_skills(sims, assoc, k, a.recall, a.sim_threshold, a.lam)]
+
+
+# ----- search environment (Search-R1's protocol) -----
+ACTION_RE = re.compile(r"<(search|answer)>(.*?)</\1>", re.S)
+INVALID_MSG = ("\nMy previous action is invalid. If I want to search, I should put the query "
+               "between <search> and </search>. If I want to give the final answer, I should "
+               "put the answer between <answer> and </answer>. Let me try again.\n")
+
+
+def parse_action(text):
+    """First `<search>q</search>` or `<answer>a</answer>` in a turn (Search-R1), else (None, None)."""
+    m = ACTION_RE.search(text or "")
+    if m is None or not m.group(2).strip():
+        return None, None
+    return m.group(1), m.group(2).strip()
+
+
+def new_episode(task):
+    return dict(task=task, turns=0, n_search=0, n_invalid=0, pred=None, done=False)
+
+
+def env_reply(ep, text, search_fn, max_steps):
+    """One environment step of the search protocol: returns the observation to
+    insert (environment tokens, masked out of the loss) or None when the episode
+    ends (an answer, or the step budget is spent). Malformed actions are
+    penalised through n_invalid, never fatal."""
+    ep["turns"] += 1
+    action, content = parse_action(text)
+    if action == "answer":
+        ep["pred"], ep["done"] = content, True
+        return None
+    if action == "search":
+        ep["n_search"] += 1
+        docs = search_fn(content)
+        obs = "\n<information>" + " ".join(f"Doc {i + 1}: {d['text']}" for i, d in enumerate(docs)) + "</information>\n"
+    else:
+        ep["n_invalid"] += 1
+        obs = INVALID_MSG
+    if ep["turns"] >= max_steps:
+        ep["done"] = True
+        return None
+    return obs
 
 
 # ----- the world -----
