@@ -103,8 +103,6 @@ from grpo import (HFSampler, Rollout, add_grpo_args, all_reduce_sum, chat_ids, f
                   multi_turn_rollouts, parse_with_preset, plot_curves, reduce_metrics, save_checkpoint,
                   seed_everything, setup_distributed, sft_update, unwrap)
 
-
-
 # ----- config -----
 DATA = Path(__file__).resolve().parent / "data" / "talentrl"
 
