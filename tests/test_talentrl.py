@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -451,14 +452,29 @@ def test_evaluation_is_greedy_by_default(preset, tiny_world, tok):
     assert out["route_valid"] == 100.0 and out["talents"]["nq"] == {"talent_verification": 3}
 
 
+def test_evaluation_on_two_ranks_counts_what_one_process_counts(tiny_world, tok, monkeypatch):
+    args, W = tiny_world
+    tasks = [q for s in T.SPLITS for q in W.questions[s]["test"][:2]]
+    one, _ = T.evaluate(RecordingSampler(tok), tok, W, tasks, True, args, T.setup_distributed())
+    shares = {}  # each rank's outcomes, as grpo.gather_objects would concatenate them in rank order
+    monkeypatch.setattr(T, "gather_objects", lambda items, dist: shares.setdefault(dist.rank, items))
+    for rank in (0, 1):
+        T.evaluate(RecordingSampler(tok), tok, W, tasks, True, args, types.SimpleNamespace(rank=rank, world=2))
+    monkeypatch.setattr(T, "gather_objects", lambda items, dist: shares[0] + shares[1])
+    two, _ = T.evaluate(RecordingSampler(tok), tok, W, tasks, True, args, types.SimpleNamespace(rank=1, world=2))
+    assert len(shares[0]) + len(shares[1]) == len(tasks) and sum(one["n"].values()) == len(tasks)
+    assert two == one
+
+
 def test_sft_and_rl_pools_are_disjoint_or_a_clear_error():
     sft, rl = T.split_pools(list(range(10)), 4)
     assert sft == [0, 1, 2, 3] and rl == [4, 5, 6, 7, 8, 9]
     for n in (10, 12, 0):
         with pytest.raises(ValueError, match="disjoint"):
             T.split_pools(list(range(10)), n)
-    for preset, cfg in T.PRESETS.items():  # every preset leaves an RL pool
-        assert cfg["sft_tasks"] < cfg["n_train"] * len(T.TRAIN_SPLITS), preset
+    for preset in T.PRESETS:  # every preset leaves an RL pool
+        args = T.parse_with_preset(T.build_parser(), T.PRESETS, argv=["--preset", preset])
+        assert args.sft_tasks < args.n_train * len(T.TRAIN_SPLITS), preset
 
 
 def test_skillrl_sft_sees_the_original_rows_only():
