@@ -35,54 +35,30 @@ G rollouts per prompt (GRPO group); seqko@k incumbent's true score after k
 candidates of the knockout; random@N / oracle@N mean / max true score of the pool.
 
 Differences from the paper:
-  1. Backbone: the embedded SmolLM2-135M-Instruct (paper: Qwen3.5-27B and others).
-     Free-running, it never emits a parsable verdict; items 8 and 9 make it judge.
-     Invalid rates are reported beside accuracy.
-  2. Benchmarks: RewardBench2 / RM-Bench / JudgeBench / JETTS pools / IF-RewardBench
-     are not available offline; we build a small benchmark with the same shapes
-     (best-of-4 with one correct, pairwise in both orders) from reasoning-gym,
-     HumanEval and templated verifiable instructions (data/skill_rm/).
-  3. Tool-call format: one JSON object `{"name": ..., "arguments": {...}}` per turn;
-     the parser also accepts `<tool_call>` tags, Python-style calls and `[[A]]`-style
-     verdicts, so a malformed reply becomes "no call" rather than a crash.
-  4. Sandbox: besides the authors' `python -I -S`, empty env, timeout and static
-     check, we add rlimits (CPU, address space, file size, open files) and a
-     PEP 578 audit hook inside the child that blocks new imports, process
-     creation, sockets and file access outside its folder (containment, not only
-     refusal). RLIMIT_NPROC is set but is not enforced for root.
-  5. Best-of-N pools come from the policy model (SmolLM2) on reasoning-gym
-     arithmetic and our verifiable instructions, N = 8 in tiny (paper: JETTS
-     pools of 10 from Qwen2.5-72B; N = 10).
-  6. IF-RL: our verifiable-instruction prompts (paper: VerInstruct-derived
-     prompts, Tulu-3-8B-SFT policy, Verl); eval with our checkers (paper: IFEval,
-     IFBench, AdvancedIF). Policy and judge are the same 135M model; the judge is
-     a frozen copy.
-  7. The "sample-specific resources" variant of Table 8 is not built (no such
-     resources exist for a synthetic benchmark).
-  8. Constrained decoding for every judge (Skill-RM and the LLM-as-a-judge
-     baseline alike): each turn is decoded under a JSON schema (`turn_schema`):
-     tool turns an anyOf over use_skill / view_resource / run_verifier /
-     final_answer with skill and resource ids enumerated (python_sandbox's free
-     code is left out of the grammar); final and forced turns {"verdict": A|B},
-     {"choice": A..D} or {"score": 0..1 in steps of 0.1}. vLLM applies the schema
-     with xgrammar; HF generate cannot, so `ConstrainedHFSampler` decodes over the
-     prefix tree of the schema's (finite) instances: at each branch point the
-     allowed token with the highest log-probability (sampled at temperature > 0).
-     The plain judge therefore answers at once (no explanation first) and gives a
-     0-1 score like the skill contract (MT-Bench: a 0-10 rating after reasoning).
-  9. Judge SFT warm-up (`--judge-sft-steps`, on in tiny): constrained decoding
-     alone is expected to leave the 135M judge near chance (not measured yet), so each judge is first fine-tuned on
-     scripted traces (use_skill → run_verifier → final_answer with the known
-     label; the plain judge: the final answer alone) from a split the benchmark,
-     pools and RL prompts never use (`sft_items`); the baseline gets the same
-     number of steps and examples per step. The paper's judges are not trained.
-  10. Verifier and tool resources print a report when run without extra code
-      (text_checks: the constraints stated in the prompt, checked per candidate;
-      math_recompute: the recomputed value and which final numbers match), so a
-      run_verifier call needs no free code. The tables add a scripted `oracle`
-      judge (the same loop, replies that know the label) as the upper bound.
-  11. Held-out IF evaluation: the RL test prompts use their own tasks and half of
-      them a constraint type (title, postscript) no training prompt has.
+  1. Backbone: the embedded SmolLM2-135M-Instruct (paper: Qwen3.5-27B and others); free-running it
+     never emits a parsable verdict, so items 8 and 9 make it judge. Invalid rates sit beside accuracy.
+  2. Benchmark: RewardBench2 / RM-Bench / JudgeBench / JETTS / IF-RewardBench are not offline; a small
+     one of the same shapes (pairwise both orders, best-of-4) from reasoning-gym, HumanEval and
+     templated verifiable instructions (data/skill_rm/).
+  3. Tool calls: one JSON object `{"name": ..., "arguments": {...}}` per turn; the parser also takes
+     `<tool_call>` tags, Python-style calls and `[[A]]` verdicts; a malformed reply is "no call".
+  4. Sandbox: the authors' `python -I -S`, empty env, timeout and static check, plus rlimits and a
+     PEP 578 audit hook blocking imports, processes, sockets and outside files (RLIMIT_NPROC: not for root).
+  5. Best-of-N pools: 8 SmolLM2 samples per reasoning-gym arithmetic or verifiable-instruction prompt
+     (paper: JETTS pools of 10 from Qwen2.5-72B); tiny uses the first 4.
+  6. IF-RL: our verifiable-instruction prompts and checkers (paper: VerInstruct prompts, Tulu-3-8B-SFT,
+     Verl; IFEval, IFBench, AdvancedIF). Policy and judge are the same 135M model; the judge is frozen.
+  7. Table 8's "sample-specific resources" variant is not built (a synthetic benchmark has none).
+  8. Every judge (Skill-RM and the plain LLM judge) decodes each turn under a JSON schema (`turn_schema`):
+     xgrammar under vLLM, else `ConstrainedHFSampler` over the schema's finite instances. The plain judge
+     so answers at once with a 0-1 score (MT-Bench: a 0-10 rating after reasoning).
+  9. Judge SFT warm-up (`--judge-sft-steps`, on in tiny): each judge is first fine-tuned on scripted
+     traces from a split nothing else uses (`sft_items`), same steps for every judge. The paper's judges
+     are not trained.
+  10. Verifier resources print a report when run without code, so run_verifier needs none. The tables
+      add a scripted `oracle` judge (same loop, knows the label) as the upper bound.
+  11. Held-out IF evaluation: test prompts use their own tasks, half of them a constraint type (title,
+      postscript) no training prompt has.
 """
 import argparse
 import ast
