@@ -124,80 +124,73 @@ LEVELS = ["low", "medium", "high"]
 
 PRESETS = {
     # ≈ 8 min on an idle 2-core CPU: the three domains with two screened seeds each
-    # (bank.json screen_acc in [0.2, 0.7]), 8 step-wise chains per Acc cell, short
-    # generations, 2 GRPO steps per Table 3 row; β and dynamic sampling as in the paper.
-    # 192 new tokens fit a length-4 gold trace; 6 SFT epochs are what it takes the 135M
-    # model to emit the D.2 format at all (2 epochs: strict format 0 %). vLLM (`auto`)
-    # samples the rollouts and the Table 3 evaluations.
-    "tiny": dict(domains="math,logic,information_extraction", skills_per_domain=2, acc_samples=8, direct_pairs=6,
+    # (bank.json screen_acc in [0.2, 0.7]), 8 step-wise chains per Acc cell as at paper scale, short
+    # generations, 2 GRPO steps per Table 3 row. 192 new tokens fit a length-4 gold trace;
+    # 6 SFT epochs are what it takes the 135M model to emit the D.2 format at all (2 epochs:
+    # strict format 0 %). vLLM (`auto`) samples the rollouts and the Table 3 evaluations.
+    "tiny": dict(domains="math,logic,information_extraction", skills_per_domain=2, direct_pairs=6,
                  n_train=10, n_sft=4, n_test=6, train_len="3,4", test_len="2,4", llm_proposer_tasks=2,
                  regenerations=1, max_new_tokens=192, acc_max_new_tokens=32,
                  propose_max_new_tokens=128, label_seeds=1, sft_epochs=6, sft_lr=1e-4, rl_steps=2,
-                 prompts_per_step=2, G=4, lr=2e-5, beta=1e-3, dynamic_sampling=True,
-                 micro_batch=8, n_label=2, sampler="auto", baselines="sft,grpo,format_only,shuffled_ske,ske_rl"),
-    # Table 12 as reported: SFT 4 epochs lr 1e-5; GRPO G=8, 256 prompts, lr 1e-6, KL 1e-3,
-    # clip 0.2/0.2, dynamic sampling; 9K tasks (3K SFT + 6K RL) of length 3–5, 300 test 2–10.
-    "paper": dict(skills_per_domain=0, acc_samples=8, direct_pairs=200, n_train=6000,
-                  n_sft=3000, n_test=300, train_len="3,5", test_len="2,10",
-                  llm_proposer_tasks=-1, regenerations=3, max_new_tokens=4096,
-                  acc_max_new_tokens=1024, propose_max_new_tokens=2048, sft_epochs=4,
-                  sft_lr=1e-5, rl_steps=200, prompts_per_step=256, G=8, lr=1e-6, beta=1e-3,
-                  eps_low=0.2, eps_high=0.2, dynamic_sampling=True, n_label=6000, label_seeds=20,
-                  sampler="vllm", dtype="bfloat16", max_model_len=8192),  # 4096 new tokens + a long task prompt
+                 prompts_per_step=2, G=4, lr=2e-5, n_label=2, sampler="auto",
+                 baselines="sft,grpo,format_only,shuffled_ske,ske_rl"),
+    # the flag defaults (the paper's values) on GPUs: vLLM, a context for 4096 new tokens + a long task prompt
+    "paper": dict(sampler="vllm", max_model_len=8192),
 }
 
 
 def build_parser():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_grpo_args(p)
+    # Table 12: KL coefficient 1e-3 and DAPO dynamic sampling; 4096 new tokens per rollout (our paper-scale cap)
+    p.set_defaults(beta=1e-3, dynamic_sampling=True, max_new_tokens=4096)
     p.add_argument("stage", nargs="?", default="all", choices=STAGES, help="stage to run (default: all)")
     g = p.add_argument_group("skill bank (§3.2 stage 1)")
     g.add_argument("--bank", default=str(DATA / "bank.json"), help="skill bank JSON (curated default)")
     g.add_argument("--domains", default="", help="comma-separated subset of the bank's domains (default: all nine)")
-    g.add_argument("--skills-per-domain", type=int, default=0, help="keep the first k skills of each domain (0 = all; paper 558 skills)")
-    g.add_argument("--label-seeds", type=int, default=3, help="seeds per skill labelled by the LLM in `bank`")
+    g.add_argument("--skills-per-domain", type=int, default=0, help="keep the first k skills of each domain (0 = all; paper: 558 skills)")
+    g.add_argument("--label-seeds", type=int, default=20, help="seeds per skill labelled by the LLM in `bank` (paper: not stated)")
     g.add_argument("--cluster-threshold", type=float, default=0.6, help="cosine threshold for merging label clusters in `bank`")
     g = p.add_argument_group("skill entropy (§3.1, B.3–B.5)")
-    g.add_argument("--ref-model", default=None, help="reference model for Acc (default: --model; paper Claude-opus-4.7)")
+    g.add_argument("--ref-model", default=None, help="reference model for Acc (default: --model; paper: Claude-opus-4.7)")
     g.add_argument("--frozen-dtype", default="bfloat16", choices=["float32", "bfloat16"], help="dtype of the frozen reference/proposer/judge/teacher models (bf16 ≈ 3× faster on CPU)")
-    g.add_argument("--alpha", type=float, default=0.1, help="α, Laplace smoothing in Eq. (3); paper 0.1")
-    g.add_argument("--acc-samples", type=int, default=4, help="Monte-Carlo two-step questions per Acc cell")
-    g.add_argument("--acc-max-new-tokens", type=int, default=256, help="generation cap for Acc estimates")
+    g.add_argument("--alpha", type=float, default=0.1, help="α, Laplace smoothing in Eq. (3) (paper: 0.1)")
+    g.add_argument("--acc-samples", type=int, default=8, help="Monte-Carlo two-step questions per Acc cell (paper: not stated)")
+    g.add_argument("--acc-max-new-tokens", type=int, default=1024, help="generation cap for Acc estimates (paper: not stated)")
     g.add_argument("--pair-acc", default="both", choices=["both", "second"], help="Acc(a,b): mean of both steps (NOTES proposal) or step b only")
-    g.add_argument("--direct-pairs", type=int, default=20, help="skill pairs evaluated directly by Eq. (3) to check Eq. (7)")
+    g.add_argument("--direct-pairs", type=int, default=200, help="skill pairs evaluated directly by Eq. (3) to check Eq. (7) (proposal; not in the paper)")
     g.add_argument("--level-quantiles", default="0.33,0.67", help="θ_ℓ, θ_h as quantiles of pairwise SkE (proposal)")
     g = p.add_argument_group("task synthesis (§3.2 stage 3, B.6–B.9)")
-    g.add_argument("--n-train", type=int, default=60, help="training tasks (verifiable domains; paper 9K incl. SFT)")
-    g.add_argument("--n-sft", type=int, default=20, help="of --n-train, tasks used for SFT warm-up (paper 3K)")
-    g.add_argument("--n-test", type=int, default=30, help="held-out Skill²-Bench tasks, all 9 domains (paper 300)")
-    g.add_argument("--train-len", default="3,5", help="L range for training tasks; paper 3,5")
-    g.add_argument("--test-len", default="2,10", help="L range for test tasks; paper 2,10")
+    g.add_argument("--n-train", type=int, default=6000, help="training tasks, verifiable domains, SFT ones included (paper: 9K = 3K SFT + 6K RL)")
+    g.add_argument("--n-sft", type=int, default=3000, help="of --n-train, tasks used for SFT warm-up (paper: 3K)")
+    g.add_argument("--n-test", type=int, default=300, help="held-out Skill²-Bench tasks, all 9 domains (paper: 300)")
+    g.add_argument("--train-len", default="3,5", help="L range for training tasks (paper: 3,5)")
+    g.add_argument("--test-len", default="2,10", help="L range for test tasks (paper: 2,10)")
     g.add_argument("--max-reject", type=int, default=2000, help="rejection-sampling draws per task")
     g.add_argument("--proposer", default=None, help="proposer LLM (default: --model)")
     g.add_argument("--llm-proposer-tasks", type=int, default=-1, help="tasks that try the LLM proposer first (-1 = all)")
-    g.add_argument("--regenerations", type=int, default=3, help="LLM proposer attempts before template fallback; paper 3")
-    g.add_argument("--propose-max-new-tokens", type=int, default=1024, help="generation cap for proposer/verifier")
+    g.add_argument("--regenerations", type=int, default=3, help="LLM proposer attempts before template fallback (paper: 3)")
+    g.add_argument("--propose-max-new-tokens", type=int, default=2048, help="generation cap for proposer/verifier (paper: not stated)")
     g.add_argument("--verifier", default="rules+llm", choices=["rules+llm", "rules", "llm"], help="4-check verifier (B.9)")
     g = p.add_argument_group("scorers eval_d (§2, B.3)")
     g.add_argument("--judge", default=None, help="LLM judge for open-ended steps (default: --ref-model)")
     g.add_argument("--code-timeout", type=float, default=5.0, help="seconds per sandboxed HumanEval run")
     g.add_argument("--code-mem-mb", type=int, default=512, help="address-space limit of the sandbox (MiB)")
     g = p.add_argument_group("Skill-Entropy RL (§4, D.2–D.7)")
-    g.add_argument("--lambda-ans", type=float, default=0.7, help="λ_ans in Eq. (5); paper 0.7")
-    g.add_argument("--lambda-ent", type=float, default=0.3, help="λ_ent in Eq. (5); paper 0.3")
-    g.add_argument("--match-threshold", type=float, default=0.5, help="cosine below which an emitted skill is out-of-bank (D.4); paper 0.5")
-    g.add_argument("--teacher", default=None, help="SFT teacher (default: --model; paper Qwen3-8B)")
-    g.add_argument("--sft-epochs", type=int, default=4, help="SFT warm-up epochs; paper 4")
-    g.add_argument("--sft-lr", type=float, default=1e-5, help="SFT learning rate; paper 1e-5")
+    g.add_argument("--lambda-ans", type=float, default=0.7, help="λ_ans in Eq. (5) (paper: 0.7)")
+    g.add_argument("--lambda-ent", type=float, default=0.3, help="λ_ent in Eq. (5) (paper: 0.3)")
+    g.add_argument("--match-threshold", type=float, default=0.5, help="cosine below which an emitted skill is out-of-bank (D.4) (paper: 0.5)")
+    g.add_argument("--teacher", default=None, help="SFT teacher (default: --model; paper: Qwen3-8B)")
+    g.add_argument("--sft-epochs", type=int, default=4, help="SFT warm-up epochs (paper: 4)")
+    g.add_argument("--sft-lr", type=float, default=1e-5, help="SFT learning rate (paper: 1e-5)")
     g.add_argument("--sft-min-rans", type=float, default=1.0, help="teacher trace kept for SFT if r_ans ≥ this")
     g.add_argument("--sft-gold-fallback", type=int, default=1, help="1: gold trace when the teacher's fails")
-    g.add_argument("--rl-steps", type=int, default=200, help="GRPO steps per run")
-    g.add_argument("--prompts-per-step", type=int, default=256, help="tasks per GRPO step; paper 256")
+    g.add_argument("--rl-steps", type=int, default=200, help="GRPO steps per run (paper: not stated)")
+    g.add_argument("--prompts-per-step", type=int, default=256, help="tasks per GRPO step (paper: 256)")
     g.add_argument("--baselines", default="base,sft,grpo,ske_rl", help="Table 3 rows to run")
     g.add_argument("--lambda-sweep", default="", help="λ_ans values for the D.7 sweep, e.g. 0.9,0.7,0.5,0.3")
-    g.add_argument("--n-label", type=int, default=20, help="off-the-shelf problems labelled by `label` (§4.4)")
+    g.add_argument("--n-label", type=int, default=6000, help="off-the-shelf problems labelled by `label` (§4.4) (paper: 6K)")
     g.add_argument("--compare-runs", default="", help="`compare`: run folders (one seed each), separated by commas or spaces → Table 3 mean ± sd")
-    add_grpo_args(p)
     return p
 
 # ----- data -----
@@ -1616,7 +1609,7 @@ def stage_compare(args):
 
 def main(argv=None):
     t_start = time.time()
-    args = parse_with_preset(build_parser(), PRESETS, argv=argv)
+    args = parse_with_preset(build_parser(), PRESETS, argv=argv, name="skill_entropy")
     if args.stage == "compare":
         return stage_compare(args)
     if not (0 <= args.lambda_ans <= 1 and 0 <= args.lambda_ent <= 1):
