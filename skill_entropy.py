@@ -28,72 +28,40 @@ smoothing, SkE skill entropy, τ task, L task length, μ(τ) skill sequence, ρ 
 the empirical CDF F of training-set SkE*, λ_ans/λ_ent reward weights, G group size.
 
 Differences from the paper:
- 1. Reference model, proposer, verifier, judge, teacher and annotator are the embedded
-    SmolLM2-135M (flags; the paper uses Claude-opus-4.7 / Qwen3-8B). A 135M model rarely
-    follows the formats, so accuracies are low and noisy and most tasks fall back to
-    the template proposer; the output records which proposer made each task.
- 2. Seeds: reasoning-gym generators (math, logic, planning, extraction) and HumanEval
-    (coding) with small configs; science uses a 20-question multiple-choice set written
-    for this project (data/skill_entropy/science_mc.jsonl). 36 curated skills, not 558.
-    The sources were screened once by the embedded model's single-question accuracy
-    (data/skill_entropy/screen.py → screen.json; each bank skill records screen_acc):
-    math, logic and extraction lead with two seeds in or next to [0.2, 0.7]; planning
-    has one, coding (1 of 80 HumanEval problems) and science (0 %) none.
- 3. The curated bank is the default; `bank` runs the labelling pipeline (3–5 labels per
-    seed, MiniLM embeddings, greedy average-link clustering at --cluster-threshold) and
-    writes bank_labelled.json for review; no manual review step is automated.
- 4. Acc(s) is measured on two-step questions that use skill s twice; open-ended skills
-    get an Acc(s) from the rubric judge (the paper only reports them cross-skill) so that
-    tasks containing them have a task-level SkE. Each two-step question is asked step by
-    step (step 1 alone, then step 2 as the next turn after the model's own reply) and each
-    reply is read leniently per scorer (answer tag, whole text, first line, last number,
-    first word; the best readout counts): a 135M model asked both steps in one prompt
-    answers ≈ 0 %, one at a time ≈ 15 %. A chain's value is the mean of its two steps
-    (NOTES proposal) or, with --pair-acc second, its second step, for Acc(s) and Acc(a,b)
-    alike. The direct Eq. (3) pairs get their own chains, kept out of the Eq. (7) cells.
- 5. Levels: θ_ℓ < θ_h nearest the 33rd/67th percentiles of the factorised pairwise table
-    (proposal), each placed halfway between two distinct values so ties never straddle a
-    threshold (`level_thresholds`).
- 6. Verifier = deterministic rules for the four checks AND the LLM verifier prompt of B.9
-    (--verifier). The template proposer states the dependency in words ("using your
-    answer to step i−1") but the seed question itself does not change, so
-    dependency_present is weaker than in the paper's rewritten tasks. A template task
-    that fails the rules gets fresh seeds (up to --regenerations times), else is dropped.
-    Train and test seeds come from disjoint halves of each source (`seed_pool`).
- 7. r_ent: predicted SkE over switches whose two labels are both in-bank (cos ≥ 0.5);
-    none matched → r_ent = 0 (NOTES proposal). MiniLM replaces Qwen3-Embedding-0.6B.
- 8. SFT traces: the teacher's traces that parse and score r_ans ≥ --sft-min-rans; tasks
-    whose teacher trace fails get a gold trace built from the gold skills and answers
-    (--sft-gold-fallback), because a 135M teacher is almost never right.
- 9. Bench/Table 3 scoring extracts answers leniently (k-th <answer> tag → step k, then the
-    per-scorer readouts of 4.) and reports the strict-format rate separately; rewards use
-    the strict D.2 parser. Table 2's single- and cross-skill "overall" run over the same
-    (verifiable) steps; cross-skill over all steps, open-ended included, is printed apart.
-10. The judge for open-ended steps is the reference model (paper: Claude-opus-4.7 for the
-    bench, the evaluated model itself for Table 3); one greedy sample, not 4 at T=0.7.
-11. Table 3 controls added here: "format bonus" (r_ent = 1 whenever some switch has both
-    skills in-bank, i.e. wherever Eq. 6 would be computed) and "shuffled SkE" (Eq. 6 on the
-    SkE table with its values permuted over the skill pairs; F and SkE* from that table).
-    The skill-aware baselines are simplified (rows marked *): Skill-Distill = SFT on the
-    --n-sft training tasks that cover the most distinct skill switches (greedy), no RL;
-    SkillRL = GRPO whose λ_ent term pays the share of steps whose matched skill is the
-    gold one (a skill-level signal without SkE); STAT = answer-only GRPO whose task stream
-    is redrawn ∝ 1.05 − the reference model's mean Acc(s) of a task's skills (weakest
-    skills first; STAT uses the trained model's own weaknesses). The external benchmarks
-    (D.9–D.10) are not reproduced. Off-the-shelf data (§4.4) is reasoning-gym
-    gsm_symbolic with traces written by the teacher, not OpenR1-Math.
-12. Code steps run in sandbox.run_sandboxed (shared with skill_rm.py): bubblewrap
-    namespaces (pid, network, mount), a fresh unprivileged uid, rlimits, an empty
-    environment and a temporary folder, with an audit hook as defence in depth; see
-    sandbox.py and the README's Sandbox section.
-13. Scale: the tiny preset keeps three verifiable domains with two screened skills each
-    (--domains, --skills-per-domain; 0 uses all 36) and 8 chains per Acc cell; Acc(s, d)
-    pools the chains s → (each skill of d in turn) and Acc(d, s) the same chains seen from
-    their second skill (|S|·|D|·acc_samples chains, as in B.4), plus |S|·acc_samples for
-    Acc(s) and direct_pairs·acc_samples for the Eq. (3) check.
-14. Frozen models (reference, proposer, verifier, judge, teacher) run in bf16
-    (--frozen-dtype); only rank 0 runs the bank/ske/synth/bench/label stages, and SFT
-    examples are not sharded over ranks.
+ 1. Reference model, proposer, verifier, judge, teacher and annotator are the embedded SmolLM2-135M
+    (flags; paper: Claude-opus-4.7 / Qwen3-8B), so most tasks come from the template proposer
+    (each task records its proposer).
+ 2. Seeds: reasoning-gym (math, logic, planning, extraction), HumanEval (coding) and a 20-question
+    science set written here (data/skill_entropy/science_mc.jsonl); 36 curated skills, not 558, each
+    with the embedded model's screened accuracy (data/skill_entropy/screen.py → screen_acc).
+ 3. The curated bank is the default; `bank` runs the labelling pipeline (LLM labels, MiniLM,
+    average-link clustering at --cluster-threshold) into bank_labelled.json, for manual review.
+ 4. Acc(s) comes from two-step chains s → s (open-ended skills too, via the judge). Every chain is
+    asked step by step, each reply read leniently per scorer, and valued as the mean of its two
+    steps (--pair-acc second: step 2). Direct Eq. (3) pairs get their own chains.
+ 5. Levels: θ_ℓ < θ_h nearest the 33rd/67th percentiles of the Eq. (7) table, each halfway between
+    two distinct values (`level_thresholds`; NOTES proposal).
+ 6. Verifier: the four B.9 checks as deterministic rules and as the LLM prompt (--verifier). Template
+    tasks keep the seed question and refer to step i−1 in words; one that fails the rules gets fresh
+    seeds (--regenerations), else is dropped.
+ 7. r_ent: predicted SkE over switches whose two labels are both in-bank (cos ≥ 0.5); none → r_ent = 0
+    (NOTES proposal). MiniLM replaces Qwen3-Embedding-0.6B.
+ 8. SFT traces: the teacher's traces that parse with r_ans ≥ --sft-min-rans, else a gold trace built
+    from the gold skills and answers (--sft-gold-fallback).
+ 9. Bench and Table 3 read answers leniently (k-th <answer> tag, then the readouts of 4.) and report
+    the strict-format rate apart; rewards use the strict D.2 parser. Table 2's single- and
+    cross-skill "overall" run over the same verifiable steps.
+10. The judge of open-ended steps is the reference model, one greedy sample (paper: Claude-opus-4.7
+    for the bench, the evaluated model for Table 3; 4 samples at T = 0.7).
+11. Table 3 adds the controls "format bonus" (r_ent = 1 wherever Eq. 6 applies) and "shuffled SkE";
+    Skill-Distill*, SkillRL* and STAT* are simplified (`ROWS`). D.9–D.10 are not reproduced; §4.4
+    uses reasoning-gym gsm_symbolic with teacher traces, not OpenR1-Math.
+12. Code steps run in sandbox.run_sandboxed, shared with skill_rm.py: bubblewrap namespaces, their
+    own uid, rlimits, an empty environment and a temporary folder (see sandbox.py).
+13. Scale: tiny keeps three verifiable domains × two screened skills and 8 chains per Acc cell;
+    Acc needs |S|·(|D| + 1)·acc_samples chains (B.4) plus direct_pairs·acc_samples for Eq. (3).
+14. Frozen models run in bf16 (--frozen-dtype); only rank 0 runs the bank/ske/synth/bench/label
+    stages, and SFT examples are not sharded over ranks.
 """
 
 import argparse
