@@ -130,7 +130,7 @@ def build_parser():
     g.add_argument("--direct-pairs", type=int, default=200, help="skill pairs evaluated directly by Eq. (3) to check Eq. (7) (proposal; not in the paper)")
     g.add_argument("--level-quantiles", default="0.33,0.67", help="θ_ℓ, θ_h as quantiles of pairwise SkE (proposal)")
     g = p.add_argument_group("task synthesis (§3.2 stage 3, B.6–B.9)")
-    g.add_argument("--n-train", type=int, default=6000, help="training tasks, verifiable domains, SFT ones included (paper: 9K = 3K SFT + 6K RL)")
+    g.add_argument("--n-train", type=int, default=9000, help="training tasks, verifiable domains, SFT ones included (paper: 9K = 3K SFT + 6K RL)")
     g.add_argument("--n-sft", type=int, default=3000, help="of --n-train, tasks used for SFT warm-up (paper: 3K)")
     g.add_argument("--n-test", type=int, default=300, help="held-out Skill²-Bench tasks, all 9 domains (paper: 300)")
     g.add_argument("--train-len", default="3,5", help="L range for training tasks (paper: 3,5)")
