@@ -98,10 +98,10 @@ from pathlib import Path
 import torch
 import yaml
 
-from grpo import (add_grpo_args, chat_ids, frozen_copy, grpo_update, load_model, load_policy, log_metrics,
-                  make_optimizer, make_sampler, parse_with_preset, plot_curves, sft_update,
-                  sample_group_rollouts, seed_everything, setup_distributed, unwrap, HFSampler,
-                  Sample, VLLMSampler)
+from grpo import (add_grpo_args, chat_ids, grpo_update, make_optimizer, parse_with_preset, sft_update,
+                  sample_group_rollouts, seed_everything, setup_distributed)
+from plumbing import (frozen_copy, load_model, load_policy, log_metrics, make_sampler, plot_curves, unwrap, HFSampler,
+                      Sample, VLLMSampler)
 from sandbox import CODE_IMPORTS, run_sandboxed, sandbox_static_check
 
 ROOT = Path(__file__).resolve().parent
