@@ -677,7 +677,7 @@ def schema_instances(schema):
 
 
 class ConstrainedHFSampler(HFSampler):
-    """HF generate plus the fallback for json_schema that grpo.HFSampler lacks: when the schema
+    """HF generate plus the fallback for json_schema that plumbing.HFSampler lacks: when the schema
     is finite, decode token by token restricted to the prefix tree of its instances (greedy at
     temperature 0: the allowed token with the highest log-probability; else sampled among the
     allowed tokens). A KV cache per conversation is kept, so the next turn of a judge only
