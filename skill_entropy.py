@@ -77,10 +77,10 @@ from pathlib import Path
 
 import numpy as np
 
-from grpo import (HFSampler, add_grpo_args, barrier, chat_ids, grpo_update, load_checkpoint, load_embedder,
-                  load_model, load_policy, log_metrics, make_optimizer, make_sampler, parse_with_preset, plot_curves,
-                  reduce_metrics, replica, sample_group_rollouts, save_checkpoint, seed_everything,
-                  setup_distributed, sft_update, unwrap)
+from grpo import (add_grpo_args, barrier, chat_ids, grpo_update, make_optimizer, parse_with_preset, reduce_metrics,
+                  sample_group_rollouts, seed_everything, setup_distributed, sft_update)
+from plumbing import (HFSampler, load_checkpoint, load_embedder, load_model, load_policy, log_metrics, make_sampler,
+                      plot_curves, replica, save_checkpoint, unwrap)
 from sandbox import CODE_IMPORTS, run_sandboxed
 
 HERE = Path(__file__).resolve().parent

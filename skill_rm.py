@@ -74,10 +74,10 @@ from pathlib import Path
 import torch
 import yaml
 
-from grpo import (add_grpo_args, chat_ids, frozen_copy, grpo_update, load_model, load_policy, log_metrics,
-                  make_optimizer, make_sampler, parse_with_preset, plot_curves, sft_update,
-                  sample_group_rollouts, seed_everything, setup_distributed, unwrap, HFSampler,
-                  Sample, VLLMSampler)
+from grpo import (add_grpo_args, chat_ids, grpo_update, make_optimizer, parse_with_preset, sft_update,
+                  sample_group_rollouts, seed_everything, setup_distributed)
+from plumbing import (frozen_copy, load_model, load_policy, log_metrics, make_sampler, plot_curves, unwrap, HFSampler,
+                      Sample, VLLMSampler)
 from sandbox import CODE_IMPORTS, run_sandboxed, sandbox_static_check
 
 ROOT = Path(__file__).resolve().parent
@@ -449,7 +449,7 @@ def schema_instances(schema):
 
 
 class ConstrainedHFSampler(HFSampler):
-    """HF generate plus the fallback for json_schema that grpo.HFSampler lacks: when the schema
+    """HF generate plus the fallback for json_schema that plumbing.HFSampler lacks: when the schema
     is finite, decode token by token restricted to the prefix tree of its instances (greedy at
     temperature 0: the allowed token with the highest log-probability; else sampled among the
     allowed tokens). A KV cache per conversation is kept, so the next turn of a judge only

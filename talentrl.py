@@ -65,10 +65,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from grpo import (HFSampler, Rollout, add_grpo_args, all_reduce_sum, broadcast_object, chat_ids, frozen_copy, gather_objects, group_advantages, grpo_update,
-                  load_checkpoint, load_embedder, load_model, load_policy, log_metrics, make_optimizer, make_sampler,
-                  multi_turn_rollouts, parse_with_preset, plot_curves, reduce_metrics, save_checkpoint,
-                  seed_everything, setup_distributed, sft_update, unwrap)
+from grpo import (Rollout, add_grpo_args, all_reduce_sum, broadcast_object, chat_ids, gather_objects, group_advantages,
+                  grpo_update, make_optimizer, multi_turn_rollouts, parse_with_preset, reduce_metrics, seed_everything,
+                  setup_distributed, sft_update)
+from plumbing import (HFSampler, frozen_copy, load_checkpoint, load_embedder, load_model, load_policy, log_metrics,
+                      make_sampler, plot_curves, save_checkpoint, unwrap)
 
 # ----- config -----
 DATA = Path(__file__).resolve().parent / "data" / "talentrl"

@@ -275,10 +275,10 @@ def test_scripted_teacher_reads_facts():
 
 def test_phase1_keeps_positive_utility_tasks_with_routing_and_execution_targets(embedder):
     from transformers import AutoTokenizer
-    import grpo
+    import plumbing
     args = T.parse_with_preset(T.build_parser(), T.PRESETS, argv=["--preset", "tiny"])
     W = T.World(args, embedder)
-    tok = AutoTokenizer.from_pretrained(grpo.resolve_model("embedded"))
+    tok = AutoTokenizer.from_pretrained(plumbing.resolve_model("embedded"))
     tasks = [q for s in T.TRAIN_SPLITS for q in W.questions[s]["train"]]
     talent_rows, ref_rows, st = T.build_sft_data(None, tok, W, tasks, args)
     assert st["n_kept"] == len(talent_rows) >= 1 and ref_rows
@@ -301,7 +301,7 @@ class ScriptedSampler:
         self.tok, self.answers = tok, answers
 
     def generate(self, prompts, n, max_new_tokens, temperature, top_p=1.0, stop=None, json_schema=None):
-        from grpo import Sample
+        from plumbing import Sample
         out = []
         for p in prompts:
             text = self.tok.decode(p)
@@ -317,10 +317,10 @@ class ScriptedSampler:
 
 def test_eq10_to_eq14_in_talentrl_rollouts(embedder):
     from transformers import AutoTokenizer
-    import grpo
+    import plumbing
     args = T.parse_with_preset(T.build_parser(), T.PRESETS, argv=["--preset", "tiny", "--G", "3", "--train-controls"])
     W = T.World(args, embedder)
-    tok = AutoTokenizer.from_pretrained(grpo.resolve_model("embedded"))
+    tok = AutoTokenizer.from_pretrained(plumbing.resolve_model("embedded"))
     task = W.questions["hotpotqa"]["train"][0]
     rollouts, st = T.talentrl_rollouts(ScriptedSampler(tok, {task["question"]: task["answer"]}), tok, W, [task], args, 0)
     # anchor 1, no-skill 0, reduced-context (k = 2 skills, guidance) 1, no-prior 0 → δ = (1, 0, 1)
@@ -350,8 +350,8 @@ def tiny_world(embedder):
 @pytest.fixture(scope="module")
 def tok():
     from transformers import AutoTokenizer
-    import grpo
-    return AutoTokenizer.from_pretrained(grpo.resolve_model("embedded"))
+    import plumbing
+    return AutoTokenizer.from_pretrained(plumbing.resolve_model("embedded"))
 
 
 def _runs_of_ones(mask):
@@ -430,7 +430,7 @@ class RecordingSampler:
         self.tok, self.temps = tok, []
 
     def generate(self, prompts, n, max_new_tokens, temperature, top_p=1.0, stop=None, json_schema=None):
-        from grpo import Sample
+        from plumbing import Sample
         self.temps.append(temperature)
         reply = ("<think>x</think><talent>talent_verification</talent>" if stop == ["</talent>"]
                  else "<answer>nobody</answer>")
@@ -529,7 +529,7 @@ class UtilityTeacher:
         self.tok, self.W, self.plans, self.calls = tok, W, plans, {}
 
     def generate(self, prompts, n, max_new_tokens, temperature, top_p=1.0, stop=None, json_schema=None):
-        from grpo import Sample
+        from plumbing import Sample
         out = []
         for p in prompts:
             text = self.tok.decode(p)
