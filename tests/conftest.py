@@ -15,8 +15,8 @@ def tiny_model_dir(tmp_path_factory):
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    import grpo
-    tok = AutoTokenizer.from_pretrained(grpo.embedded_model_path())
+    import plumbing
+    tok = AutoTokenizer.from_pretrained(plumbing.embedded_model_path())
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=512,
                       tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)

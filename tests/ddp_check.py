@@ -9,14 +9,15 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import grpo  # noqa: E402
+import plumbing  # noqa: E402
 
 model_dir, out, agg, *extra = sys.argv[1:]
 p = argparse.ArgumentParser()
 grpo.add_grpo_args(p)
 args = p.parse_args(["--model", model_dir, "--micro-batch", "3", "--beta", "0.1", "--loss-agg", agg, "--passes", "2", "--no-autocast", *extra])
 dist = grpo.setup_distributed()
-model, tok = grpo.load_policy(args, dist)
-ref = grpo.load_model(model_dir, dist, trainable=False)[0]
+model, tok = plumbing.load_policy(args, dist)
+ref = plumbing.load_model(model_dir, dist, trainable=False)[0]
 with torch.no_grad():  # a reference that differs from the policy, so the KL term has a gradient
     for q in ref.parameters():
         q.add_(0.05 * torch.randn(q.shape, generator=torch.Generator().manual_seed(q.numel())))
@@ -33,7 +34,7 @@ for grp in range(5):
                                      reward=float(torch.rand(1, generator=g)), group=grp))
 mine = [r for r in rollouts if r.group % dist.world == dist.rank]
 metrics = grpo.grpo_update(model, ref, opt, mine, args, dist)
-state = grpo.full_state_dict(model)  # under FSDP a collective: every rank calls it
+state = plumbing.full_state_dict(model)  # under FSDP a collective: every rank calls it
 if dist.is_main:
     torch.save({"state": state, "metrics": metrics}, out)
 if dist.world > 1:

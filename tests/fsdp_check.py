@@ -9,6 +9,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import grpo  # noqa: E402
+import plumbing  # noqa: E402
 
 mode, rest = sys.argv[1], sys.argv[2:]
 if mode == "main":
@@ -20,13 +21,13 @@ grpo.add_grpo_args(p)
 args = p.parse_args(["--model", rest[0], "--fsdp", "--lr", "3e-3", "--grad-clip", "1e9", "--max-model-len", "256",
                      "--vllm-kv-gib", "0.05"])
 dist = grpo.setup_distributed()
-model, tok = grpo.load_policy(args, dist)
+model, tok = plumbing.load_policy(args, dist)
 opt = grpo.make_optimizer(model, args)
 if mode == "roundtrip":
-    grpo.load_checkpoint(rest[1], model, opt, dist)
-    grpo.save_checkpoint(rest[2], model, tok, opt, 0, {}, dist)
+    plumbing.load_checkpoint(rest[1], model, opt, dist)
+    plumbing.save_checkpoint(rest[2], model, tok, opt, 0, {}, dist)
 elif mode == "vllm":
-    v, h = grpo.VLLMSampler(model, tok, args, dist), grpo.HFSampler(model, tok)
+    v, h = plumbing.VLLMSampler(model, tok, args, dist), plumbing.HFSampler(model, tok)
     q = [grpo.chat_ids(tok, [{"role": "user", "content": "Name a fruit."}])]
     before = v.generate(q, 1, 12, 0.0)[0][0].text
     tgt = tok.encode("The secret word is banana split.", add_special_tokens=False) + [tok.eos_token_id]

@@ -8,6 +8,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import grpo  # noqa: E402
+import plumbing  # noqa: E402
 import talentrl as T  # noqa: E402
 
 
@@ -32,7 +33,7 @@ class ScriptedPolicy:
                 q = next(q for q in self.answers if q in text)
                 good = "Talent guidance" in text and "Relevant skills" in text
                 replies = [f"<answer>{self.answers[q] if good else 'nobody'}</answer>"] * n
-            out.append([grpo.Sample(self.tok.encode(r, add_special_tokens=False), r) for r in replies])
+            out.append([plumbing.Sample(self.tok.encode(r, add_special_tokens=False), r) for r in replies])
         return out
 
 
@@ -44,8 +45,8 @@ if __name__ == "__main__":
         "--n-shared", "2", "--n-train", "8", "--n-test", "1"])
     dist = grpo.setup_distributed()
     W = T.World(args, T.load_embedder())
-    model, tok = grpo.load_policy(args, dist)
-    ref = grpo.load_model(model_dir, dist, trainable=False)[0]
+    model, tok = plumbing.load_policy(args, dist)
+    ref = plumbing.load_model(model_dir, dist, trainable=False)[0]
     with torch.no_grad():  # a reference that differs from the policy, so the KL term has a gradient
         for q in ref.parameters():
             q.add_(0.05 * torch.randn(q.shape, generator=torch.Generator().manual_seed(q.numel())))
@@ -56,6 +57,6 @@ if __name__ == "__main__":
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     metrics = grpo.grpo_update(model, ref, opt, rollouts, args, dist)
     if dist.is_main:
-        torch.save({"state": grpo.unwrap(model).state_dict(), "metrics": metrics}, out)
+        torch.save({"state": plumbing.unwrap(model).state_dict(), "metrics": metrics}, out)
     if dist.world > 1:
         torch.distributed.destroy_process_group()

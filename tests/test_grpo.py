@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import grpo
+import plumbing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -110,7 +111,7 @@ def _rollouts(n_groups=3, G=2, seed=0):
 
 def _fresh(tiny_model_dir):
     dist = grpo.setup_distributed()
-    model = grpo.load_model(tiny_model_dir, dist)[0]
+    model = plumbing.load_model(tiny_model_dir, dist)[0]
     return model, dist
 
 
@@ -160,8 +161,8 @@ def test_bf16_master_updates_match_fp32_updates(tiny_model_dir):
     for precision, dtype in (("fp32", "float32"), ("bf16", "bfloat16")):
         args = make_args("--model", tiny_model_dir, "--precision", precision, "--dtype", dtype, "--lr", "1e-3",
                          "--beta", "0.1", "--passes", "2", "--micro-batch", "7")
-        model, _ = grpo.load_policy(args, dist)
-        ref = grpo.load_model(tiny_model_dir, dist, dtype, trainable=False)[0]
+        model, _ = plumbing.load_policy(args, dist)
+        ref = plumbing.load_model(tiny_model_dir, dist, dtype, trainable=False)[0]
         with torch.no_grad():
             for m in (model, ref):
                 for p in m.parameters():
@@ -190,7 +191,7 @@ def test_master_weights_keep_updates_below_bf16_resolution(tiny_model_dir):
     step away, while MasterAdamW accumulates 300 steps of −lr·sign(g) in the fp32 masters and the bf16 weights follow."""
     dist = grpo.setup_distributed()
     args = make_args("--lr", "1e-6")
-    plain, master = (grpo.load_model(tiny_model_dir, dist, "bfloat16")[0] for _ in range(2))
+    plain, master = (plumbing.load_model(tiny_model_dir, dist, "bfloat16")[0] for _ in range(2))
     init = [p.detach().clone() for p in plain.parameters()]
     opts = torch.optim.AdamW(plain.parameters(), lr=1e-6, weight_decay=0.0), grpo.make_optimizer(master, args)
     for _ in range(300):
@@ -242,10 +243,10 @@ def test_bad_inputs_do_not_crash(tiny_model_dir):
 
 def test_missing_model_path_is_one_clear_error(tmp_path):
     with pytest.raises(SystemExit, match="cannot load model"):
-        grpo.resolve_model(str(tmp_path / "no-such-model"))
+        plumbing.resolve_model(str(tmp_path / "no-such-model"))
     (tmp_path / "empty").mkdir()
     with pytest.raises(SystemExit, match="no config.json"):
-        grpo.resolve_model(str(tmp_path / "empty"))
+        plumbing.resolve_model(str(tmp_path / "empty"))
 
 
 # ----- distributed, resume, samplers -----
@@ -325,7 +326,7 @@ def test_fsdp_resume_and_checkpoints(tiny_model_dir, tmp_path):
         assert set(x) == set(y) and all(torch.equal(x[k], y[k]) for k in x)
     for x, y in [(adam("a"), adam("b")), (adam("ddp"), adam("back"))]:
         assert set(x) == set(y) and all(torch.equal(x[i][k], y[i][k]) for i in x for k in x[i])
-    assert grpo.read_metrics(tmp_path / "a")[3]["reward"] == grpo.read_metrics(tmp_path / "b")[3]["reward"]
+    assert plumbing.read_metrics(tmp_path / "a")[3]["reward"] == plumbing.read_metrics(tmp_path / "b")[3]["reward"]
     hf = AutoModelForCausalLM.from_pretrained(tmp_path / "a" / "ckpt" / "model")
     assert type(hf).__name__ == "LlamaForCausalLM" and all(torch.equal(hf.state_dict()[k], a[k]) for k in a)
 
@@ -334,7 +335,7 @@ def test_fsdp_vllm_greedy_equals_hf_greedy_after_sync(tmp_path):
     """FSDP, two gloo ranks, one vLLM engine per rank: after SFT on the sharded model and a sync, vLLM's greedy
     reply is HF's (a 2-layer random model with vLLM-sized heads; SFT makes the reply a memorised sentence)."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-    tok = AutoTokenizer.from_pretrained(grpo.embedded_model_path())
+    tok = AutoTokenizer.from_pretrained(plumbing.embedded_model_path())
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
                       num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True,
                       bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
@@ -364,12 +365,12 @@ def test_resume_matches_uninterrupted_run(tiny_model_dir, tmp_path, monkeypatch)
     assert not all(torch.equal(a[k], init[k]) for k in a)  # training moved the weights
     sa, sb = (torch.load(tmp_path / r / "ckpt" / "state.pt", weights_only=False) for r in "ab")
     assert sa["step"] == sb["step"] == 3
-    assert grpo.read_metrics(tmp_path / "a")[3]["reward"] == grpo.read_metrics(tmp_path / "b")[3]["reward"]
+    assert plumbing.read_metrics(tmp_path / "a")[3]["reward"] == plumbing.read_metrics(tmp_path / "b")[3]["reward"]
 
 
 def test_multi_turn_rollout_masks_environment_replies(tiny_model_dir):
     dist = grpo.setup_distributed()
-    model, tok = grpo.load_model(tiny_model_dir, dist)
+    model, tok = plumbing.load_model(tiny_model_dir, dist)
     torch.manual_seed(0)
     replies = {}
 
@@ -378,7 +379,7 @@ def test_multi_turn_rollout_masks_environment_replies(tiny_model_dir):
         return "<information>Doc 1: a fact</information>" if replies[i] < 3 else None
 
     args = make_args("--max-new-tokens", "4")
-    rs = grpo.multi_turn_rollouts(grpo.HFSampler(model, tok), tok, [[1, 2, 3]] * 2, env_step, max_turns=5, args=args)
+    rs = grpo.multi_turn_rollouts(plumbing.HFSampler(model, tok), tok, [[1, 2, 3]] * 2, env_step, max_turns=5, args=args)
     obs = tok.encode("<information>Doc 1: a fact</information>", add_special_tokens=False)
     for r in rs:
         assert r.mask.count(0) == 2 * len(obs) and len(r.mask) == len(r.ids)
@@ -390,11 +391,11 @@ def test_vllm_greedy_equals_hf_greedy_after_weight_update():
     A prompt longer than --max-model-len gets an empty completion instead of an error. A JSON schema
     constrains decoding (one for all prompts or one per prompt)."""
     code = r'''
-import grpo, argparse, json
+import grpo, plumbing, argparse, json
 p = argparse.ArgumentParser(); grpo.add_grpo_args(p); args = p.parse_args(["--lr", "1e-4"])
 d = grpo.setup_distributed()
-m, tok = grpo.load_model("embedded", d)
-v, h = grpo.VLLMSampler(m, tok, args, d), grpo.HFSampler(m, tok)
+m, tok = plumbing.load_model("embedded", d)
+v, h = plumbing.VLLMSampler(m, tok, args, d), plumbing.HFSampler(m, tok)
 q = [grpo.chat_ids(tok, [{"role": "user", "content": "Name a fruit."}])]
 before = v.generate(q, 1, 12, 0.0)[0][0].text
 opt = grpo.make_optimizer(m, args)
@@ -434,7 +435,7 @@ def test_toy_demo_smoke(tmp_path):
                          cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "held-out greedy accuracy" in out.stdout and "step     1 |" in out.stdout
-    assert (tmp_path / "curves.png").stat().st_size > 1000 and len(grpo.read_metrics(tmp_path)) == 2
+    assert (tmp_path / "curves.png").stat().st_size > 1000 and len(plumbing.read_metrics(tmp_path)) == 2
     assert (tmp_path / "ckpt" / "model" / "config.json").exists()
 
 
@@ -442,14 +443,14 @@ def test_hf_sampler_sync_points_at_the_given_model(tiny_model_dir):
     """HF generate has no weight copy: `sync(model)` makes later samples come from that model."""
     import torch
     dist = grpo.setup_distributed()
-    a, tok = grpo.load_model(tiny_model_dir, dist)
-    b, _ = grpo.load_model(tiny_model_dir, dist)
+    a, tok = plumbing.load_model(tiny_model_dir, dist)
+    b, _ = plumbing.load_model(tiny_model_dir, dist)
     with torch.no_grad():
         for p in b.parameters():
             p.add_(torch.randn_like(p))  # b: different weights, same architecture
     q = [grpo.chat_ids(tok, [{"role": "user", "content": "Name a fruit."}])]
-    s = grpo.HFSampler(a, tok)
+    s = plumbing.HFSampler(a, tok)
     from_a = s.generate(q, 1, 8, 0.0)[0][0].ids
     s.sync(b)
     from_b = s.generate(q, 1, 8, 0.0)[0][0].ids
-    assert from_b == grpo.HFSampler(b, tok).generate(q, 1, 8, 0.0)[0][0].ids and from_b != from_a
+    assert from_b == plumbing.HFSampler(b, tok).generate(q, 1, 8, 0.0)[0][0].ids and from_b != from_a

@@ -485,8 +485,8 @@ def test_unknown_rl_variant_is_an_error(tmp_path):
 
 def test_tiny_judge_budget_fits_every_contract_reply():
     from transformers import AutoTokenizer
-    import grpo
-    tok = AutoTokenizer.from_pretrained(grpo.embedded_model_path())
+    import plumbing
+    tok = AutoTokenizer.from_pretrained(plumbing.embedded_model_path())
     budget = S.PRESETS["tiny"]["judge_max_new_tokens"]
     for mode, K in (("pointwise", 1), ("pairwise", 2), ("selection", 4)):
         example = S.contract_text(mode, K).split("final_answer ")[1]

@@ -489,8 +489,8 @@ def test_solver_aid_tool_prefix_is_prompt_and_part_of_the_scored_answer():
     """--solver-aid on (tool): probes see the chat prompt plus the call opening, stop after the call, and
     Eq. 14 scores prefix + completion; off: the plain prompt and no stop."""
     from transformers import AutoTokenizer
-    import grpo
-    tok = AutoTokenizer.from_pretrained(grpo.resolve_model("embedded"))
+    import plumbing
+    tok = AutoTokenizer.from_pretrained(plumbing.resolve_model("embedded"))
     pkg = tool_pkg()
     rec = S.check_proposal("tool", json.dumps(pkg["example"]), pkg, random.Random(0))
     rec.update(stream="skill", skill=pkg["name"], proposal="")
@@ -576,8 +576,8 @@ def test_solver_aid_zebra_grid_schema():
 
 def _tok():
     from transformers import AutoTokenizer
-    import grpo
-    return AutoTokenizer.from_pretrained(grpo.resolve_model("embedded"))
+    import plumbing
+    return AutoTokenizer.from_pretrained(plumbing.resolve_model("embedded"))
 
 
 def test_plot_diagnostics_writes_both_figures(tmp_path):
@@ -603,8 +603,8 @@ class FixedReply:
 
 def test_eq10_induction_integrity_and_novelty():
     from transformers import AutoTokenizer  # only for chat_ids; any chat tokenizer works
-    import grpo
-    tok = AutoTokenizer.from_pretrained(grpo.resolve_model("embedded"))
+    import plumbing
+    tok = AutoTokenizer.from_pretrained(plumbing.resolve_model("embedded"))
     pkg = tool_pkg()
     r = S.check_proposal("tool", json.dumps(pkg["example"]), None, random.Random(0))
     r.update(stream="explore", valid=True, R=0.9, v_solve=0.55,
@@ -820,7 +820,8 @@ def test_eq7_solver_phase_trains_on_curriculum(family, tiny_model_dir, tmp_path)
     """Eq. (6) then Eq. (7) on real tasks: the solver sees exactly the in-band valid tasks and never package
     text, its rewards are Eq. 14/15 of its own answers, and an update with varying rewards moves its weights."""
     import torch
-    from grpo import Dist, load_model, make_optimizer
+    from grpo import Dist, make_optimizer
+    from plumbing import load_model
     pkgs, recs = curriculum_records(family)
     args = solver_args(tiny_model_dir, family, tmp_path)
     dist = Dist()
@@ -867,7 +868,8 @@ def test_eq7_solver_phase_trains_on_curriculum(family, tiny_model_dir, tmp_path)
 def test_eq7_empty_curriculum_leaves_solver_untouched(tiny_model_dir, tmp_path):
     """No valid record in the band: D(t) is empty, nothing is sampled, no optimizer step, nothing logged."""
     import torch
-    from grpo import Dist, load_model, make_optimizer
+    from grpo import Dist, make_optimizer
+    from plumbing import load_model
     for family in ("tool", "zebra"):
         _, recs = curriculum_records(family)
         outside = [r for r in recs if not (r["valid"] and 0.25 <= r["v_solve"] <= 0.75)]
@@ -885,7 +887,8 @@ def test_eq7_constant_rewards_leave_solver_unchanged(tiny_model_dir, tmp_path):
     """The contrast to the test above: the unprimed random solver scores 0 on every answer, so every group's
     advantages are 0 and (π_θ = π_ref, no weight decay) the GRPO step of Eq. 7 leaves the weights as they were."""
     import torch
-    from grpo import Dist, load_model, make_optimizer
+    from grpo import Dist, make_optimizer
+    from plumbing import load_model
     _, recs = curriculum_records("tool")
     args = solver_args(tiny_model_dir, "tool", tmp_path, "--max-new-tokens", "16")
     solver, tok = load_model(args.model, Dist(), args.dtype)
@@ -958,7 +961,8 @@ def test_resume_refuses_mismatched_checkpoints_before_loading(tiny_model_dir, tm
     """A crash between the proposer's and the solver's checkpoint leaves them one iteration apart. Resume used
     to load both (weights, optimizer), see the mismatch, and silently start at t = 0 with trained weights and
     S(0). Now the iterations are compared first, and the run stops with an explanation."""
-    from grpo import Dist, load_model, make_optimizer, save_checkpoint
+    from grpo import Dist, make_optimizer
+    from plumbing import load_model, save_checkpoint
     args = _tiny_args(tiny_model_dir, tmp_path)
     model, tok = load_model(tiny_model_dir, Dist(), args.dtype)
     opt = make_optimizer(model, args)
@@ -979,7 +983,8 @@ def test_resume_refuses_mismatched_checkpoints_before_loading(tiny_model_dir, tm
 def test_save_iteration_rerun_does_not_duplicate_library_changes(tiny_model_dir, tmp_path):
     """A resumed run repeats the iteration whose checkpoint was not written: its change-log lines replace the
     first attempt's instead of being appended a second time; earlier iterations' lines stay."""
-    from grpo import Dist, load_model, make_optimizer
+    from grpo import Dist, make_optimizer
+    from plumbing import load_model
     args = _tiny_args(tiny_model_dir, tmp_path, "--family", "zebra")
     model, tok = load_model(tiny_model_dir, Dist(), args.dtype)
     opt = make_optimizer(model, args)

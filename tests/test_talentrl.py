@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -274,10 +275,10 @@ def test_scripted_teacher_reads_facts():
 
 def test_phase1_keeps_positive_utility_tasks_with_routing_and_execution_targets(embedder):
     from transformers import AutoTokenizer
-    import grpo
+    import plumbing
     args = T.parse_with_preset(T.build_parser(), T.PRESETS, argv=["--preset", "tiny"])
     W = T.World(args, embedder)
-    tok = AutoTokenizer.from_pretrained(grpo.resolve_model("embedded"))
+    tok = AutoTokenizer.from_pretrained(plumbing.resolve_model("embedded"))
     tasks = [q for s in T.TRAIN_SPLITS for q in W.questions[s]["train"]]
     talent_rows, ref_rows, st = T.build_sft_data(None, tok, W, tasks, args)
     assert st["n_kept"] == len(talent_rows) >= 1 and ref_rows
@@ -300,7 +301,7 @@ class ScriptedSampler:
         self.tok, self.answers = tok, answers
 
     def generate(self, prompts, n, max_new_tokens, temperature, top_p=1.0, stop=None, json_schema=None):
-        from grpo import Sample
+        from plumbing import Sample
         out = []
         for p in prompts:
             text = self.tok.decode(p)
@@ -316,10 +317,10 @@ class ScriptedSampler:
 
 def test_eq10_to_eq14_in_talentrl_rollouts(embedder):
     from transformers import AutoTokenizer
-    import grpo
+    import plumbing
     args = T.parse_with_preset(T.build_parser(), T.PRESETS, argv=["--preset", "tiny", "--G", "3", "--train-controls"])
     W = T.World(args, embedder)
-    tok = AutoTokenizer.from_pretrained(grpo.resolve_model("embedded"))
+    tok = AutoTokenizer.from_pretrained(plumbing.resolve_model("embedded"))
     task = W.questions["hotpotqa"]["train"][0]
     rollouts, st = T.talentrl_rollouts(ScriptedSampler(tok, {task["question"]: task["answer"]}), tok, W, [task], args, 0)
     # anchor 1, no-skill 0, reduced-context (k = 2 skills, guidance) 1, no-prior 0 → δ = (1, 0, 1)
@@ -349,8 +350,8 @@ def tiny_world(embedder):
 @pytest.fixture(scope="module")
 def tok():
     from transformers import AutoTokenizer
-    import grpo
-    return AutoTokenizer.from_pretrained(grpo.resolve_model("embedded"))
+    import plumbing
+    return AutoTokenizer.from_pretrained(plumbing.resolve_model("embedded"))
 
 
 def _runs_of_ones(mask):
@@ -429,7 +430,7 @@ class RecordingSampler:
         self.tok, self.temps = tok, []
 
     def generate(self, prompts, n, max_new_tokens, temperature, top_p=1.0, stop=None, json_schema=None):
-        from grpo import Sample
+        from plumbing import Sample
         self.temps.append(temperature)
         reply = ("<think>x</think><talent>talent_verification</talent>" if stop == ["</talent>"]
                  else "<answer>nobody</answer>")
@@ -451,14 +452,29 @@ def test_evaluation_is_greedy_by_default(preset, tiny_world, tok):
     assert out["route_valid"] == 100.0 and out["talents"]["nq"] == {"talent_verification": 3}
 
 
+def test_evaluation_on_two_ranks_counts_what_one_process_counts(tiny_world, tok, monkeypatch):
+    args, W = tiny_world
+    tasks = [q for s in T.SPLITS for q in W.questions[s]["test"][:2]]
+    one, _ = T.evaluate(RecordingSampler(tok), tok, W, tasks, True, args, T.setup_distributed())
+    shares = {}  # each rank's outcomes, as grpo.gather_objects would concatenate them in rank order
+    monkeypatch.setattr(T, "gather_objects", lambda items, dist: shares.setdefault(dist.rank, items))
+    for rank in (0, 1):
+        T.evaluate(RecordingSampler(tok), tok, W, tasks, True, args, types.SimpleNamespace(rank=rank, world=2))
+    monkeypatch.setattr(T, "gather_objects", lambda items, dist: shares[0] + shares[1])
+    two, _ = T.evaluate(RecordingSampler(tok), tok, W, tasks, True, args, types.SimpleNamespace(rank=1, world=2))
+    assert len(shares[0]) + len(shares[1]) == len(tasks) and sum(one["n"].values()) == len(tasks)
+    assert two == one
+
+
 def test_sft_and_rl_pools_are_disjoint_or_a_clear_error():
     sft, rl = T.split_pools(list(range(10)), 4)
     assert sft == [0, 1, 2, 3] and rl == [4, 5, 6, 7, 8, 9]
     for n in (10, 12, 0):
         with pytest.raises(ValueError, match="disjoint"):
             T.split_pools(list(range(10)), n)
-    for preset, cfg in T.PRESETS.items():  # every preset leaves an RL pool
-        assert cfg["sft_tasks"] < cfg["n_train"] * len(T.TRAIN_SPLITS), preset
+    for preset in T.PRESETS:  # every preset leaves an RL pool
+        args = T.parse_with_preset(T.build_parser(), T.PRESETS, argv=["--preset", preset])
+        assert args.sft_tasks < args.n_train * len(T.TRAIN_SPLITS), preset
 
 
 def test_skillrl_sft_sees_the_original_rows_only():
@@ -513,7 +529,7 @@ class UtilityTeacher:
         self.tok, self.W, self.plans, self.calls = tok, W, plans, {}
 
     def generate(self, prompts, n, max_new_tokens, temperature, top_p=1.0, stop=None, json_schema=None):
-        from grpo import Sample
+        from plumbing import Sample
         out = []
         for p in prompts:
             text = self.tok.decode(p)
