@@ -1171,13 +1171,19 @@ def aggregate_seeds(run_dirs):
     rows = {}
     for r in runs:
         for key, v in r.get("benchmark", {}).items():
-            method, fmt, _ = key.split("|")
+            method, fmt, cat = key.split("|")
             rows.setdefault((f"{fmt} accuracy % (all categories)", method), {}).setdefault(id(r), []).append(100 * v["score"])
+            rows.setdefault((f"{fmt} accuracy % {cat}", method), {})[id(r)] = [100 * v["score"]]
+            if "valid" in v:
+                rows.setdefault(("invalid judgments % (benchmark)", method), {}).setdefault(id(r), []).append(100 * (1 - v["valid"]))
         for method, v in r.get("bon", {}).items():
             k = max((k for k in v if k.startswith("seqko@")), key=lambda k: int(k[6:]))
-            rows.setdefault((f"best-of-N {k}", method), {})[id(r)] = [v[k]]
+            for key in [k] + [k for k in v if k.startswith(("random@", "oracle@"))]:
+                rows.setdefault((f"best-of-N {key}", method), {})[id(r)] = [v[key]]
         for variant, v in r.get("rl", {}).items():
             rows.setdefault(("RL inst_level % (held-out)", variant), {})[id(r)] = [100 * v["inst_level"]]
+            if "reward_group_sd" in v:
+                rows.setdefault(("RL reward_group_sd", variant), {})[id(r)] = [v["reward_group_sd"]]
     out = {}
     print(f"{len(runs)} seeds: {', '.join(str(r['args']['seed']) for r in runs)} (mean ± sd over seeds)")
     for (metric, method), per_run in sorted(rows.items()):

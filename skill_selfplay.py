@@ -138,6 +138,13 @@ def build_parser():
     g.add_argument("--proposer-sft-steps", type=int, default=0,
                    help="SFT steps priming the proposer on S(0)'s worked examples before iteration 0 (difference 13); paper 0")
     g.add_argument("--proposer-sft-lr", type=float, default=1e-4, help="learning rate of that SFT warm-up")
+    g.add_argument("--proposer-sft-batch", type=int, default=0,
+                   help="examples per SFT step, drawn at random (0 = all of them every step)")
+    g.add_argument("--solver-sft-steps", type=int, default=0,
+                   help="tool family: SFT steps of the solver on scripted tool tasks before iteration 0 (difference 14); paper 0")
+    g.add_argument("--solver-sft-tasks", type=int, default=64, help="scripted tool tasks of that warm-up")
+    g.add_argument("--solver-sft-batch", type=int, default=8, help="tasks per solver SFT step, drawn at random")
+    g.add_argument("--solver-sft-lr", type=float, default=1e-4, help="learning rate of the solver SFT warm-up")
     g.add_argument("--proposer-max-new-tokens", type=int, default=8192, help="proposer generation limit; paper 8192")
     g.add_argument("--solver-G", type=int, default=5, help="solver rollouts per task; paper 5")
     g.add_argument("--solver-steps", type=int, default=None,
@@ -925,13 +932,33 @@ def prime_proposer(proposer, tok, pkgs, args, dist, grammar):
         for stream_pkg in ([pkg, None] if not args.skill_only else [pkg]):
             examples.append((prefilled_prompt(tok, proposer_messages(args.family, stream_pkg), prefix), target))
     opt = make_optimizer(proposer, args, lr=args.proposer_sft_lr)  # bf16 weights: fp32 masters (MasterAdamW)
-    m = {}
+    rng, m = random.Random(f"{args.seed}-proposer-sft"), {}  # same draw on every rank; each takes its share
     for step in range(args.proposer_sft_steps):
+        batch = rng.sample(examples, min(args.proposer_sft_batch, len(examples))) if args.proposer_sft_batch else examples
         # grpo.sft_update: L_SFT = − Σ log π(y_t | x, y_<t) / Σ 1 over the target tokens of all examples
-        m = sft_update(proposer, opt, examples[dist.rank::dist.world], args, dist)
+        m = sft_update(proposer, opt, batch[dist.rank::dist.world], args, dist)
         log_metrics(os.path.join(args.run_dir, "proposer_sft"), step, m, dist, keys=("sft_loss", "grad_norm"))
     return m
 
+
+
+def prime_solver(solver, tok, args, dist):
+    """--solver-sft-steps (difference 14, tool family): SFT warm-up of the solver on scripted tool tasks
+    (scripted_tool_tasks, a bank disjoint from S(0) and BFCL) with their reference calls as targets, written
+    after the answer prefix exactly as tool_reward parses them. Returns the last step's metrics."""
+    prefix, _ = answer_prefix(args)
+    rng, examples = random.Random(f"{args.seed}-solver-sft"), []
+    for task in scripted_tool_tasks(rng, args.solver_sft_tasks):
+        answer = "<tool_call>" + json.dumps(task["call"]) + "</tool_call>"
+        target = tok.encode(answer[len(prefix):], add_special_tokens=False) + [tok.eos_token_id]
+        examples.append((prefilled_prompt(tok, solver_messages("tool", task), prefix), target))
+    opt, m = make_optimizer(solver, args, lr=args.solver_sft_lr), {}
+    for step in range(args.solver_sft_steps):
+        batch = rng.sample(examples, min(args.solver_sft_batch, len(examples)))
+        # grpo.sft_update: L_SFT = − Σ log π(y_t | x, y_<t) / Σ 1 over the target tokens
+        m = sft_update(solver, opt, batch[dist.rank::dist.world], args, dist)
+        log_metrics(os.path.join(args.run_dir, "solver_sft"), step, m, dist, keys=("sft_loss", "grad_norm"))
+    return m
 
 def proposer_phase(t, proposer, ref, opt_p, p_sampler, probe_sampler, tok, pkgs, stats, args, rng, dist):
     """Algorithm 2, lines 3-20: --proposer-steps GRPO steps of the proposer (Eq. 5) on skill- and
@@ -1358,12 +1385,20 @@ def main(argv=None):
         m = prime_proposer(proposer, tok, pkgs, args, dist, grammar)
         p_sampler.sync(proposer)
         say(f"proposer SFT warm-up on {len(pkgs)} worked examples: loss {m.get('sft_loss', 0):.3f}, {time.time() - t0:.0f}s")
+    if not extra and args.solver_sft_steps and args.family == "tool":  # difference 14 (both arms, also --unguided)
+        t0 = time.time()
+        m = prime_solver(solver, tok, args, dist)
+        s_sampler.sync(solver)
+        say(f"solver SFT warm-up on {args.solver_sft_tasks} scripted tool tasks: loss {m.get('sft_loss', 0):.3f}, "
+            f"{time.time() - t0:.0f}s")
     base_sampler = HFSampler(base, tok)
     probe_sampler = base_sampler if args.frozen_feedback_solver else s_sampler
     if not history:
         t0 = time.time()
         history.append(("base", evaluate(base_sampler, tok, args, dist)))
         say(f"held-out eval of the base model: {time.time() - t0:.0f}s")
+        if args.solver_sft_steps and args.family == "tool":  # the warm-up alone, before any self-play
+            history.append(("solver SFT", evaluate(s_sampler, tok, args, dist)))
     if dist.is_main:
         print_table(history, args.family)
     for t in range(start, args.T):  # Algorithm 2
@@ -1492,6 +1527,52 @@ def tool_schema_error(task):
     missing = [r for r in params.get("required", []) if r not in call["arguments"]]
     return f"missing required arguments {missing}" if missing else None
 
+
+
+# Scripted tool tasks of the solver warm-up (--solver-sft-steps, difference 14): a small bank of tools, each
+# with a request template that states every argument literally, so the reference call copies the values.
+def _tool(name, description, props, required):
+    return {"name": name, "description": description,
+            "parameters": {"type": "object", "properties": props, "required": required}}
+
+
+_S, _I = {"type": "string"}, {"type": "integer"}
+SCRIPTED_TOOLS = [  # (tool, request template, value pools)
+    (_tool("get_forecast", "Weather forecast for a city.", {"city": _S, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+           ["city"]), "What will the weather be in {city}? Give it in {unit}.",
+     {"city": ["Lyon", "Osaka", "Quito", "Perth", "Bergen", "Austin"], "unit": ["celsius", "fahrenheit"]}),
+    (_tool("text_friend", "Send a short text to a contact.", {"contact": _S, "text": _S}, ["contact", "text"]),
+     "Text {contact} that {text}.", {"contact": ["Ana", "Tomas", "Mei", "Omar", "Lena"],
+                                     "text": ["dinner is at eight", "the train is late", "I found the keys"]}),
+    (_tool("order_pizza", "Order pizzas for delivery.", {"size": {"type": "string", "enum": ["small", "medium", "large"]},
+                                                         "count": _I}, ["size", "count"]),
+     "Order {count} {size} pizzas, please.", {"size": ["small", "medium", "large"], "count": [1, 2, 3, 5]}),
+    (_tool("play_song", "Play a song by title.", {"title": _S}, ["title"]), "Play the song {title}.",
+     {"title": ["Blue Sky", "River Road", "Night Owl", "Paper Moon"]}),
+    (_tool("set_alarm", "Set an alarm clock.", {"time": _S}, ["time"]), "Wake me up at {time}.",
+     {"time": ["06:30", "07:15", "05:45", "08:00"]}),
+    (_tool("book_taxi", "Book a taxi ride.", {"pickup": _S, "dropoff": _S}, ["pickup", "dropoff"]),
+     "Get me a taxi from {pickup} to {dropoff}.", {"pickup": ["the hotel", "Pine Street 4", "the museum"],
+                                                  "dropoff": ["the airport", "Oak Avenue 9", "the stadium"]}),
+    (_tool("lookup_word", "Dictionary definition of a word.", {"word": _S}, ["word"]), "What does the word {word} mean?",
+     {"word": ["serendipity", "ephemeral", "laconic", "zenith"]}),
+    (_tool("pay_bill", "Pay a bill from the user's account.", {"biller": _S, "amount": _I}, ["biller", "amount"]),
+     "Pay {amount} dollars to {biller}.", {"biller": ["City Water", "PowerCo", "NetFast"], "amount": [40, 75, 120, 300]}),
+]
+
+
+def scripted_tool_tasks(rng, n):
+    """n tool tasks from SCRIPTED_TOOLS: one requested tool among 2-3 listed, the request naming every argument."""
+    tasks = []
+    for _ in range(n):
+        picked = rng.sample(SCRIPTED_TOOLS, rng.randint(2, 3))
+        tool, template, pools = picked[0]
+        args = {k: rng.choice(v) for k, v in pools.items()}
+        tools = [t for t, _, _ in picked]
+        rng.shuffle(tools)
+        tasks.append({"tools": tools, "dialogue": [{"role": "user", "content": template.format(**args)}],
+                      "call": {"name": tool["name"], "arguments": args}})
+    return tasks
 
 # Zebra runtime.
 

@@ -409,7 +409,7 @@ def test_aggregate_seeds_mean_and_sd(tmp_path, capsys):
     for seed, acc in ((0, 0.5), (1, 0.7), (2, 0.9)):
         d = tmp_path / f"s{seed}"
         d.mkdir()
-        bench = {"skill_rm|pairwise|math": {"score": acc}, "skill_rm|pairwise|code": {"score": acc},
+        bench = {"skill_rm|pairwise|math": {"score": acc, "valid": 1.0 - seed / 10}, "skill_rm|pairwise|code": {"score": acc},
                  "baseline|pairwise|math": {"score": 0.5}, "baseline|pairwise|code": {"score": 0.5}}
         (d / "results.json").write_text(json.dumps({"args": {"seed": seed}, "benchmark": bench,
                                                     "bon": {"skill_rm": {"seqko@1": 0.1, "seqko@4": acc}}}))
@@ -417,6 +417,8 @@ def test_aggregate_seeds_mean_and_sd(tmp_path, capsys):
     assert out["pairwise accuracy % (all categories)|skill_rm"] == pytest.approx((70.0, 20.0))
     assert out["pairwise accuracy % (all categories)|baseline"] == pytest.approx((50.0, 0.0))
     assert out["best-of-N seqko@4|skill_rm"] == pytest.approx((0.7, 0.2))
+    assert out["pairwise accuracy % math|skill_rm"] == pytest.approx((70.0, 20.0))   # per category, too
+    assert out["invalid judgments % (benchmark)|skill_rm"] == pytest.approx((10.0, 10.0))
     assert "± 20.000" in capsys.readouterr().out
 
 

@@ -1132,3 +1132,48 @@ def test_prime_proposer_targets_are_the_worked_examples(monkeypatch):
     seen.clear()
     S.prime_proposer(model, tok, pkgs, args, Dist(), grammar=True)
     assert tok.decode(seen[0][1][:-1]) == json.dumps(pkgs[0]["example"], separators=(",", ":"))
+
+
+def test_proposer_sft_batch_draws_that_many_examples(monkeypatch):
+    """--proposer-sft-batch B: each SFT step trains on B of the examples, drawn with a seeded rng."""
+    import torch
+    from grpo import Dist
+    tok, pkgs, seen = _tok(), _library("zebra")[:3], []
+    monkeypatch.setattr(S, "sft_update", lambda model, opt, examples, args, dist: seen.append(examples) or {})
+    args = S.parse_args(["--family", "zebra", "--proposer-sft-steps", "3", "--proposer-sft-batch", "2",
+                         "--run-dir", "/tmp/pt-13-prime-batch"])
+    S.prime_proposer(torch.nn.Linear(1, 1), tok, pkgs, args, Dist(), grammar=False)
+    assert [len(b) for b in seen] == [2, 2, 2] and len({id(e) for b in seen for e in b}) >= 3
+
+
+def test_scripted_tool_tasks_pass_the_gate_and_state_every_argument():
+    """The solver warm-up's tasks (difference 14) pass the global schema check, and every argument value of the
+    reference call appears literally in the request; they use none of S(0)'s tool names."""
+    import random as _random
+    tasks = S.scripted_tool_tasks(_random.Random(0), 50)
+    s0_tools = {t["name"] for p in _library("tool") for t in p["example"]["tools"]}
+    for task in tasks:
+        assert S.tool_schema_error(task) is None, task
+        assert all(str(v) in task["dialogue"][0]["content"] for v in task["call"]["arguments"].values())
+        assert 2 <= len(task["tools"]) <= 3 and not {t["name"] for t in task["tools"]} & s0_tools
+    assert len({S.call_key(t["call"]) for t in tasks}) >= 30
+
+
+def test_prime_solver_targets_are_the_reference_calls(monkeypatch):
+    """--solver-sft-steps: the prompt is what the solver sees (with the answer prefix), and prefix + target is a
+    reply that tool_reward scores as the exact reference call (R = 1)."""
+    import torch
+    from grpo import Dist
+    tok, seen = _tok(), []
+    monkeypatch.setattr(S, "sft_update", lambda model, opt, examples, args, dist: seen.extend(examples) or {})
+    args = S.parse_args(["--family", "tool", "--preset", "tiny", "--solver-sft-steps", "2", "--solver-sft-tasks", "6",
+                         "--solver-sft-batch", "3", "--run-dir", "/tmp/pt-13-prime-solver"])
+    S.prime_solver(torch.nn.Linear(1, 1), tok, args, Dist())
+    assert len(seen) == 6
+    prefix, _ = S.answer_prefix(args)
+    for prompt, target in seen:
+        assert target[-1] == tok.eos_token_id
+        reply = prefix + tok.decode(target[:-1])
+        call = S.parse_tool_calls(reply)[0]
+        assert S.tool_reward(reply, call)[0] == 1.0
+        assert tok.decode(prompt).endswith(prefix) and call["name"] in tok.decode(prompt)
