@@ -63,6 +63,10 @@ Differences from the paper:
     vote (Eq. 4) compare it with the reference by call_key (argument order ignored, 1 ≡ 1.0, True ≢ 1).
 13. --proposer-sft-steps N (paper 0): SFT warm-up of the proposer on S(0)'s worked examples before
     iteration 0 (not with --unguided); the paper's proposer starts from the backbone.
+14. --solver-sft-steps N (paper 0, tool family): SFT warm-up of the solver on scripted tool tasks
+    (SCRIPTED_TOOLS, disjoint from S(0) and BFCL) before iteration 0, in both arms; the 135M base solver
+    solves no S(0) example in a majority of its probes, so no tool task could pass Eq. 4 without it.
+    The tiny tool run also starts from S(0)'s 5 simplest packages (data/selfplay/tool_tiny) and uses K = 8.
 """
 import argparse
 import collections
@@ -91,18 +95,28 @@ PRESETS = {
     # (top-k off) rarely writes well-formed JSON; micro_batch 2 bounds the memory of the backward pass over
     # ~900-token proposer sequences (a run with 8 peaked at 16.6 GB RSS, with 2 at 6.3); the aids of
     # difference 10 (grammar, solver aid) are what lets the 135M model close the loop for zebra
-    "tiny": dict(T=2, K=4, M=8, proposer_prompts=2, proposer_G=2, proposer_steps=1, collect_prompts=16,
+    "tiny": dict(T=2, M=8, proposer_prompts=2, proposer_G=2, proposer_steps=1, collect_prompts=16,
                  solver_G=4, solver_steps=2, solver_batch=4, eval_n=4, eval_samples=1,
-                 eval_temperature=0.0, max_new_tokens=96, proposer_max_new_tokens=320,
+                 eval_temperature=0.0, max_new_tokens=96,
                  controller_max_new_tokens=96, induce_min=1, zebra_eval_per_scale=2,
                  zebra_eval_scales="small,medium", rg_eval_n=2, lr=1e-5, sampler="auto", micro_batch=2,
                  temperature=0.7, proposer_grammar="on", solver_aid="on"),
-    # Table 5: the flag defaults (the four family-dependent ones from TABLE5_BY_FAMILY)
+    # Table 5: the flag defaults (the family-dependent ones from BY_FAMILY["paper"])
     "paper": {},
 }
-# Table 5's values that differ between the families; they fill the flags no preset or argv set (parse_args)
-TABLE5_BY_FAMILY = {"tool": dict(M=8000, proposer_steps=5, solver_steps=15, induce_min=20),
-                    "zebra": dict(M=1920, proposer_steps=3, solver_steps=10, induce_min=10)}
+# Values that differ between the families, by preset; they fill the flags no preset or argv set (parse_args),
+# the preset's first, then the paper's. paper: Table 5 (no warm-up). tiny: the tool family's warm-ups of the
+# proposer and the solver, a library of its 5 simplest packages, K = 8 probes so that a partly solved task
+# can fall in the frontier band, room for its longer proposals (differences 13-14); zebra's tiny run has none.
+BY_FAMILY = {
+    "paper": {"tool": dict(K=10, M=8000, proposer_steps=5, solver_steps=15, induce_min=20, proposer_max_new_tokens=8192,
+                           proposer_sft_steps=0, proposer_sft_batch=0, solver_sft_steps=0),
+              "zebra": dict(K=10, M=1920, proposer_steps=3, solver_steps=10, induce_min=10, proposer_max_new_tokens=8192,
+                            proposer_sft_steps=0, proposer_sft_batch=0, solver_sft_steps=0)},
+    "tiny": {"tool": dict(library=os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "selfplay", "tool_tiny"),
+                          K=8, proposer_max_new_tokens=448, proposer_sft_steps=10, proposer_sft_batch=6, solver_sft_steps=12),
+             "zebra": dict(K=4, proposer_max_new_tokens=320)},
+}
 
 
 def build_parser():
@@ -111,12 +125,13 @@ def build_parser():
     p.set_defaults(beta=1e-2, weight_decay=1e-2, max_new_tokens=8192)  # Table 5: KL 10⁻², weight decay 10⁻², 8192 tokens
     g = p.add_argument_group("task family and data")
     g.add_argument("--family", choices=["tool", "zebra"], default="tool", help="task family (§4.1)")
-    g.add_argument("--library", default=None, help="initial library S(0) folder; default data/selfplay/<family>")
+    g.add_argument("--library", default=None,
+                   help="initial library S(0) folder; default data/selfplay/<family> (tiny tool: data/selfplay/tool_tiny)")
     g.add_argument("--data-seed", type=int, default=0, help="seed of the training-side puzzle compiler")
     g.add_argument("--eval-seed", type=int, default=1234, help="seed of held-out zebra puzzles (never used in training)")
     g = p.add_argument_group("self-play loop (Table 5)")
     g.add_argument("--T", type=int, default=5, help="self-play iterations T; paper 5")
-    g.add_argument("--K", type=int, default=10, help="solver probes per candidate K (Eq. 1, 4); paper 10")
+    g.add_argument("--K", type=int, default=None, help="solver probes per candidate K (Eq. 1, 4); paper 10 (tiny: 8 tool, 4 zebra)")
     g.add_argument("--M", type=int, default=None,
                    help="training pool size M (Eq. 6); paper 8000 tool / 1920 zebra (default by --family)")
     g.add_argument("--alpha", type=float, default=0.5, help="skill-stream share α of the pool (Eq. 6); paper 0.5")
@@ -135,17 +150,20 @@ def build_parser():
     g.add_argument("--proposer-G", type=int, default=4, help="proposer rollouts per prompt; paper 4")
     g.add_argument("--proposer-steps", type=int, default=None,
                    help="proposer GRPO steps per iteration; paper 5 tool / 3 zebra (default by --family)")
-    g.add_argument("--proposer-sft-steps", type=int, default=0,
-                   help="SFT steps priming the proposer on S(0)'s worked examples before iteration 0 (difference 13); paper 0")
+    g.add_argument("--proposer-sft-steps", type=int, default=None,
+                   help="SFT steps priming the proposer on S(0)'s worked examples before iteration 0 (difference 13); "
+                        "paper 0 (default: 0; tiny tool: 8)")
     g.add_argument("--proposer-sft-lr", type=float, default=1e-4, help="learning rate of that SFT warm-up")
-    g.add_argument("--proposer-sft-batch", type=int, default=0,
-                   help="examples per SFT step, drawn at random (0 = all of them every step)")
-    g.add_argument("--solver-sft-steps", type=int, default=0,
-                   help="tool family: SFT steps of the solver on scripted tool tasks before iteration 0 (difference 14); paper 0")
+    g.add_argument("--proposer-sft-batch", type=int, default=None,
+                   help="examples per SFT step, drawn at random; 0 = all of them every step (default: 0; tiny tool: 6)")
+    g.add_argument("--solver-sft-steps", type=int, default=None,
+                   help="tool family: SFT steps of the solver on scripted tool tasks before iteration 0 (difference 14); "
+                        "paper 0 (default: 0; tiny tool: 12)")
     g.add_argument("--solver-sft-tasks", type=int, default=64, help="scripted tool tasks of that warm-up")
     g.add_argument("--solver-sft-batch", type=int, default=8, help="tasks per solver SFT step, drawn at random")
     g.add_argument("--solver-sft-lr", type=float, default=1e-4, help="learning rate of the solver SFT warm-up")
-    g.add_argument("--proposer-max-new-tokens", type=int, default=8192, help="proposer generation limit; paper 8192")
+    g.add_argument("--proposer-max-new-tokens", type=int, default=None,
+                   help="proposer generation limit; paper 8192 (default: 8192; tiny: 448 tool, 320 zebra)")
     g.add_argument("--solver-G", type=int, default=5, help="solver rollouts per task; paper 5")
     g.add_argument("--solver-steps", type=int, default=None,
                    help="solver GRPO steps per iteration; paper 15 tool / 10 zebra (default by --family)")
@@ -188,12 +206,13 @@ def build_parser():
 
 
 def parse_args(argv=None):
-    """Flags with the preset's values; Table 5's per-family values fill the flags left unset (None); the
+    """Flags with the preset's values; BY_FAMILY's per-family values fill the flags left unset (None); the
     default run folder runs/skill_selfplay-<preset> gets the family and the ablations as suffixes."""
     args = parse_with_preset(build_parser(), PRESETS, argv=argv, name="skill_selfplay")
-    for k, v in TABLE5_BY_FAMILY[args.family].items():
-        if getattr(args, k) is None:
-            setattr(args, k, v)
+    for values in (BY_FAMILY.get(args.preset, {}).get(args.family, {}), BY_FAMILY["paper"][args.family]):
+        for k, v in values.items():
+            if getattr(args, k) is None:
+                setattr(args, k, v)
     if args.run_dir == f"runs/skill_selfplay-{args.preset}":  # no --run-dir given
         args.run_dir += "-" + args.family + "".join(
             "-" + f for f in ("unguided", "skill_only", "uniform_routing", "frozen_skills", "frozen_proposer",
@@ -1383,11 +1402,13 @@ def main(argv=None):
     if not extra and args.proposer_sft_steps and pkgs and not args.unguided:  # difference 13 (unguided: no library)
         t0, grammar = time.time(), proposal_decoding(args, p_sampler)[1] is not None
         m = prime_proposer(proposer, tok, pkgs, args, dist, grammar)
+        opt_p = make_optimizer(proposer, args)  # MasterAdamW's fp32 masters must start from the primed weights
         p_sampler.sync(proposer)
         say(f"proposer SFT warm-up on {len(pkgs)} worked examples: loss {m.get('sft_loss', 0):.3f}, {time.time() - t0:.0f}s")
     if not extra and args.solver_sft_steps and args.family == "tool":  # difference 14 (both arms, also --unguided)
         t0 = time.time()
         m = prime_solver(solver, tok, args, dist)
+        opt_s = make_optimizer(solver, args)  # as for the proposer: masters from the primed weights
         s_sampler.sync(solver)
         say(f"solver SFT warm-up on {args.solver_sft_tasks} scripted tool tasks: loss {m.get('sft_loss', 0):.3f}, "
             f"{time.time() - t0:.0f}s")

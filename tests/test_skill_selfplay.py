@@ -666,7 +666,7 @@ def test_smoke_tiny(tmp_path, tiny_model_dir):
     (tmp_path / "lib").mkdir()
     (tmp_path / "lib" / "zebra_tiny.md").write_text(TINY_ZEBRA_PACKAGE)
     run = tmp_path / "run"
-    flags = ["--family", "zebra", "--preset", "tiny", "--model", tiny_model_dir, "--no-autocast", "--T", "1",
+    flags = ["--family", "zebra", "--preset", "tiny", "--model", tiny_model_dir, "--T", "1",  # bf16 weights (MasterAdamW)
              "--library", str(tmp_path / "lib"), "--proposer-sft-steps", "150", "--proposer-sft-lr", "1e-2",
              "--proposer-prompts", "2", "--proposer-G", "2", "--proposer-max-new-tokens", "100", "--max-new-tokens", "48",
              "--solver-steps", "1", "--K", "2", "--zebra-eval-per-scale", "1", "--zebra-eval-scales", "small",
@@ -680,6 +680,13 @@ def test_smoke_tiny(tmp_path, tiny_model_dir):
     assert row["n_accepted_skill"] + row["n_accepted_explore"] >= 1, row   # some proposal passed every gate
     assert row["pool_size"] >= 1 and row["lib_size"] >= 1
     assert json.loads(open(run / "proposer_sft" / "metrics.jsonl").readlines()[-1])["sft_loss"] < 0.5
+    # the proposer's GRPO step starts from the primed weights: an optimizer built before the warm-up would hold
+    # fp32 masters of the base weights and write them back (the warm-up undone at the first step)
+    import torch
+    from safetensors.torch import load_file
+    base = load_file(os.path.join(tiny_model_dir, "model.safetensors"))
+    primed = load_file(str(run / "proposer" / "ckpt" / "model" / "model.safetensors"))
+    assert max((primed[k].float() - base[k].float()).abs().max().item() for k in base if k in primed) > 0.05
     (step,) = [json.loads(line) for line in open(run / "solver" / "metrics.jsonl")]
     assert step["n_tokens"] > 0 and step["skipped"] == 0.0                  # the solver trained on D(t)
     recs = [json.loads(line) for line in open(run / "records" / "iter_0.jsonl")]
@@ -929,6 +936,14 @@ def test_flags_take_any_argparse_spelling():
     assert S.parse_args(["--family", "tool", "--preset", "paper"]).M == 8000
     assert S.parse_args(["--family=zebra", "--run-dir=/tmp/x"]).run_dir == "/tmp/x"            # no family suffix
     assert S.parse_args(["--family", "zebra", "--unguided"]).run_dir.endswith("-zebra-unguided")
+    # the tiny preset's per-family values (differences 13-14): the tool family's warm-ups, none for zebra
+    tool, zebra = S.parse_args(["--family", "tool", "--preset", "tiny"]), S.parse_args(["--family=zebra", "--preset=tiny"])
+    assert (tool.proposer_sft_steps, tool.solver_sft_steps, tool.proposer_max_new_tokens, tool.K) == (10, 12, 448, 8)
+    assert tool.library.endswith(os.path.join("selfplay", "tool_tiny")) and zebra.library is None and zebra.K == 4
+    assert (zebra.proposer_sft_steps, zebra.solver_sft_steps, zebra.proposer_max_new_tokens) == (0, 0, 320)
+    assert S.parse_args(["--family", "tool", "--preset", "tiny", "--solver-sft-steps=0"]).solver_sft_steps == 0
+    paper = S.parse_args(["--family", "tool", "--preset", "paper"])
+    assert (paper.proposer_sft_steps, paper.solver_sft_steps, paper.proposer_max_new_tokens) == (0, 0, 8192)
 
 
 def test_reward_and_probe_vote_use_one_equality():
