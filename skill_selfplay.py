@@ -67,6 +67,7 @@ Differences from the paper:
     (SCRIPTED_TOOLS, disjoint from S(0) and BFCL) before iteration 0, in both arms; the 135M base solver
     solves no S(0) example in a majority of its probes, so no tool task could pass Eq. 4 without it.
     The tiny tool run also starts from S(0)'s 5 simplest packages (data/selfplay/tool_tiny) and uses K = 8.
+    π_ref stays the backbone π^(0) after either warm-up (it is not saved, so a resume could not rebuild it).
 """
 import argparse
 import collections
