@@ -331,7 +331,6 @@ class MasterAdamW(torch.optim.AdamW):
     def __init__(self, params, **kw):
         self.model_params = list(params)                                            # bf16, used for compute
         super().__init__([p.detach().float() for p in self.model_params], **kw)    # fp32 masters, stepped
-        self.grad_buffers = [None] * len(self.model_params)  # fp32 gradients, allocated once (not every step)
 
     def masters(self):
         return self.param_groups[0]["params"]
@@ -339,11 +338,9 @@ class MasterAdamW(torch.optim.AdamW):
     @torch.no_grad()
     def take_grads(self):
         """Move the model's bf16 gradients (summed over micro-batches) into the masters' fp32 .grad."""
-        for i, (p, m) in enumerate(zip(self.model_params, self.masters())):
+        for p, m in zip(self.model_params, self.masters()):
             if p.grad is not None:
-                if self.grad_buffers[i] is None:
-                    self.grad_buffers[i] = torch.empty_like(m)
-                m.grad, p.grad = self.grad_buffers[i].copy_(p.grad), None
+                m.grad, p.grad = p.grad.float(), None
         return self.masters()
 
     @torch.no_grad()
