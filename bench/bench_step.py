@@ -39,6 +39,7 @@ p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDes
 grpo.add_grpo_args(p)
 p.add_argument("--prompts", type=int, default=4, help="P, prompts per step")
 p.add_argument("--steps", type=int, default=3, help="timed steps (plus one warm-up)")
+p.add_argument("--reps", type=int, default=5, help="interleaved update/bare pairs on the last batch (medians)")
 p.add_argument("--lengths", type=int, nargs="+", default=[32, 128], help="completion lengths (--max-new-tokens) to run")
 p.add_argument("--trainers", nargs="+", default=["trl", "hf", "vllm"], choices=["trl", "hf", "vllm"], help="which lines to run")
 p.add_argument("--only", choices=["trl", "hf", "vllm"], help="child mode: run this trainer at --max-new-tokens, print one RESULT line")
@@ -106,9 +107,21 @@ def ours(sampler_name):
         tokens.append(sum(len(r.ids) for r in rollouts))
         half = max(1, len(rollouts) // 2)  # two micro-batches, as in grpo.py's tiny preset
         pads.append((padded_share(rollouts, half, False), padded_share(rollouts, half, True)))
+    # the update against the bare floor on one batch (the last step's rollouts), interleaved --reps times:
+    # the per-step pairs above come right after sampling and vary by ±0.15 in ratio between runs
+    rep_u, rep_b = [], []
+    for _ in range(args.reps):
+        for r in rollouts:
+            r.adv = None
+        t0 = time.perf_counter()
+        grpo.grpo_update(model, ref, opt, rollouts, args, dist)
+        rep_u.append(time.perf_counter() - t0)
+        rep_b.append(bare_update(bare_model, bare_ref, rollouts, dist))
     mean = lambda xs: sum(xs[1:]) / args.steps  # noqa: E731, the timed steps
+    median = lambda xs: sorted(xs)[len(xs) // 2] if xs else float("nan")  # noqa: E731
     return {"step": mean(steps), "update": mean(updates), "bare": mean(bares), "tokens": mean(tokens),
-            "pad_in_order": mean([a for a, _ in pads]), "pad_sorted": mean([b for _, b in pads])}
+            "pad_in_order": mean([a for a, _ in pads]), "pad_sorted": mean([b for _, b in pads]),
+            "update_rep": median(rep_u), "bare_rep": median(rep_b)}
 
 
 def trl():
@@ -182,3 +195,5 @@ for n in args.lengths:
     if vl := results.get((n, "vllm")):
         print(f"{n} new tokens, vLLM run: {vl['tokens']:.0f} completion tokens/step; padding in 2 micro-batches: "
               f"{vl['pad_in_order']:.0%} of positions in rollout order, {vl['pad_sorted']:.0%} sorted by length")
+        print(f"{n} new tokens, one batch, {args.reps} interleaved pairs (medians): update {vl['update_rep']:.2f} s, "
+              f"bare {vl['bare_rep']:.2f} s, bare/update {ratio(vl['bare_rep'], vl['update_rep'])}")
