@@ -109,11 +109,10 @@ PRESETS = {
 # the preset's first, then the paper's. paper: Table 5 (no warm-up). tiny: the tool family's warm-ups of the
 # proposer and the solver, a library of its 5 simplest packages, K = 8 probes so that a partly solved task
 # can fall in the frontier band, room for its longer proposals (differences 13-14); zebra's tiny run has none.
+_PAPER_BOTH = dict(K=10, proposer_max_new_tokens=8192, proposer_sft_steps=0, proposer_sft_batch=0, solver_sft_steps=0)
 BY_FAMILY = {
-    "paper": {"tool": dict(K=10, M=8000, proposer_steps=5, solver_steps=15, induce_min=20, proposer_max_new_tokens=8192,
-                           proposer_sft_steps=0, proposer_sft_batch=0, solver_sft_steps=0),
-              "zebra": dict(K=10, M=1920, proposer_steps=3, solver_steps=10, induce_min=10, proposer_max_new_tokens=8192,
-                            proposer_sft_steps=0, proposer_sft_batch=0, solver_sft_steps=0)},
+    "paper": {"tool": dict(_PAPER_BOTH, M=8000, proposer_steps=5, solver_steps=15, induce_min=20),
+              "zebra": dict(_PAPER_BOTH, M=1920, proposer_steps=3, solver_steps=10, induce_min=10)},
     "tiny": {"tool": dict(library=os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "selfplay", "tool_tiny"),
                           K=8, proposer_max_new_tokens=448, proposer_sft_steps=10, proposer_sft_batch=6, solver_sft_steps=12),
              "zebra": dict(K=4, proposer_max_new_tokens=320)},
@@ -153,7 +152,7 @@ def build_parser():
                    help="proposer GRPO steps per iteration; paper 5 tool / 3 zebra (default by --family)")
     g.add_argument("--proposer-sft-steps", type=int, default=None,
                    help="SFT steps priming the proposer on S(0)'s worked examples before iteration 0 (difference 13); "
-                        "paper 0 (default: 0; tiny tool: 8)")
+                        "paper 0 (default: 0; tiny tool: 10)")
     g.add_argument("--proposer-sft-lr", type=float, default=1e-4, help="learning rate of that SFT warm-up")
     g.add_argument("--proposer-sft-batch", type=int, default=None,
                    help="examples per SFT step, drawn at random; 0 = all of them every step (default: 0; tiny tool: 6)")
@@ -951,15 +950,8 @@ def prime_proposer(proposer, tok, pkgs, args, dist, grammar):
         target = tok.encode(text[len(prefix):], add_special_tokens=False) + [tok.eos_token_id]
         for stream_pkg in ([pkg, None] if not args.skill_only else [pkg]):
             examples.append((prefilled_prompt(tok, proposer_messages(args.family, stream_pkg), prefix), target))
-    opt = make_optimizer(proposer, args, lr=args.proposer_sft_lr)  # bf16 weights: fp32 masters (MasterAdamW)
-    rng, m = random.Random(f"{args.seed}-proposer-sft"), {}  # same draw on every rank; each takes its share
-    for step in range(args.proposer_sft_steps):
-        batch = rng.sample(examples, min(args.proposer_sft_batch, len(examples))) if args.proposer_sft_batch else examples
-        # grpo.sft_update: L_SFT = − Σ log π(y_t | x, y_<t) / Σ 1 over the target tokens of all examples
-        m = sft_update(proposer, opt, batch[dist.rank::dist.world], args, dist)
-        log_metrics(os.path.join(args.run_dir, "proposer_sft"), step, m, dist, keys=("sft_loss", "grad_norm"))
-    return m
-
+    return sft_warmup(proposer, examples, args.proposer_sft_steps, args.proposer_sft_batch, args.proposer_sft_lr,
+                      random.Random(f"{args.seed}-proposer-sft"), "proposer_sft", args, dist)
 
 
 def prime_solver(solver, tok, args, dist):
@@ -972,13 +964,22 @@ def prime_solver(solver, tok, args, dist):
         answer = "<tool_call>" + json.dumps(task["call"]) + "</tool_call>"
         target = tok.encode(answer[len(prefix):], add_special_tokens=False) + [tok.eos_token_id]
         examples.append((prefilled_prompt(tok, solver_messages("tool", task), prefix), target))
-    opt, m = make_optimizer(solver, args, lr=args.solver_sft_lr), {}
-    for step in range(args.solver_sft_steps):
-        batch = rng.sample(examples, min(args.solver_sft_batch, len(examples)))
-        # grpo.sft_update: L_SFT = − Σ log π(y_t | x, y_<t) / Σ 1 over the target tokens
-        m = sft_update(solver, opt, batch[dist.rank::dist.world], args, dist)
-        log_metrics(os.path.join(args.run_dir, "solver_sft"), step, m, dist, keys=("sft_loss", "grad_norm"))
+    return sft_warmup(solver, examples, args.solver_sft_steps, args.solver_sft_batch, args.solver_sft_lr, rng,
+                      "solver_sft", args, dist)
+
+
+def sft_warmup(model, examples, steps, batch, lr, rng, name, args, dist):
+    """`steps` SFT steps with their own optimizer (bf16 weights: MasterAdamW's fp32 masters), each on `batch`
+    examples drawn with rng (the same draw on every rank; each takes its share; 0 = all of them), logged to
+    <run-dir>/<name>. Returns the last step's metrics."""
+    opt, m = make_optimizer(model, args, lr=lr), {}
+    for step in range(steps):
+        chosen = rng.sample(examples, min(batch, len(examples))) if batch else examples
+        # grpo.sft_update: L_SFT = − Σ log π(y_t | x, y_<t) / Σ 1 over the target tokens of the chosen examples
+        m = sft_update(model, opt, chosen[dist.rank::dist.world], args, dist)
+        log_metrics(os.path.join(args.run_dir, name), step, m, dist, keys=("sft_loss", "grad_norm"))
     return m
+
 
 def proposer_phase(t, proposer, ref, opt_p, p_sampler, probe_sampler, tok, pkgs, stats, args, rng, dist):
     """Algorithm 2, lines 3-20: --proposer-steps GRPO steps of the proposer (Eq. 5) on skill- and
@@ -1550,7 +1551,6 @@ def tool_schema_error(task):
     return f"missing required arguments {missing}" if missing else None
 
 
-
 # Scripted tool tasks of the solver warm-up (--solver-sft-steps, difference 14): a small bank of tools, each
 # with a request template that states every argument literally, so the reference call copies the values.
 def _tool(name, description, props, required):
@@ -1595,6 +1595,7 @@ def scripted_tool_tasks(rng, n):
         tasks.append({"tools": tools, "dialogue": [{"role": "user", "content": template.format(**args)}],
                       "call": {"name": tool["name"], "arguments": args}})
     return tasks
+
 
 # Zebra runtime.
 

@@ -682,7 +682,6 @@ def test_smoke_tiny(tmp_path, tiny_model_dir):
     assert json.loads(open(run / "proposer_sft" / "metrics.jsonl").readlines()[-1])["sft_loss"] < 0.5
     # the proposer's GRPO step starts from the primed weights: an optimizer built before the warm-up would hold
     # fp32 masters of the base weights and write them back (the warm-up undone at the first step)
-    import torch
     from safetensors.torch import load_file
     base = load_file(os.path.join(tiny_model_dir, "model.safetensors"))
     primed = load_file(str(run / "proposer" / "ckpt" / "model" / "model.safetensors"))
