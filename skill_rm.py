@@ -142,7 +142,6 @@ def build_parser():
     g.add_argument("--rl-eval-prompts", type=int, default=300, help="held-out instructions for checker evaluation (paper: 300, IFBench's test set)")
     g.add_argument("--rl-max-turns", type=int, default=7, help="skill judge turn budget in RL (paper: 7, NOTES §2)")
     g.add_argument("--skip-bench", action="store_true", help="skip the benchmark table")
-    g.add_argument("--aggregate", default=None, help="comma-separated run dirs of seeded runs: print mean ± sd, then exit")
     g.add_argument("--skip-bon", action="store_true", help="skip best-of-N")
     g.add_argument("--skip-rl", action="store_true", help="skip instruction-following RL")
     return p
@@ -1227,7 +1226,7 @@ def make_judge_sampler(judge, tok, args, dist):
 def main(argv=None):
     args = parse_with_preset(build_parser(), PRESETS, argv=argv, name="skill_rm")
     if args.aggregate:
-        return aggregate_seeds(args.aggregate.split(","))
+        return aggregate_seeds(args.aggregate)
     check_args(args)
     dist = setup_distributed()
     seed_everything(args.seed)
