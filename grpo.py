@@ -38,6 +38,7 @@ Differences from the papers:
 import argparse
 import contextlib
 import dataclasses
+import datetime
 import os
 import random
 import re
@@ -51,8 +52,8 @@ import torch.distributed as torch_dist
 from torch.distributed.fsdp import FSDPModule
 from tqdm import tqdm
 
-from plumbing import (load_checkpoint, load_model, load_policy, log_metrics, make_sampler, plot_curves, save_checkpoint,
-                      unwrap)
+from plumbing import (load_checkpoint, load_model, load_policy, log_metrics, make_sampler, per_rank, plot_curves,
+                      save_checkpoint, unwrap)
 
 # ----- config -----
 
@@ -74,7 +75,8 @@ def add_grpo_args(p):
     g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature; log-probs are recomputed at the same value")
     g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling; 1.0 keeps the sampled distribution equal to π_θ")
     g.add_argument("--max-new-tokens", type=int, default=128, help="tokens per generated segment")
-    g.add_argument("--vllm-kv-gib", type=float, default=1.0, help="vLLM KV-cache size in GiB (fixed, so a colocated engine never competes with training for memory)")
+    g.add_argument("--vllm-kv-gib", type=float, default=None, help="vLLM KV-cache size in GiB (fixed, so a colocated engine never competes with training for memory); default: --vllm-kv-seqs full-length sequences")
+    g.add_argument("--vllm-kv-seqs", type=int, default=8, help="default KV cache: room for this many --max-model-len sequences, sized from the model's config (README 'Memory plan')")
     g.add_argument("--max-model-len", type=int, default=2048, help="vLLM context length (prompt + completion); longer prompts get an empty completion")
     g = p.add_argument_group("GRPO")
     g.add_argument("--beta", type=float, default=0.04, help="β, k3 KL coefficient (DeepSeekMath Eq. 3: 0.04; DAPO: 0 → no reference model)")
@@ -90,6 +92,7 @@ def add_grpo_args(p):
     g.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
     g.add_argument("--grad-clip", type=float, default=1.0, help="max global gradient norm")
     g.add_argument("--micro-batch", type=int, default=8, help="sequences per forward/backward; gradients accumulate over the batch")
+    g.add_argument("--grad-checkpointing", action="store_true", help="recompute activations in backward (same gradients, ~1/3 more compute, far less memory; README 'Memory plan')")
     g = p.add_argument_group("run")
     g.add_argument("--run-dir", default=None, help="folder for checkpoints, metrics.jsonl and plots (default runs/<script>-<preset>)")
     g.add_argument("--seed", type=int, default=0, help="seed of every RNG (offset by rank)")
@@ -142,8 +145,9 @@ def setup_distributed():
         device = torch.device("cuda", local)
     else:
         device = torch.device("cpu")
-    if not torch_dist.is_initialized():
-        torch_dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    if not torch_dist.is_initialized():  # a timeout of hours: rank-0-only stages outlast NCCL's 10 min watchdog
+        torch_dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=datetime.timedelta(
+            minutes=float(os.environ.get("NANOSKILL_DIST_TIMEOUT_MIN", 24 * 60))))
     return Dist(rank, world, local, device)
 
 
@@ -188,8 +192,8 @@ def broadcast_object(obj, dist, src=0):
 
 
 def chat_ids(tok, messages):
-    """Chat-formatted prompt ids, ending where the assistant's reply begins."""
-    out = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    """Chat-formatted prompt ids, ending where the assistant's reply begins; Qwen3's thinking mode off."""
+    out = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, enable_thinking=False)  # else <think> eats short budgets
     return list(out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out)
 
 
@@ -539,7 +543,7 @@ def toy_reward(text, answer):
 def toy_batch(tok, step, args, dist):
     """This rank's prompts for a step: seeded by (seed, step, rank) so a resumed run sees the same data."""
     rng = random.Random(args.seed * 1_000_003 + step * 1009 + dist.rank)
-    probs = [toy_problem(rng) for _ in range(args.prompts_per_step // dist.world)]
+    probs = [toy_problem(rng) for _ in range(per_rank(args.prompts_per_step, dist, "--prompts-per-step"))]
     return [chat_ids(tok, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}]) for q, _ in probs], [a for _, a in probs]
 
 
@@ -576,6 +580,7 @@ def build_parser():
 def main(argv=None):
     args = parse_with_preset(build_parser(), PRESETS, argv=argv, name="grpo")
     dist = setup_distributed()
+    per_rank(args.prompts_per_step, dist, "--prompts-per-step")  # before any model loads
     seed_everything(args.seed + dist.rank)
     model, tok = load_policy(args, dist)
     ref = load_model(args.model, dist, args.dtype, trainable=False)[0] if args.beta > 0 else None

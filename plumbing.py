@@ -13,6 +13,7 @@ import fcntl
 import glob
 import importlib.util
 import json
+import math
 import os
 import random
 import shutil
@@ -69,19 +70,22 @@ def embedded_model_path():
 
 
 def resolve_model(name):
-    """'embedded', a local folder, or an HF id already in the local cache; else one clear error line."""
+    """'embedded', a local folder, or an HF id: downloaded into the HF cache, or only looked up there when
+    HF_HUB_OFFLINE=1 (an offline machine); else one clear error line."""
     if name == "embedded":
         return embedded_model_path()
     if os.path.isdir(name):
         if not os.path.exists(os.path.join(name, "config.json")):
             raise SystemExit(f"nanoskill: cannot load model '{name}': the folder has no config.json")
         return name
+    offline = os.environ.get("HF_HUB_OFFLINE", "0").upper() in ("1", "ON", "YES", "TRUE")
     try:
         from huggingface_hub import snapshot_download
-        return snapshot_download(name, local_files_only=True)
-    except Exception:
-        raise SystemExit(f"nanoskill: cannot load model '{name}': tried a local folder (none there) and the "
-                         "Hugging Face cache (not there; this machine is offline). Use --model embedded or a folder.")
+        return snapshot_download(name, local_files_only=offline)
+    except Exception as e:
+        where = "the Hugging Face cache (not there; HF_HUB_OFFLINE=1)" if offline else f"a download ({type(e).__name__})"
+        raise SystemExit(f"nanoskill: cannot load model '{name}': tried a local folder (none there) and {where}. "
+                         "Use --model embedded or a folder.")
 
 
 def load_model(name, dist, dtype="float32", trainable=True):
@@ -106,8 +110,10 @@ def load_model(name, dist, dtype="float32", trainable=True):
 def load_policy(args, dist):
     """The trained model, wrapped in DDP when there are several ranks (sharded with FSDP2 under --fsdp); bf16
     weights under --precision bf16, except under FSDP2, which keeps fp32 shards and computes in bf16 by its own policy."""
-    fsdp = dist.world > 1 and args.fsdp
+    fsdp = args.fsdp and torch_dist.is_initialized()  # under torchrun, even with one rank
     model, tok = load_model(args.model, dist, "bfloat16" if args.precision == "bf16" and not fsdp else "float32")
+    if getattr(args, "grad_checkpointing", False):  # recompute each layer in backward: activations ~ 1 layer, not all
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if fsdp:
         model = shard_fsdp(model, args)
     elif dist.world > 1:
@@ -141,6 +147,20 @@ def full_state_dict(model, dtype=None):
     return out
 
 
+def cpu_snapshot(model):
+    """This rank's weights (under FSDP its shards) copied to the CPU: a snapshot to return to later
+    (e.g. π_0 between stages) that costs no GPU memory."""
+    return {k: (v.to_local() if isinstance(v, DTensor) else v).detach().to("cpu", copy=True)
+            for k, v in unwrap(model).state_dict().items()}
+
+
+@torch.no_grad()
+def restore_snapshot(model, snap):
+    """Copy a cpu_snapshot back into the model's weights, in place (DDP, FSDP and one process alike)."""
+    for k, v in unwrap(model).state_dict().items():
+        (v.to_local() if isinstance(v, DTensor) else v).copy_(snap[k])
+
+
 def replica(model):
     """The policy as a plain module that one rank can run alone (e.g. an evaluation on rank 0): unwrap(model)
     itself, or under FSDP, whose modules refuse deepcopy, a fresh module with the gathered full weights (every
@@ -162,6 +182,14 @@ def frozen_copy(model):
     m = unwrap(model)
     return (replica(m) if isinstance(m, FSDPModule) else copy.deepcopy(m)).eval().requires_grad_(False)
 
+
+
+def per_rank(n, dist, flag):
+    """This rank's share of n items (n // world); refuses, naming the flag, when a rank would get none."""
+    if n < dist.world:
+        raise SystemExit(f"nanoskill: {flag} {n} leaves some of the {dist.world} ranks with nothing to do; "
+                         f"use at least {dist.world} (e.g. --preset paper)")
+    return n // dist.world
 
 
 def load_embedder():
@@ -346,14 +374,51 @@ class ConstrainedHFSampler(HFSampler):
         self.cache = []  # cached keys and values belong to the old weights
 
 
+def kv_bytes_per_token(cfg, dtype_bytes=2):
+    """vLLM's KV cache per token: K and V in every layer, 2 · layers · kv_heads · head_dim · bytes (bf16: 2).
+    Qwen3-4B/8B: 2 · 36 · 8 · 128 · 2 = 144 KiB; SmolLM2-135M: 2 · 30 · 3 · 64 · 2 = 22.5 KiB."""
+    cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    heads = cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    return 2 * cfg.num_hidden_layers * (getattr(cfg, "num_key_value_heads", None) or heads) * head_dim * dtype_bytes
+
+
+def vllm_memory(cfg, n_params, max_model_len, kv_gib, kv_seqs, free=None, total=None, overhead=2**30):
+    """The memory arguments of a colocated vLLM engine. KV cache: --vllm-kv-gib, or room for --vllm-kv-seqs
+    sequences of --max-model-len tokens. On a GPU (free/total in bytes, from torch.cuda.mem_get_info) vLLM
+    0.32 refuses to start unless free ≥ gpu_memory_utilization · total, even with a fixed KV size, so the
+    utilisation is set to the engine's own share: bf16 weights (2 B/param) + KV + ~1 GiB of activations."""
+    per_token = kv_bytes_per_token(cfg)
+    kv = int(kv_gib * 2**30) if kv_gib else kv_seqs * max_model_len * per_token
+    if kv < max_model_len * per_token:  # vLLM refuses a KV cache that cannot hold one full-length request
+        raise ValueError(f"a KV cache of {kv / 2**30:.2f} GiB holds {kv // per_token} tokens, fewer than one request of "
+                         f"--max-model-len {max_model_len} ({per_token // 1024} KiB per token); raise --vllm-kv-gib")
+    out = dict(kv_cache_memory_bytes=kv)
+    if total is None:  # CPU: no start-up check
+        return out
+    need = 2 * n_params + kv + overhead
+    if need > free:
+        raise ValueError(f"vLLM needs {need / 2**30:.1f} GiB (weights {2 * n_params / 2**30:.1f} + KV {kv / 2**30:.1f} + "
+                         f"{overhead / 2**30:.0f}) but {free / 2**30:.1f} of {total / 2**30:.1f} GiB are free; lower "
+                         "--vllm-kv-seqs or --max-model-len, or shard training with --fsdp (README 'Memory plan')")
+    # the smallest utilisation (3 decimals) covering `need` that still passes free ≥ ceil(utilisation · total)
+    out["gpu_memory_utilization"] = min(math.ceil(need / total * 1000) / 1000, math.floor(free / total * 1000) / 1000)
+    return out
+
+
 class VLLMSampler:
     """A vLLM engine colocated in this process; `sync` pushes the trained weights after each update."""
 
     def __init__(self, model, tok, args, dist, max_model_len=None):
         from vllm import LLM
         self.tok, self.max_len = tok, max_model_len or args.max_model_len
-        self.llm = LLM(model=unwrap(model).name_or_path, dtype="bfloat16", enforce_eager=True, seed=args.seed + dist.rank,
-                       kv_cache_memory_bytes=int(args.vllm_kv_gib * 2**30), max_model_len=self.max_len,
+        m, cuda = unwrap(model), dist.device.type == "cuda"
+        free, total = torch.cuda.mem_get_info(dist.device) if cuda else (None, None)
+        mem = vllm_memory(m.config, sum(p.numel() for p in m.parameters()), self.max_len, args.vllm_kv_gib,
+                          args.vllm_kv_seqs, free, total)
+        self.llm = LLM(model=unwrap(model).name_or_path, dtype="bfloat16", seed=args.seed + dist.rank,
+                       enforce_eager=not cuda,  # CUDA graphs on a GPU; the CPU backend runs eagerly
+                       **mem, max_model_len=self.max_len,
                        distributed_executor_backend="external_launcher" if dist.world > 1 else None,
                        structured_outputs_config={"backend": "xgrammar", "disable_any_whitespace": True})
         self.sync(model)  # the policy may already differ from the folder (resume, SFT)

@@ -61,7 +61,7 @@ Differences from the paper:
 13. Scale: tiny keeps three verifiable domains × two screened skills and 8 chains per Acc cell;
     Acc needs |S|·(|D| + 1)·acc_samples chains (B.4) plus direct_pairs·acc_samples for Eq. (3).
 14. Frozen models run in bf16 (--frozen-dtype); only rank 0 runs the bank/ske/synth/bench/label
-    stages, and SFT examples are not sharded over ranks.
+    stages (under torchrun with HF generate), and SFT examples are not sharded over ranks.
 """
 
 import argparse
@@ -1181,7 +1181,9 @@ def frozen_models(args, dist):
         name = name or args.ref_model or args.model
         if name not in frozen:
             m, tok = load_model(name, dist, args.frozen_dtype, trainable=False)
-            sampler = HFSampler(m, tok) if args.sampler == "hf" else make_sampler(args, m, tok, dist)
+            # under torchrun, HF generate: these load lazily inside rank-0-only stages (cached_stage), and the set-up
+            # of an external_launcher vLLM engine is a collective of every rank (deadlock while the others wait)
+            sampler = HFSampler(m, tok) if args.sampler == "hf" or dist.world > 1 else make_sampler(args, m, tok, dist)
             frozen[name] = make_generate(sampler, tok)
         return frozen[name]
 

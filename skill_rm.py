@@ -74,10 +74,10 @@ from pathlib import Path
 import torch
 import yaml
 
-from grpo import (add_grpo_args, chat_ids, grpo_update, make_optimizer, parse_with_preset, sft_update,
-                  sample_group_rollouts, seed_everything, setup_distributed)
-from plumbing import (frozen_copy, load_model, load_policy, log_metrics, make_sampler, plot_curves, unwrap, ConstrainedHFSampler,
-                      VLLMSampler)
+from grpo import (Dist, add_grpo_args, chat_ids, gather_objects, grpo_update, make_optimizer, parse_with_preset, reduce_metrics,
+                  sft_update, sample_group_rollouts, seed_everything, setup_distributed)
+from plumbing import (cpu_snapshot, frozen_copy, load_model, load_policy, log_metrics, make_sampler, per_rank, plot_curves,
+                      restore_snapshot, unwrap, ConstrainedHFSampler, VLLMSampler)
 from sandbox import CODE_IMPORTS, run_sandboxed, sandbox_static_check
 
 ROOT = Path(__file__).resolve().parent
@@ -678,6 +678,15 @@ def run_judges(sampler, tok, tasks, skills, args, max_turns):
     return tasks
 
 
+def judge_on_ranks(sampler, tok, tasks, skills, args, max_turns, dist=None):
+    """run_judges with the tasks dealt over the ranks (task i on rank i mod world); returns every judged
+    task, in the given order, on every rank (under torchrun; the tasks themselves for one process)."""
+    dist = dist or Dist()
+    done = gather_objects(run_judges(sampler, tok, tasks[dist.rank::dist.world], skills, args, max_turns), dist)
+    order = [i for r in range(dist.world) for i in range(r, len(tasks), dist.world)]  # gathered in rank order
+    return [t for _, t in sorted(zip(order, done), key=lambda x: x[0])]
+
+
 def format_trace(task):
     """The whole trace of one judgment, for printing."""
     out = [f"=== {task.method} judge, mode {task.mode}, K={len(task.candidates)}, turns {task.turns}, "
@@ -883,7 +892,7 @@ def train_if_policy(variant, policy, tok, sampler, judge_sampler, skills, args, 
     run_dir, seen = Path(args.run_dir) / f"rl_{variant}", []
     for step in range(args.rl_steps):
         t0 = time.time()
-        batch = train_set[step * args.rl_prompts:(step + 1) * args.rl_prompts]
+        batch = train_set[step * args.rl_prompts:(step + 1) * args.rl_prompts][dist.rank::dist.world]  # this rank's prompts
         rollouts = sample_group_rollouts(sampler, policy_prompt_ids(tok, [b["prompt"] for b in batch]), args.G, args)
         prompts = [batch[r.group]["prompt"] for r in rollouts]
         rewards, valid, tasks = judge_rewards(judge_sampler, tok, prompts, [r.text for r in rollouts], variant, skills, args,
@@ -899,9 +908,10 @@ def train_if_policy(variant, policy, tok, sampler, judge_sampler, skills, args, 
             groups.setdefault(r.group, []).append(r.reward)
         # within-group sd of the reward: the signal GRPO's advantage needs (0 → no update)
         sd = [(sum((x - sum(g) / len(g)) ** 2 for x in g) / len(g)) ** 0.5 for g in groups.values()]
-        metrics.update(reward_group_sd=sum(sd) / len(sd), judge_valid=float(sum(valid) / len(valid)), checker_strict=sum(h["all"] for h in hidden) / len(hidden),
-                       checker_loose=sum(h["frac"] for h in hidden) / len(hidden),
-                       judge_turns=sum(t.turns for t in tasks) / len(tasks), time_judge=t_judge, time_step=time.time() - t0)
+        metrics.update(reduce_metrics(dict(  # means over the ranks
+            reward_group_sd=sum(sd) / len(sd), judge_valid=float(sum(valid) / len(valid)), checker_strict=sum(h["all"] for h in hidden) / len(hidden),
+            checker_loose=sum(h["frac"] for h in hidden) / len(hidden),
+            judge_turns=sum(t.turns for t in tasks) / len(tasks), time_judge=t_judge, time_step=time.time() - t0), dist))
         log_metrics(run_dir, step, metrics, dist, keys=("reward", "reward_group_sd", "judge_valid", "checker_strict", "time_step"))
         seen.append(metrics)
     return run_dir, {k: sum(m[k] for m in seen) / max(len(seen), 1) for k in ("reward", "reward_group_sd", "judge_valid")}
@@ -1018,7 +1028,7 @@ def sequential_knockout(pool_scores, judge_batch, seed, ks):
     return out
 
 
-def best_of_n(judge_sampler, tok, pools, method, skills, args, seeds):
+def best_of_n(judge_sampler, tok, pools, method, skills, args, seeds, dist=None):
     """seqko@{1,2,4,8,N} for one judge method, averaged over knockout seeds."""
     N = args.bon_N
     ks = sorted({k for k in (1, 2, 4, 8, N) if k <= N})
@@ -1030,7 +1040,7 @@ def best_of_n(judge_sampler, tok, pools, method, skills, args, seeds):
         tasks = [JudgeTask(pools[p]["prompt"], [pools[p]["candidates"][a], pools[p]["candidates"][b]], "pairwise", method,
                            label="A" if pools[p]["scores"][a] >= pools[p]["scores"][b] else "B", category=pools[p]["category"])
                  for p, a, b in reqs]
-        run_judges(judge_sampler, tok, tasks, skills, args, args.max_turns)
+        tasks = judge_on_ranks(judge_sampler, tok, tasks, skills, args, args.max_turns, dist)
         verdicts = [judgment_label(t.judgment, "AB") for t in tasks]
         valid.extend(v in ("A", "B") for v in verdicts)
         return verdicts
@@ -1041,11 +1051,13 @@ def best_of_n(judge_sampler, tok, pools, method, skills, args, seeds):
 
 # --- App. D: the trained policy on held-out instructions, scored by the hidden checkers ---
 
-def eval_if_policy(sampler, tok, test_set, args):
+def eval_if_policy(sampler, tok, test_set, args, dist=None):
     """Greedy responses on held-out instructions, scored by the hidden checkers:
     prompt-level strict accuracy (all constraints) and instruction-level accuracy (IFEval's metrics)."""
-    outs = sampler.generate(policy_prompt_ids(tok, [t["prompt"] for t in test_set]), 1, args.max_new_tokens, 0.0)
-    sc = [constraint_scores(t["constraints"], o[0].text) for t, o in zip(test_set, outs)]
+    dist = dist or Dist()
+    mine = test_set[dist.rank::dist.world]  # this rank's share; the scores of all are gathered
+    outs = sampler.generate(policy_prompt_ids(tok, [t["prompt"] for t in mine]), 1, args.max_new_tokens, 0.0)
+    sc = gather_objects([constraint_scores(t["constraints"], o[0].text) for t, o in zip(mine, outs)], dist)
     n_inst = sum(len(t["constraints"]) for t in test_set)
     return {"prompt_strict": sum(s["all"] for s in sc) / max(len(sc), 1),
             "inst_level": sum(sum(s["checks"]) for s in sc) / max(n_inst, 1)}
@@ -1118,7 +1130,9 @@ def main(argv=None):
         return aggregate_seeds(args.aggregate)
     check_args(args)
     dist = setup_distributed()
-    seed_everything(args.seed)
+    if not args.skip_rl:
+        per_rank(args.rl_prompts, dist, "--rl-prompts")
+    seed_everything(args.seed + dist.rank)
     t_start = time.time()
     try:
         skills = load_skills(args.skills_dir)
@@ -1153,7 +1167,7 @@ def main(argv=None):
         t0 = time.time()
         items = select_items(read_jsonl(args.bench), args.bench_per_cat)
         tasks, meta = benchmark_tasks(items, methods, formats, args.seed)
-        run_judges(judges, tok, tasks, skills, args, args.max_turns)
+        tasks = judge_on_ranks(judges, tok, tasks, skills, args, args.max_turns, dist)  # dealt over the ranks
         res = score_benchmark(tasks, meta)
         print_benchmark_table(res, methods, formats)
         print(f"(benchmark: {len(items)} items, {len(tasks)} judgments, {time.time() - t0:.0f} s)")
@@ -1168,7 +1182,7 @@ def main(argv=None):
         print(f"\nbest-of-N (JETTS sequential knockout), {len(pools)} pools, N={args.bon_N}, true score = hidden checker")
         results["bon"] = {}
         for m in [m for m in methods if m in ("baseline", "skill_rm", "oracle")]:
-            results["bon"][m] = r = best_of_n(judges, tok, pools, m, skills, args, args.bon_seeds)
+            results["bon"][m] = r = best_of_n(judges, tok, pools, m, skills, args, args.bon_seeds, dist)
             print(f"{m:12s} " + "  ".join(f"{k} {v:.3f}" for k, v in r.items()))
         print(f"(best-of-N: {time.time() - t0:.0f} s)")
 
@@ -1177,17 +1191,18 @@ def main(argv=None):
         t0 = time.time()
         train_set = if_prompts(args.seed, args.rl_steps * args.rl_prompts, "train")
         test_set = if_prompts(args.seed, args.rl_eval_prompts, "test")
-        init_state = {k: v.detach().clone() for k, v in policy.state_dict().items()}
+        init_state = cpu_snapshot(policy)  # on the CPU: no GPU memory for the copy
         # anchored pairwise: a fixed reference response per prompt from the initial policy (greedy)
         refs = sampler.generate(policy_prompt_ids(tok, [t["prompt"] for t in train_set]), 1, args.max_new_tokens, 0.0)
         anchors = {t["prompt"]: o[0].text for t, o in zip(train_set, refs)}
-        results["rl"] = {"initial": eval_if_policy(sampler, tok, test_set, args)}
+        results["rl"] = {"initial": eval_if_policy(sampler, tok, test_set, args, dist)}
         for variant in args.rl_rewards.split(","):
-            policy.load_state_dict(init_state)
+            restore_snapshot(policy, init_state)
             sampler.sync(policy)
             run_dir, train = train_if_policy(variant, policy, tok, sampler, judges, skills, args, dist, anchors, train_set)
-            results["rl"][variant] = {**eval_if_policy(sampler, tok, test_set, args), **train}
-            plot_curves(run_dir, ("reward", "judge_valid", "checker_strict"))
+            results["rl"][variant] = {**eval_if_policy(sampler, tok, test_set, args, dist), **train}
+            if dist.is_main:  # rank 0 writes the plots and results
+                plot_curves(run_dir, ("reward", "judge_valid", "checker_strict"))
         print(f"\ninstruction-following RL (App. D): {args.rl_steps} GRPO steps per reward, eval on "
               f"{len(test_set)} held-out instructions with hidden checkers")
         print(f"{'reward':12s} {'prompt_strict':>14s} {'inst_level':>11s} {'reward_sd':>10s} {'judge_invalid%':>15s}")
@@ -1196,6 +1211,8 @@ def main(argv=None):
                   + (f"{v['reward_group_sd']:10.3f} {100 * (1 - v['judge_valid']):15.1f}" if "judge_valid" in v else ""))
         print(f"(RL: {time.time() - t0:.0f} s)")
     results["time_total"] = time.time() - t_start
+    if not dist.is_main:
+        return results
     Path(args.run_dir).mkdir(parents=True, exist_ok=True)
     (Path(args.run_dir) / "results.json").write_text(json.dumps(results, indent=1, default=str))
     print(f"\ntotal {time.time() - t_start:.0f} s; results in {args.run_dir}/results.json")

@@ -68,8 +68,8 @@ import torch
 from grpo import (Rollout, add_grpo_args, all_reduce_sum, broadcast_object, chat_ids, gather_objects, group_advantages,
                   grpo_update, make_optimizer, multi_turn_rollouts, parse_with_preset, reduce_metrics, seed_everything,
                   setup_distributed, sft_update)
-from plumbing import (HFSampler, frozen_copy, load_checkpoint, load_embedder, load_model, load_policy, log_metrics,
-                      make_sampler, plot_curves, save_checkpoint, unwrap)
+from plumbing import (HFSampler, cpu_snapshot, frozen_copy, load_checkpoint, load_embedder, load_model, load_policy,
+                      log_metrics, make_sampler, plot_curves, restore_snapshot, save_checkpoint, unwrap)
 
 # ----- config -----
 DATA = Path(__file__).resolve().parent / "data" / "talentrl"
@@ -449,7 +449,7 @@ def phase1_sft(model, sampler, tok, init, rows, sft_dir, args, dist):
     if args.resume and load_checkpoint(sft_dir, model, None, dist) is not None:
         sampler.sync(model)
         return dict(sft_steps=0, sft_rows=len(rows), sft_loss=float("nan"), resumed=True)
-    unwrap(model).load_state_dict(init)
+    restore_snapshot(model, init)
     sft = run_sft(model, rows, args, dist, random.Random(args.seed + dist.rank))
     save_checkpoint(sft_dir, model, tok, None, -1, {}, dist)
     sampler.sync(model)
@@ -774,7 +774,7 @@ def main(argv=None):
         f"{len(sft_tasks)} SFT / {len(rl_tasks)} RL / {len(test)} test tasks")
     model, tok = load_policy(args, dist)
     sampler = make_sampler(args, model, tok, dist)
-    pi_0 = copy.deepcopy(unwrap(model).state_dict())
+    pi_0 = cpu_snapshot(model)  # snapshots on the CPU: no GPU memory per copy
     if args.zero_shot:  # the backbone with SkillRL's prompt (similarity skills, no talent)
         evaluate_as("zero-shot", False)
 
@@ -786,19 +786,19 @@ def main(argv=None):
     # l.13: SkillRL-SFT from π_0 on the original rows alone (Table 1's baseline)
     results["skillrl-sft"] = phase1_sft(model, sampler, tok, pi_0, rows["skillrl-sft"], run_dir / "skillrl-sft", args, dist)
     evaluate_as("skillrl-sft", False)
-    skillrl_sft = copy.deepcopy(unwrap(model).state_dict())
+    skillrl_sft = cpu_snapshot(model)
     # l.13: TalentRL-SFT from π_0, or from SkillRL-SFT with --talent-sft-init skillrl-sft
     init = skillrl_sft if args.talent_sft_init == "skillrl-sft" else pi_0
     results["talentrl-sft"] = phase1_sft(model, sampler, tok, init, rows["talentrl-sft"], run_dir / "talentrl-sft", args, dist)
     evaluate_as("talentrl-sft", True)
-    talentrl_sft = copy.deepcopy(unwrap(model).state_dict())
+    talentrl_sft = cpu_snapshot(model)
 
     # Phase II (l.14-23) from TalentRL-SFT; SkillRL's GRPO from SkillRL-SFT as the RL baseline
     for arm in args.arms:
         routed = arm == "talentrl"
         W.set_bank(*copy.deepcopy(init_bank))
         W.set_talents(copy.deepcopy(init_talents))
-        unwrap(model).load_state_dict(talentrl_sft if routed else skillrl_sft)
+        restore_snapshot(model, talentrl_sft if routed else skillrl_sft)
         phase2_rl(routed, model, sampler, tok, W, rl_tasks, run_dir / arm, args, dist)
         evaluate_as(arm, routed)
 

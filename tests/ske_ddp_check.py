@@ -1,0 +1,68 @@
+"""Run by tests/test_gpu.py, once as a plain process and once under torchrun with 2 gloo ranks:
+    step MODEL OUT    one run_grpo step of skill_entropy.py (Eq. 5 rewards of scripted completions) on 4 fixed tasks,
+                      split over the ranks by run_grpo itself; rank 0's checkpoint and metrics land in OUT
+    stages ARGS...    skill_entropy.main(ARGS): with 2 ranks and --sampler vllm the rank-0-only stages must finish
+                      (frozen models use HF generate under torchrun, never a collective vLLM engine set-up)"""
+import os
+import sys
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import grpo  # noqa: E402
+import plumbing  # noqa: E402
+import skill_entropy as se  # noqa: E402
+
+
+class ScriptedPolicy:
+    """Stands in for the rollout engine: completion k of a task is its gold trace for even k, a malformed
+    reply for odd k (r_ans 1 vs 0), whatever the rank or batch."""
+
+    def __init__(self, tok, tasks):
+        self.tok, self.tasks = tok, tasks
+
+    def generate(self, prompts, n, max_new_tokens, temperature, top_p=1.0, stop=None, json_schema=None):
+        out = []
+        for p in prompts:
+            task = next(t for t in self.tasks if t["scenario"] in self.tok.decode(p))
+            texts = [se.gold_trace(task) if k % 2 == 0 else "no idea" for k in range(n)]
+            out.append([plumbing.Sample(self.tok.encode(t, add_special_tokens=False), t) for t in texts])
+        return out
+
+    def sync(self, model):
+        pass
+
+
+mode, rest = sys.argv[1], sys.argv[2:]
+if mode == "stages":
+    se.main(rest)
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+    raise SystemExit
+model_dir, out = rest
+args = se.parse_with_preset(se.build_parser(), se.PRESETS, argv=[
+    "--preset", "tiny", "--model", model_dir, "--precision", "fp32", "--rl-steps", "1", "--prompts-per-step", "4",
+    "--G", "3", "--micro-batch", "2", "--beta", "0.1", "--save-every", "100"])
+dist = grpo.setup_distributed()
+bank = se.load_bank(se.DATA / "bank.json", 1, "math,logic")
+(a, b) = se.bank_keys(bank)[:2]
+tasks = [se.make_task([se.make_seed(bank, *a, i), se.make_seed(bank, *b, i)], f"Scenario number {i}.",
+                      [se.make_seed(bank, *a, i)["question"], se.make_seed(bank, *b, i)["question"]]) | {"skills": [list(a), list(b)]}
+         for i in range(4)]
+table = {"pairwise": {(x, y): 1.0 + 0.1 * k for k, (x, y) in enumerate([(a, b), (b, a), (a, a), (b, b)])}}
+keys = se.bank_keys(bank)
+key_text = [se.key_text(*k) for k in keys]
+embed = lambda texts: np.array([np.eye(len(keys))[key_text.index(t)] if t in key_text else np.zeros(len(keys)) for t in texts])
+reward_fn = se.make_reward_fn(bank, table, [1.0, 1.1], embed, embed(key_text), None, args, 0.7, 0.3)
+se.make_optimizer = lambda model, args, lr=None: torch.optim.SGD(model.parameters(), lr=0.5)  # a big, linear step
+tok = plumbing.load_model(model_dir, dist)[1]
+samplers = {"<policy rollouts>": ScriptedPolicy(tok, tasks)}
+policy, _ = se.run_grpo(args, dist, tasks, out + ".none", out, reward_fn, list(bank), samplers, {"row": "check"})
+state = plumbing.full_state_dict(policy)
+if dist.is_main:
+    torch.save({"state": state}, os.path.join(out, "state.pt"))
+if dist.world > 1:
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
