@@ -76,6 +76,12 @@ selfplay-compare: install
 	done; done
 	$(BIN)/python -c "import skill_selfplay as S; S.compare_runs('runs/compare')"
 
+# The CUDA path in < 8 min where only torch and transformers are installed (no vLLM, network or model cache):
+# gpu/smoke.py, one PASS/FAIL/SKIP line per check (README 'GPU'); `python gpu/smoke.py --cpu` is its dry run.
+SMOKE_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
+gpu-smoke:
+	$(SMOKE_PYTHON) gpu/smoke.py
+
 test: install
 	$(BIN)/python -m pytest -q -o tmp_path_retention_policy=failed tests
 

@@ -161,15 +161,15 @@ def restore_snapshot(model, snap):
         (v.to_local() if isinstance(v, DTensor) else v).copy_(snap[k])
 
 
-def replica(model):
+def replica(model, dtype=None):
     """The policy as a plain module that one rank can run alone (e.g. an evaluation on rank 0): unwrap(model)
     itself, or under FSDP, whose modules refuse deepcopy, a fresh module with the gathered full weights (every
-    rank must call this)."""
+    rank must call this), cast to `dtype` one tensor at a time (FSDP's shards are fp32)."""
     m = unwrap(model)
     if not isinstance(m, FSDPModule):
         return m
     from transformers import AutoModelForCausalLM
-    sd = full_state_dict(m)
+    sd = full_state_dict(m, dtype)
     with torch.random.fork_rng(devices=[]):  # its random init must not move the RNG: resumed runs stay exact
         c = AutoModelForCausalLM.from_config(m.config, dtype=next(iter(sd.values())).dtype)
     c.load_state_dict(sd, strict=False)  # a tied lm_head is tied again by from_config
@@ -177,10 +177,11 @@ def replica(model):
     return c.to(next(iter(sd.values())).device).train(m.training)
 
 
-def frozen_copy(model):
-    """A frozen copy of the policy (e.g. π_ref ← π_θ)."""
+def frozen_copy(model, dtype=None):
+    """A frozen copy of the policy (e.g. π_ref ← π_θ), in `dtype` (default: the weights' own; under FSDP fp32)."""
     m = unwrap(model)
-    return (replica(m) if isinstance(m, FSDPModule) else copy.deepcopy(m)).eval().requires_grad_(False)
+    c = replica(m, dtype) if isinstance(m, FSDPModule) else copy.deepcopy(m)
+    return (c.to(dtype) if dtype else c).eval().requires_grad_(False)
 
 
 
@@ -414,8 +415,17 @@ class VLLMSampler:
         self.tok, self.max_len = tok, max_model_len or args.max_model_len
         m, cuda = unwrap(model), dist.device.type == "cuda"
         free, total = torch.cuda.mem_get_info(dist.device) if cuda else (None, None)
-        mem = vllm_memory(m.config, sum(p.numel() for p in m.parameters()), self.max_len, args.vllm_kv_gib,
-                          args.vllm_kv_seqs, free, total)
+        try:
+            mem, err = vllm_memory(m.config, sum(p.numel() for p in m.parameters()), self.max_len, args.vllm_kv_gib,
+                                   args.vllm_kv_seqs, free, total), None
+        except ValueError as e:
+            mem, err = None, e
+        if dist.world > 1:  # the ranks agree before the engine's collective set-up: all start it, or none (no hang)
+            ok = torch.tensor([float(err is None)], device=dist.device)
+            torch_dist.all_reduce(ok, op=torch_dist.ReduceOp.MIN)
+            err = err or (ValueError("vLLM does not fit on another rank") if ok.item() < 1 else None)
+        if err is not None:
+            raise err
         self.llm = LLM(model=unwrap(model).name_or_path, dtype="bfloat16", seed=args.seed + dist.rank,
                        enforce_eager=not cuda,  # CUDA graphs on a GPU; the CPU backend runs eagerly
                        **mem, max_model_len=self.max_len,

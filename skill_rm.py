@@ -1110,7 +1110,7 @@ def make_judge(policy, args, dist):
     """The judge: a frozen bf16 copy of the backbone (bf16 halves its memory and time on CPU).
     Under torchrun the policy is a DDP wrapper: copy the module inside, not the wrapper."""
     if args.judge_model in (None, args.model):
-        return frozen_copy(policy).to(torch.bfloat16)  # same weights, no reload (FSDP: gathered from the shards)
+        return frozen_copy(policy, torch.bfloat16)  # same weights, no reload (FSDP: gathered from the shards in bf16)
     return load_model(args.judge_model, dist, "bfloat16", trainable=False)[0]
 
 

@@ -460,7 +460,7 @@ def phase2_rl(routed, model, sampler, tok, W, rl_tasks, arm_dir, args, dist):
     """Alg. 1 l.14-23 from the SFT weights in `model`: TalentRL (routed) or
     SkillRL's GRPO with similarity skills (the baseline). Both evolve the SkillBank."""
     # l.14: π_ref ← π_θ (the SFT checkpoint), frozen
-    ref = frozen_copy(model)
+    ref = frozen_copy(model, getattr(torch, args.dtype))  # --dtype (bf16): not an fp32 replica under FSDP
     opt = make_optimizer(model, args)
     start = 0
     if args.resume and (ck := load_checkpoint(arm_dir, model, opt, dist)):  # policy, optimizer, SkillBank

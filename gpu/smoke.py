@@ -234,9 +234,14 @@ def script_commands(model_dir, n, tmp):
         "skill_rm": ["skill_rm.py", "--preset", "tiny", *m, "--judge-max-model-len", "1024", "--bench-per-cat", "1",
                      "--rl-steps", "1", "--rl-prompts", v, "--rl-eval-prompts", v, "--bon-prompts", "1", "--judge-sft-steps", "1",
                      "--max-new-tokens", "8", "--judge-max-new-tokens", "16"],
-        "skill_selfplay": ["skill_selfplay.py", "--preset", "tiny", *m, "--family", "zebra", "--steps", "1"],
-        "talentrl": ["talentrl.py", "--preset", "tiny", *m, "--n-test", "1", "--n-train", "8", "--sft-tasks", "4",
-                     "--sft-epochs", "1", "--rl-steps", "1", "--tasks-per-step", v, "--G", "2", "--max-steps", "2"],
+        "skill_selfplay": ["skill_selfplay.py", "--family", "tool", "--preset", "tiny", *m, "--T", "1", "--proposer-prompts", v,
+                           "--proposer-G", "2", "--proposer-max-new-tokens", "12", "--K", "2", "--max-new-tokens", "8",
+                           "--solver-steps", "1", "--eval-n", "3", "--controller-max-new-tokens", "8",
+                           "--prune-min-attempts", "99", "--collect-prompts", v, "--no-plots"],
+        "talentrl": ["talentrl.py", "--preset", "tiny", *m, "--n-test", "2", "--n-train", "60", "--sft-tasks", "48",
+                     "--sft-epochs", "1", "--max-steps", "2", "--topk-docs", "2", "--K", "2", "--k-reduced", "1",
+                     "--rl-steps", "1", "--tasks-per-step", v, "--G", "2", "--evolve-every", "1", "--val-tasks", "2",
+                     "--evolve-max-tokens", "16"],
     }
 
 

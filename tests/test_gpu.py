@@ -163,6 +163,15 @@ def test_cpu_snapshot_restores_weights_without_gpu_copies(smoke_model_dir):
 
 # ----- make gpu-smoke, dry mode -----
 
+@pytest.mark.parametrize("name", ["grpo", "skill_entropy", "skill_rm", "skill_selfplay", "talentrl"])
+def test_gpu_smoke_stage2_commands_parse(name, tmp_path):
+    """Stage 2 (a GPU with vLLM, not run here) launches each script with these flags: each is one the script takes."""
+    import importlib
+    argv = smoke.script_commands("MODEL", 8, tmp_path)[name][1:] + ["--run-dir", str(tmp_path)]
+    mod = importlib.import_module(name)
+    args = mod.parse_args(argv) if hasattr(mod, "parse_args") else grpo.parse_with_preset(mod.build_parser(), mod.PRESETS, argv=argv)
+    assert args.sampler == "vllm" and args.model == "MODEL"
+
 def test_gpu_smoke_dry_mode_on_cpu():
     """`gpu/smoke.py --cpu`: every check's logic on CPU and gloo (one torchrun rank with and without --fsdp, exact
     resume, a toy run whose reward rises); the CUDA-only checks and the vLLM stage say SKIP."""
