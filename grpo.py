@@ -97,6 +97,8 @@ def add_grpo_args(p):
     g.add_argument("--seed", type=int, default=0, help="seed of every RNG (offset by rank)")
     g.add_argument("--resume", action="store_true", help="continue from <run-dir>/ckpt if it exists")
     g.add_argument("--save-every", type=int, default=10, help="checkpoint every N steps (and at the end)")
+    g.add_argument("--aggregate", nargs="+", metavar="RUN_DIR", default=None,
+                   help="pool the results.json headlines of finished runs (one per seed; stats.aggregate), print the table, exit")
 
 
 def parse_with_preset(parser, presets, default="tiny", argv=None, name=None):
