@@ -250,3 +250,15 @@ def test_skill_rm_judging_and_rl_step_two_gloo_ranks_equal_one_process(smoke_mod
     for k in one["state"]:
         assert torch.allclose(one["state"][k], two["state"][k], atol=1e-6), k
     assert two["train"]["reward"] == pytest.approx(one["train"]["reward"]) and two["metrics_lines"] == 1
+
+
+def test_make_cuda_check_is_one_clear_line():
+    """`make install`'s cuda-check, told a GPU is there (GPU=yes, as nvidia-smi would): with a CPU torch it stops with
+    one line naming the cause; with a CUDA torch it passes."""
+    out = subprocess.run(["make", "-s", "cuda-check", "GPU=yes", f"BIN={os.path.dirname(sys.executable)}"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    if torch.cuda.is_available():
+        assert out.returncode == 0, out.stderr
+    else:
+        assert out.returncode != 0 and "nvidia-smi sees a GPU but torch" in out.stderr
+        assert len([l for l in out.stderr.splitlines() if l.startswith("nanoskill:")]) == 1
