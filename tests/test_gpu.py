@@ -1,7 +1,6 @@
 """The GPU path, checked on CPU (issue #23): vLLM's memory arguments and KV sizing for a given free/total, model
 resolution online and offline, Qwen3's thinking switch, the prompts-per-rank refusal, the process-group timeout,
 --grad-checkpointing, CPU snapshots, and `gpu/smoke.py --cpu` (the dry mode of `make gpu-smoke`)."""
-import math
 import os
 import subprocess
 import sys
