@@ -7,7 +7,7 @@ equations restored in NOTES.md §1).
     python skill_entropy.py --preset tiny            # every stage, 2-core CPU, ~5 min
     python skill_entropy.py ske --preset tiny        # one stage (bank|ske|synth|bench|train|label|all)
     make ske-seeds                                   # tiny run for seeds 0 1 2, then --aggregate
-    python skill_entropy.py --preset gpu             # power-sized (README): one 80 GB GPU, ≈ 3.5 h per seed
+    python skill_entropy.py --preset gpu             # power-sized (README): one 80 GB GPU, ≈ 4.5 h per seed (estimate)
     torchrun --nproc_per_node 8 skill_entropy.py --preset paper --model Qwen/Qwen3-4B-Instruct-2507
 
 Stages (each writes into --run-dir together with the settings that made it; a file or
@@ -64,7 +64,7 @@ Differences from the paper:
     own uid, rlimits, an empty environment and a temporary folder (see sandbox.py).
 13. Scale: tiny keeps three verifiable domains × two screened skills and 8 chains per Acc cell;
     Acc needs |S|·(|D| + 1)·acc_samples chains (B.4) plus direct_pairs·acc_samples for Eq. (3).
-14. Frozen models run in bf16 (--frozen-dtype); only rank 0 runs the bank/ske/synth/bench/label
+14. Frozen models run in bf16 where the device computes it natively, else fp32 (--frozen-dtype auto); only rank 0 runs the bank/ske/synth/bench/label
     stages, and SFT examples are not sharded over ranks.
 15. Not in the paper: the SkE null (ske_null), a cell without chains is NaN (its switches are skipped),
     each Table 3 row samples from its own seeded stream (row_seed), and a --max-new-tokens that fits
@@ -88,8 +88,8 @@ import torch
 
 from grpo import (add_grpo_args, barrier, chat_ids, group_advantages, grpo_update, make_optimizer, parse_with_preset,
                   reduce_metrics, sample_group_rollouts, seed_everything, setup_distributed, sft_update)
-from plumbing import (HFSampler, load_checkpoint, load_embedder, load_model, load_policy, log_metrics, make_sampler,
-                      plot_curves, read_metrics, replica, resolve_model, save_checkpoint, unwrap)
+from plumbing import (HFSampler, dtype_flag, load_checkpoint, load_embedder, load_model, load_policy, log_metrics,
+                      make_sampler, plot_curves, read_metrics, replica, resolve_model, save_checkpoint, unwrap)
 from stats import aggregate_main, compare, format_headline, write_results
 from sandbox import CODE_IMPORTS, run_sandboxed
 
@@ -127,7 +127,7 @@ PRESETS = {
     "paper": dict(sampler="vllm", max_model_len=8192, null_perms=200),
     # the smallest setting with ≥ 80 % power for Skill-Entropy RL vs GRPO / format bonus / shuffled SkE at
     # δ = 5 points (the paper: +7.9 on Qwen3-1.7B), paired over 300 test tasks × 3 seeds (README, "--preset
-    # gpu": the power calculation); ≈ 3.5 h per seed on one 80 GB GPU. Skills with more than two possible
+    # gpu": the power calculation); ≈ 4.5 h per seed on one 80 GB GPU (estimated). Skills with more than two possible
     # answers only (no Yes/No, True/False or 0/1 skill, where chance is 50 %).
     "gpu": dict(model="Qwen/Qwen3-1.7B", sampler="auto", max_model_len=4096, max_new_tokens=1024, acc_max_new_tokens=256,
                 propose_max_new_tokens=1024, skills=GPU_SKILLS, acc_samples=32, direct_pairs=100, n_train=3000, n_sft=1000,
@@ -151,7 +151,8 @@ def build_parser():
     g.add_argument("--cluster-threshold", type=float, default=0.6, help="cosine threshold for merging label clusters in `bank`")
     g = p.add_argument_group("skill entropy (§3.1, B.3–B.5)")
     g.add_argument("--ref-model", default=None, help="reference model for Acc (default: --model; paper: Claude-opus-4.7)")
-    g.add_argument("--frozen-dtype", default="bfloat16", choices=["float32", "bfloat16"], help="dtype of the frozen reference/proposer/judge/teacher models (bf16 ≈ 3× faster on CPU)")
+    g.add_argument("--frozen-dtype", default="auto", type=dtype_flag, choices=["auto", "float32", "bfloat16"],
+                   help="dtype of the frozen reference/proposer/judge/teacher models; auto = bfloat16 where the device computes bf16 natively, else float32 (this AVX2 CPU: float32)")
     g.add_argument("--alpha", type=float, default=0.1, help="α, Laplace smoothing in Eq. (3) (paper: 0.1)")
     g.add_argument("--acc-samples", type=int, default=8, help="Monte-Carlo two-step questions per Acc cell (paper: not stated)")
     g.add_argument("--acc-max-new-tokens", type=int, default=1024, help="generation cap for Acc estimates (paper: not stated)")
@@ -532,9 +533,8 @@ def ske_statistics(bank, jobs, q2, scores, args):
     acc = cells_to_acc(bank, jobs, scores, args.pair_acc)
     table = build_ske_table(bank, acc, args)
     cross = [v for (a, b), v in table["pairwise"].items() if a[0] != b[0] and v == v]
-    sds = [float(np.std(cross, ddof=1))] if len(cross) > 1 else []
     si, cr = single_vs_cross_items(jobs, q2, scores)
-    return dict(spread=float(np.mean(sds)) if sds else float("nan"), spearman=table["spearman_direct_vs_factorised"],
+    return dict(spread=float(np.std(cross, ddof=1)) if len(cross) > 1 else float("nan"), spearman=table["spearman_direct_vs_factorised"],
                 single_minus_cross=float(np.mean(np.subtract(si, cr))) if si else float("nan"))
 
 
