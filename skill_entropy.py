@@ -131,8 +131,8 @@ PRESETS = {
     # answers only (no Yes/No, True/False or 0/1 skill, where chance is 50 %).
     "gpu": dict(model="Qwen/Qwen3-1.7B", sampler="auto", max_model_len=4096, max_new_tokens=1024, acc_max_new_tokens=256,
                 propose_max_new_tokens=1024, skills=GPU_SKILLS, acc_samples=32, direct_pairs=100, n_train=3000, n_sft=1000,
-                n_test=300, test_len="2,6", llm_proposer_tasks=300, rl_steps=100, prompts_per_step=32, G=8, lr=1e-6,
-                baselines="sft,grpo,format_only,shuffled_ske,ske_rl", null_perms=1000, label_seeds=4, n_label=200),
+                test_len="2,6", llm_proposer_tasks=300, rl_steps=100, prompts_per_step=32,
+                baselines="sft,grpo,format_only,shuffled_ske,ske_rl", label_seeds=4, n_label=200),  # n_test 300, G 8, lr 1e-6: the defaults
 }
 
 

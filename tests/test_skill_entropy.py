@@ -835,7 +835,7 @@ def test_pipeline_mechanics_on_a_tiny_random_model(tiny_model_dir, tmp_path, cap
     run = tmp_path / "run"
     argv = ["--preset", "tiny", "--model", tiny_model_dir, "--sampler", "hf", "--run-dir", str(run),
             "--domains", "math,logic,creative_writing", "--acc-samples", "1", "--direct-pairs", "2", "--n-train", "4",
-            "--n-sft", "2", "--n-test", "3", "--train-len", "2,3", "--test-len", "2,3", "--max-new-tokens", "8",
+            "--n-sft", "2", "--n-test", "3", "--train-len", "2,3", "--test-len", "2,3", "--max-new-tokens", "128",
             "--acc-max-new-tokens", "4", "--propose-max-new-tokens", "8", "--rl-steps", "1", "--prompts-per-step", "2",
             "--G", "2", "--label-seeds", "1", "--n-label", "1", "--sft-epochs", "1", "--max-model-len", "512",
             "--baselines", "base,grpo,format_only"]
