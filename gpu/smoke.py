@@ -229,7 +229,7 @@ def script_commands(model_dir, n, tmp):
         "grpo": ["grpo.py", "--preset", "tiny", *m, "--steps", "1", "--eval-n", "0", "--prompts-per-step", v, "--G", "2"],
         "skill_entropy": ["skill_entropy.py", "--preset", "tiny", *m, "--domains", "math,logic,creative_writing",
                           "--acc-samples", "1", "--direct-pairs", "2", "--n-train", "4", "--n-sft", "2", "--n-test", "3",
-                          "--train-len", "2,3", "--test-len", "2,3", "--max-new-tokens", "8", "--acc-max-new-tokens", "4",
+                          "--train-len", "2,3", "--test-len", "2,3", "--max-new-tokens", "160", "--acc-max-new-tokens", "4",
                           "--propose-max-new-tokens", "8", "--rl-steps", "1", "--prompts-per-step", v, "--G", "2",
                           "--label-seeds", "1", "--n-label", "1", "--sft-epochs", "1", "--baselines", "grpo"],
         "skill_rm": ["skill_rm.py", "--preset", "tiny", *m, "--judge-max-model-len", "1024", "--bench-per-cat", "1",

@@ -59,7 +59,7 @@ reward_fn = se.make_reward_fn(bank, table, [1.0, 1.1], embed, embed(key_text), N
 se.make_optimizer = lambda model, args, lr=None: torch.optim.SGD(model.parameters(), lr=0.5)  # a big, linear step
 tok = plumbing.load_model(model_dir, dist)[1]
 samplers = {"<policy rollouts>": ScriptedPolicy(tok, tasks)}
-policy, _ = se.run_grpo(args, dist, tasks, out + ".none", out, reward_fn, list(bank), samplers, {"row": "check"})
+policy, _ = se.run_grpo(args, dist, tasks, out + ".none", out, reward_fn, list(bank), samplers, {"row": "check"}, 0, 0.7)
 state = plumbing.full_state_dict(policy)
 if dist.is_main:
     torch.save({"state": state}, os.path.join(out, "state.pt"))

@@ -226,9 +226,9 @@ def test_skill_entropy_rank0_stages_under_torchrun_do_not_deadlock(smoke_model_d
     run = tmp_path / "run"
     argv = ["--preset", "tiny", "--model", smoke_model_dir, "--sampler", "vllm", "--run-dir", str(run),
             "--domains", "math,logic,creative_writing", "--acc-samples", "1", "--direct-pairs", "2", "--n-train", "4",
-            "--n-sft", "2", "--n-test", "3", "--train-len", "2,3", "--test-len", "2,3", "--max-new-tokens", "8",
+            "--n-sft", "2", "--n-test", "3", "--train-len", "2,3", "--test-len", "2,3", "--max-new-tokens", "160",
             "--acc-max-new-tokens", "4", "--propose-max-new-tokens", "8", "--label-seeds", "1", "--n-label", "1",
-            "--max-model-len", "512", "--baselines", "base"]
+            "--max-model-len", "512", "--baselines", "base"]  # 160: a gold D.2 trace of these tasks fits
     out = _two_ranks(29562, os.path.join(ROOT, "tests", "ske_ddp_check.py"), "stages", *argv, timeout=600)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     for f in ("bank_labelled.json", "ske_table.json", "tasks.json", "bench.json", "table3.json", "offshelf_labelled.json"):
