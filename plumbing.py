@@ -494,10 +494,11 @@ def _set_rng_state(s):
         torch.cuda.set_rng_state_all(s["cuda"])
 
 
-def _fsync_tree(folder):
-    """Flush every file under folder, then the folders themselves, to disk."""
-    for root, dirs, files in os.walk(folder):
-        for name in files + dirs + ["."]:
+def _fsync_tree(path):
+    """Flush a file, or every file under a folder and then the folders themselves, to disk."""
+    walk = os.walk(path) if os.path.isdir(path) else [(os.path.dirname(path), [], [os.path.basename(path)])]
+    for root, dirs, files in walk:
+        for name in files + dirs + (["."] if os.path.isdir(path) else []):
             fd = os.open(os.path.join(root, name), os.O_RDONLY)
             try:
                 os.fsync(fd)
@@ -592,7 +593,7 @@ def save_checkpoint(run_dir, model, tok, optimizer, step, extra, dist):
             os.replace(final, old)
             kill_point("ckpt:between_renames", step)
         os.replace(tmp, final)
-        _fsync_tree(final), os.fsync(fd := os.open(run_dir, os.O_RDONLY)), os.close(fd)
+        os.fsync(fd := os.open(run_dir, os.O_RDONLY)), os.close(fd)  # the renames themselves
         kill_point("ckpt:after_tmp_rename", step)
         shutil.rmtree(old, ignore_errors=True)  # only now: the new checkpoint is in place
     barrier()

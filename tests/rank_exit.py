@@ -7,8 +7,9 @@ afterwards. Releasing a tensor that Python created needs the GIL; if by then the
 interpreter, CPython (3.11) ends the worker with pthread_exit, whose forced unwind through a noexcept C++ frame
 calls std::terminate (pytorch/pytorch#38228; the reason for the abandoned atexit proposal pytorch/pytorch#179291).
 On an idle machine the worker wins that race; with the other core busy it loses it now and then. A
-destroy_process_group() alone does not close it: DDP's reducer and FSDP's state keep the backend alive past
-it, so its threads are joined only during finalization.
+destroy_process_group() does not close it: it does not join gloo's worker threads (torch 2.13 CPU: a rank's
+thread count is 4 after init_process_group and still 4 after destroy_process_group, with or without a live DDP
+module), so they are alive when the interpreter finalizes.
 
 The fix: barrier (every rank's collectives are complete, so no peer still reads this rank's socket), destroy the
 process group, flush, and leave with os._exit, skipping the interpreter finalization the race needs. A helper

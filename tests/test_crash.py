@@ -288,7 +288,7 @@ def test_every_subprocess_in_the_tests_has_a_timeout_and_no_fixed_port():
             if isinstance(node, ast.Call) and ast.unparse(node.func).startswith("subprocess."):
                 if not any(k.arg == "timeout" for k in node.keywords):
                     bad.append(f"{os.path.basename(path)}:{node.lineno} has no timeout")
-        if "master_port" in src.replace("master_port" + '" in src', ""):
+        if "master_port" in src and os.path.basename(path) != "test_crash.py":  # this test names it, to refuse it
             bad.append(f"{os.path.basename(path)} names a fixed --master_port")
         if "torch.distributed.run" in src and "--standalone" not in src:
             bad.append(f"{os.path.basename(path)} runs torchrun without --standalone")
