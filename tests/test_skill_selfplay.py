@@ -684,15 +684,16 @@ def test_smoke_tiny(tmp_path, tiny_model_dir):
     # fp32 masters of the base weights and write them back (the warm-up undone at the first step)
     from safetensors.torch import load_file
     base = load_file(os.path.join(tiny_model_dir, "model.safetensors"))
-    primed = load_file(str(run / "proposer" / "ckpt" / "model" / "model.safetensors"))
+    primed = load_file(str(run / "checkpoints" / "iter_1" / "proposer" / "ckpt" / "model" / "model.safetensors"))
     assert max((primed[k].float() - base[k].float()).abs().max().item() for k in base if k in primed) > 0.05
     (step,) = [json.loads(line) for line in open(run / "solver" / "metrics.jsonl")]
-    assert step["n_tokens"] > 0 and step["skipped"] == 0.0                  # the solver trained on D(t)
+    assert step["grad_norm"] > 0 and step["skipped"] == 0.0                 # the solver trained on D(t)
     recs = [json.loads(line) for line in open(run / "records" / "iter_0.jsonl")]
     assert len(recs) == row["n_proposals_parsed"]
     assert sum(r["valid"] for r in recs) == row["n_accepted_skill"] + row["n_accepted_explore"]
     assert all(r["reject"] in (None,) + S.REJECT_TYPES and (r["valid"] or r["why"]) for r in recs)
-    assert os.path.exists(run / "solver" / "ckpt" / "state.pt")
+    assert os.path.exists(run / "checkpoints" / "iter_1" / "solver" / "ckpt" / "state.pt")
+    assert S.checkpoint_extra(str(run))["iteration"] == 1
     assert os.path.exists(run / "library" / "iter_1" / "stats.json")
     with open(run / "metrics.jsonl") as f:
         assert json.loads(f.readline())["iteration"] == 1
@@ -740,8 +741,9 @@ def test_smoke_two_rank_gloo_and_resume(tmp_path, tiny_model_dir):
         stats = json.load(open(tmp_path / "library" / f"iter_{t}" / "stats.json"))
         assert sum(st["a"] for st in stats.values()) == 6 * t
         assert len(stats) == rows[t - 1]["lib_size"]
-    assert os.path.exists(tmp_path / "proposer" / "ckpt" / "state.pt") and os.path.exists(tmp_path / "solver" / "ckpt" / "model")
-    assert os.path.exists(tmp_path / "proposer" / "ckpt" / "rng_1.pt")
+    ck = tmp_path / "checkpoints" / "iter_2"
+    assert os.path.exists(ck / "proposer" / "ckpt" / "state.pt") and os.path.exists(ck / "solver" / "ckpt" / "model")
+    assert os.path.exists(ck / "proposer" / "ckpt" / "rng_1.pt") and not os.path.exists(tmp_path / "checkpoints" / "iter_1")
     stdout = run([sys.executable] + flags + ["--T", "2", "--resume"])  # the other launcher: nothing left to do
     assert "resumed" in stdout and stdout.count("Avg.") == 1
     assert len(open(tmp_path / "metrics.jsonl").readlines()) == 2
@@ -971,27 +973,104 @@ def _tiny_args(tiny_model_dir, run_dir, *extra):
                          "--run-dir", str(run_dir), *extra])
 
 
-def test_resume_refuses_mismatched_checkpoints_before_loading(tiny_model_dir, tmp_path, monkeypatch):
-    """A crash between the proposer's and the solver's checkpoint leaves them one iteration apart. Resume used
-    to load both (weights, optimizer), see the mismatch, and silently start at t = 0 with trained weights and
-    S(0). Now the iterations are compared first, and the run stops with an explanation."""
+def _players(model, opt, tok):
+    return S.Players(model, model, None, opt, opt, None, None, None, None, tok)
+
+
+class Killed(Exception):
+    """The process dies here (raised at a named point of save_iteration)."""
+
+
+def _kill_at(monkeypatch, point):
+    """Kill the run at a named point of an iteration's save: "proposer" or "solver" = in that checkpoint's write
+    (after the metrics row was logged), "commit" = after both checkpoints, before the pointer is renamed."""
+    real_save, real_replace = S.save_checkpoint, os.replace
+
+    def save(folder, *a, **k):
+        if os.path.basename(folder) == point:
+            raise Killed(point)
+        return real_save(folder, *a, **k)
+
+    def replace(src, dst):
+        if point == "commit" and str(dst).endswith("last.json"):
+            raise Killed(point)
+        return real_replace(src, dst)
+    monkeypatch.setattr(S, "save_checkpoint", save)
+    monkeypatch.setattr(S.os, "replace", replace)
+
+
+@pytest.mark.parametrize("point", ["proposer", "solver", "commit"])
+def test_resume_after_a_kill_in_an_iterations_save_uses_the_last_complete_pair(point, tiny_model_dir, tmp_path,
+                                                                               monkeypatch):
+    """Iteration 1 commits; the run is killed while saving iteration 2 (after its metrics row was logged). It
+    used to leave the proposer one iteration ahead of the solver, the old pair deleted: no resume possible, and a
+    rerun logged iteration 2's row twice. Now the pair of iteration 1 is still whole and is what resume loads
+    (weights of both), and the rerun of iteration 2 leaves one metrics row per iteration."""
+    import torch
     from grpo import Dist, make_optimizer
-    from plumbing import load_model, save_checkpoint
-    args = _tiny_args(tiny_model_dir, tmp_path)
+    from plumbing import load_model, read_metrics
+    args = _tiny_args(tiny_model_dir, tmp_path, "--family", "zebra")
     model, tok = load_model(tiny_model_dir, Dist(), args.dtype)
     opt = make_optimizer(model, args)
-    for who, it in (("proposer", 2), ("solver", 1)):
-        save_checkpoint(str(tmp_path / who), model, tok, opt, it - 1, {"iteration": it, "history": [], "rows": [],
-                                                                      "library": ""}, Dist())
-    loaded = []
-    monkeypatch.setattr(S, "load_checkpoint", lambda *a: loaded.append(a))
-    with pytest.raises(SystemExit, match="proposer checkpoint is after iteration 2, the solver's after 1"):
-        S.resume(str(tmp_path), model, model, opt, opt, Dist())
-    assert loaded == []                                           # nothing was loaded
-    save_checkpoint(str(tmp_path / "proposer"), model, tok, opt, 0, {"iteration": 1, "history": [], "rows": [],
-                                                                     "library": ""}, Dist())
-    assert S.resume(str(tmp_path), model, model, opt, opt, Dist())["iteration"] == 1 and len(loaded) == 2
-    assert S.resume(str(tmp_path / "fresh"), model, model, opt, opt, Dist()) is None
+    pkgs = _library("zebra")[:1]
+    stats = {p["name"]: S.new_stats() for p in pkgs}
+    S.save_iteration(0, _players(model, opt, tok), pkgs, stats, [], [], [{"pool_size": 1}], [["base", {}]], args, Dist())
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        for v in model.parameters():
+            v.add_(1.0)                                                     # iteration 2 trained the weights
+    with monkeypatch.context() as m:
+        _kill_at(m, point)
+        with pytest.raises(Killed):
+            S.save_iteration(1, _players(model, opt, tok), pkgs, stats, [], [], [{"pool_size": 1}, {"pool_size": 2}],
+                             [], args, Dist())
+    assert len(open(tmp_path / "metrics.jsonl").readlines()) == 2          # iteration 2's row was logged
+    fresh, _ = load_model(tiny_model_dir, Dist(), args.dtype)
+    fresh2, _ = load_model(tiny_model_dir, Dist(), args.dtype)
+    extra = S.resume(str(tmp_path), fresh, fresh2, make_optimizer(fresh, args), make_optimizer(fresh2, args), Dist())
+    assert extra["iteration"] == 1 and extra["rows"] == [{"pool_size": 1}]
+    for m_ in (fresh, fresh2):                                              # both from iteration 1's pair
+        assert all(torch.equal(saved[k], v) for k, v in m_.state_dict().items())
+    S.trim_logs(args, extra["iteration"], Dist())
+    S.save_iteration(1, _players(model, opt, tok), pkgs, stats, [], [], [{"pool_size": 1}, {"pool_size": 2}], [],
+                     args, Dist())
+    assert [json.loads(line)["step"] for line in open(tmp_path / "metrics.jsonl")] == [1, 2]
+    assert sorted(read_metrics(tmp_path)) == [1, 2] and S.checkpoint_extra(str(tmp_path))["iteration"] == 2
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["iter_2", "last.json"]  # the older pair is gone
+
+
+def test_checkpoint_extra_reads_no_pickle(tiny_model_dir, tmp_path, monkeypatch):
+    """`extra` lives in its own JSON file: reading it never unpickles an optimizer state (≈ 48 GB at 4B)."""
+    from grpo import Dist, make_optimizer
+    from plumbing import load_model
+    args = _tiny_args(tiny_model_dir, tmp_path, "--family", "zebra")
+    model, tok = load_model(tiny_model_dir, Dist(), args.dtype)
+    S.save_iteration(0, _players(model, make_optimizer(model, args), tok), [], {}, [], [], [{"pool_size": 0}],
+                     [["base", {"zebra_cell": 0.5}]], args, Dist())
+    import torch
+
+    def no_load(*a, **k):
+        raise AssertionError("torch.load called")
+    monkeypatch.setattr(torch, "load", no_load)
+    extra = S.checkpoint_extra(str(tmp_path))
+    assert extra["iteration"] == 1 and extra["history"] == [["base", {"zebra_cell": 0.5}]]
+    assert S.checkpoint_extra(str(tmp_path / "fresh")) is None
+
+
+def test_trim_logs_drops_rows_after_the_last_commit(tmp_path):
+    """Resume from iteration 1: the loop's rows after it (main, proposer and solver logs) are dropped; a fresh
+    start (0) drops every row, the warm-ups' too (they run again)."""
+    from grpo import Dist
+    args = S.parse_args(["--family", "zebra", "--preset", "tiny", "--proposer-steps", "2", "--solver-steps", "3",
+                         "--run-dir", str(tmp_path)])
+    for sub, steps in (("", [1, 2]), ("proposer", [0, 1, 2, 3]), ("solver", [0, 1, 2, 3, 4, 5]), ("proposer_sft", [0])):
+        (tmp_path / sub).mkdir(exist_ok=True)
+        (tmp_path / sub / "metrics.jsonl").write_text("".join(json.dumps({"step": k}) + "\n" for k in steps))
+    S.trim_logs(args, 1, Dist())
+    steps = lambda sub: [json.loads(x)["step"] for x in open(tmp_path / sub / "metrics.jsonl")]
+    assert (steps(""), steps("proposer"), steps("solver"), steps("proposer_sft")) == ([1], [0, 1], [0, 1, 2], [0])
+    S.trim_logs(args, 0, Dist())
+    assert (steps(""), steps("proposer"), steps("solver"), steps("proposer_sft")) == ([], [], [], [])
 
 
 def test_save_iteration_rerun_does_not_duplicate_library_changes(tiny_model_dir, tmp_path):
@@ -1008,10 +1087,10 @@ def test_save_iteration_rerun_does_not_duplicate_library_changes(tiny_model_dir,
     for t, changes in ((0, [{"iteration": 0, "op": "prune", "skill": "a", "reason": "r"}]),
                        (1, [{"iteration": 1, "op": "refine", "skill": "b", "reason": "r"}]),
                        (1, [{"iteration": 1, "op": "refine", "skill": "b", "reason": "r"}])):  # iteration 1 again
-        S.save_iteration(t, pkgs, stats, changes, [], [row], [], model, model, opt, opt, tok, args, Dist())
+        S.save_iteration(t, _players(model, opt, tok), pkgs, stats, changes, [], [row], [], args, Dist())
     lines = [json.loads(line) for line in open(tmp_path / "library_changes.jsonl")]
     assert [(c["iteration"], c["skill"]) for c in lines] == [(0, "a"), (1, "b")]
-    assert S.checkpoint_extra(str(tmp_path / "solver"))["iteration"] == 2
+    assert S.checkpoint_extra(str(tmp_path))["iteration"] == 2
     assert (tmp_path / "library" / "iter_2" / "stats.json").exists()
 
 
@@ -1107,8 +1186,8 @@ def test_compare_runs_mean_sd_over_seeds(tmp_path):
     def run(name, cells, recs, unparsed):
         d = tmp_path / name
         (d / "records").mkdir(parents=True)
-        rows = [{"zebra_cell": c, "zebra_grid": 0.0, "n_proposals_parsed": len(recs), "n_proposals_unparsed": unparsed}
-                for c in cells]
+        rows = [{"step": t + 1, "zebra_cell": c, "zebra_grid": 0.0, "n_proposals_parsed": len(recs),
+                 "n_proposals_unparsed": unparsed} for t, c in enumerate(cells)]
         (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         for t in range(len(rows)):
             (d / "records" / f"iter_{t}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
@@ -1116,6 +1195,10 @@ def test_compare_runs_mean_sd_over_seeds(tmp_path):
     run("zebra-skill-s0", [0.1, 0.2], [v("skill", True, 0.5), v("explore", False, 0.0)], 2)   # 2 valid of 8
     run("zebra-skill-s1", [0.3, 0.4], [v("skill", True, 0.1), v("explore", True, 0.3)], 0)     # 4 valid of 4
     run("zebra-unguided-s0", [0.0], [v("explore", False, 0.0)], 1)
+    with open(tmp_path / "zebra-skill-s0" / "metrics.jsonl") as f:  # a row logged twice (a crash before its commit)
+        last = f.readlines()[-1]
+    with open(tmp_path / "zebra-skill-s0" / "metrics.jsonl", "a") as f:
+        f.write(last)
     (tmp_path / "notes").mkdir()
     out = S.compare_runs(str(tmp_path))
     assert set(out) == {"zebra-skill", "zebra-unguided"}
@@ -1191,3 +1274,106 @@ def test_prime_solver_targets_are_the_reference_calls(monkeypatch):
         call = S.parse_tool_calls(reply)[0]
         assert S.tool_reward(reply, call)[0] == 1.0
         assert tok.decode(prompt).endswith(prefix) and call["name"] in tok.decode(prompt)
+
+
+# ----- the held-out instrument (§1 of issue 27) -----
+
+def test_every_table_row_uses_one_sampler_schema_temperature_and_budget(tiny_model_dir, tmp_path, monkeypatch):
+    """Base and solver-SFT rows (tool family, --T 0): the base row used to be decoded by a separate HF sampler of
+    π^(0) (no schema under vLLM), the others by the solver's sampler. Now every held-out generate call goes to
+    the solver's own sampler with the same n, budget, temperature, stop and schema."""
+    import plumbing
+    calls, real = [], plumbing.HFSampler.generate
+
+    def recording(self, prompts, n, max_new_tokens, temperature, top_p=1.0, stop=None, json_schema=None):
+        calls.append((id(self), any(p.requires_grad for p in self.model.parameters()), n, max_new_tokens, temperature,
+                      str(stop), json.dumps(json_schema)))
+        return real(self, prompts, n, max_new_tokens, temperature, top_p, stop, json_schema)
+    monkeypatch.setattr(plumbing.HFSampler, "generate", recording)
+    out = S.main(["--family", "tool", "--preset", "tiny", "--model", tiny_model_dir, "--T", "0", "--eval-n", "1",
+                  "--proposer-sft-steps", "0", "--solver-sft-steps", "1", "--solver-sft-batch", "2",
+                  "--max-new-tokens", "4", "--sampler", "hf", "--no-plots", "--run-dir", str(tmp_path)])
+    assert [name for name, _ in out["history"]] == ["base", "solver SFT"]
+    assert len(calls) == 2 * len(S.BFCL_CATEGORIES)
+    assert len(set(calls)) == 1 and calls[0][1]                     # one sampler, the (trainable) solver's
+    assert sorted(os.listdir(tmp_path / "eval")) == ["base.jsonl", "solver_SFT.jsonl"]
+
+
+def _zebra_gold(args):
+    """Gold grids in play: the held-out set's and every S(0) worked example's."""
+    puzzles, _ = S.zebra_heldout(args)
+    sols = [sol for _, _, sol in puzzles]
+    for pkg in _library("zebra"):
+        n, pos = S.count_solutions(pkg["example"], 2)
+        sols.append(S.solution_grid(pkg["example"], pos))
+    return puzzles, sols
+
+
+def test_zebra_answer_budget_fits_every_heldout_and_library_gold_answer():
+    """--max-new-tokens 96 used to cut the 4×4 held-out solution (108 tokens): a quarter of the metric could never
+    be scored. The budget now fits the longest gold grid of the call (compact JSON + EOS), for the held-out set
+    and for any S(0) example probed alone; the tiny held-out set has ≥ 100 puzzles."""
+    args, tok = S.parse_args(["--family", "zebra", "--preset", "tiny"]), _tok()
+    puzzles, sols = _zebra_gold(args)
+    assert len(puzzles) >= 100 and {s for s, _, _ in puzzles} == {"small", "medium"}
+    length = lambda sol: len(tok.encode(json.dumps(sol, separators=(",", ":")), add_special_tokens=False)) + 1  # + EOS
+    assert max(length(sol) for sol in sols) > args.max_new_tokens          # the flag alone would truncate
+    budget = S.answer_budget(args, tok, sols)
+    assert all(length(sol) <= budget for sol in sols)
+    assert all(length(sol) <= S.answer_budget(args, tok, [sol]) for sol in sols)
+    assert S.answer_budget(S.parse_args(["--family", "tool", "--preset", "tiny"]), tok, sols) == args.max_new_tokens
+
+
+class _Engine:
+    """Stands in for vLLM's engine: counts prefix-cache resets."""
+
+    def __init__(self):
+        self.resets = 0
+
+    def reset_prefix_cache(self):
+        self.resets += 1
+
+
+def test_heldout_eval_resets_the_prefix_cache_fits_the_budget_and_saves_every_generation(tmp_path):
+    """eval_zebra: the prefix cache is reset before generating, the budget fits the longest held-out gold grid,
+    decoding is greedy in the tiny preset (stated in its help), and every reply is saved, scored, per puzzle."""
+    from grpo import Dist
+    args = S.parse_args(["--family", "zebra", "--preset", "tiny", "--rg-eval-n", "0", "--run-dir", str(tmp_path)])
+    tok = _tok()
+
+    class Recording(FixedReply):
+        def __init__(self):
+            super().__init__("no grid")
+            self.llm, self.seen = _Engine(), []
+
+        def generate(self, prompts, n, max_new_tokens, temperature, **k):
+            self.seen.append((len(prompts), n, max_new_tokens, temperature, self.llm.resets, len(k["json_schema"])))
+            return super().generate(prompts, n)
+    sampler = Recording()
+    res = S.eval_zebra(sampler, tok, args, Dist(), "iter 1")
+    puzzles, _ = S.zebra_heldout(args)
+    budget = S.answer_budget(args, tok, [sol for _, _, sol in puzzles])
+    assert sampler.seen == [(len(puzzles), args.eval_samples, budget, 0.0, 1, len(puzzles))]
+    items = [json.loads(line) for line in open(tmp_path / "eval" / "iter_1.jsonl")]
+    assert len(items) == len(puzzles) and all(it["answers"] == ["no grid"] and it["cell"] == 0.0 for it in items)
+    assert res["zebra_cell"] == 0.0 and res["zebra_grid"] == 0.0
+
+
+def test_trivial_baselines_are_scored_by_the_same_checker_and_printed(tmp_path, capsys):
+    """A constant value per attribute gets exactly 1/N of each puzzle's cells and no grid; listed order is a
+    valid grid, right only when the solution is the listed order. Both rows print under every table."""
+    from grpo import Dist
+    args = S.parse_args(["--family", "zebra", "--preset", "tiny", "--run-dir", str(tmp_path)])
+    rows = S.trivial_baselines(args, Dist())
+    assert [name for name, _ in rows] == ["constant", "listed order"]
+    puzzles, _ = S.zebra_heldout(args)
+    const = [json.loads(line) for line in open(tmp_path / "eval" / "trivial_constant.jsonl")]
+    listed = [json.loads(line) for line in open(tmp_path / "eval" / "trivial_listed_order.jsonl")]
+    for (_, p, sol), c, o in zip(puzzles, const, listed):
+        assert c["cell"] == pytest.approx(1 / p["houses"]) and c["grid"] == 0.0 and c["valid"] == 0.0
+        in_order = all(sol[f"House {h}"][a] == v[h - 1] for a, v in p["attributes"].items() for h in range(1, p["houses"] + 1))
+        assert o["valid"] == 1.0 and o["grid"] == float(in_order)
+    assert rows[0][1]["zebra_cell"] == pytest.approx(sum(1 / p["houses"] for _, p, _ in puzzles) / len(puzzles))
+    S.print_table([("base", {"zebra_cell": 0.1})], "zebra", rows)
+    out = capsys.readouterr().out
+    assert "[constant]" in out and "[listed order]" in out and "base" in out
