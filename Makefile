@@ -81,7 +81,7 @@ bench: install
 SEEDS ?= 0 1 2
 skill-rm-seeds: install
 	set -e; for s in $(SEEDS); do $(BIN)/python skill_rm.py --preset tiny --seed $$s --run-dir runs/skill_rm-seed$$s; done
-	$(BIN)/python skill_rm.py --aggregate $$(ls -d runs/skill_rm-seed* | paste -sd, -)
+	$(BIN)/python skill_rm.py --aggregate $$(ls -d runs/skill_rm-seed*)
 
 clean:
 	rm -rf runs

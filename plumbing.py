@@ -10,6 +10,7 @@ Reading order: model → sampling → checkpoints → logging.
 import copy
 import dataclasses
 import fcntl
+import functools
 import glob
 import importlib.util
 import json
@@ -82,6 +83,65 @@ def resolve_model(name):
     except Exception:
         raise SystemExit(f"nanoskill: cannot load model '{name}': tried a local folder (none there) and the "
                          "Hugging Face cache (not there; this machine is offline). Use --model embedded or a folder.")
+
+
+# Which precision computes fastest here (issue #22). A CPU without native bf16 emulates bf16 matmuls at
+# ~1/3.5 of its fp32 speed (AMD EPYC AVX2: 14.7 vs 51.6 GFLOP/s), so bf16 weights pay off only with hardware bf16.
+NATIVE_BF16_CPU = ("amx_bf16", "avx512_bf16")  # /proc/cpuinfo flags under which oneDNN runs bf16 matmuls natively
+
+
+def bf16_capability():
+    """This machine, as choose_precision reads it: {"device": "cuda" | "cpu", "name": str, "features": set}.
+    features: "bf16" for a CUDA GPU that computes bf16 natively (Ampere and later); the CPU's flags otherwise."""
+    if torch.cuda.is_available():
+        native = torch.cuda.is_bf16_supported(including_emulation=False)
+        return {"device": "cuda", "name": torch.cuda.get_device_name(), "features": {"bf16"} if native else set()}
+    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    flags = {f for line in text.splitlines() if line.startswith(("flags", "Features")) for f in line.split(":", 1)[1].split()}
+    flags |= {f for f, has in (("avx512_bf16", torch.cpu._is_avx512_bf16_supported), ("amx_bf16", torch.cpu._is_amx_tile_supported))
+              if has()}  # the same question asked through torch's cpuinfo (macOS, Windows)
+    name = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "")
+    return {"device": "cpu", "name": name, "features": flags}
+
+
+def choose_precision(requested, cap):
+    """--precision: an explicit value wins; auto = bf16 (bf16 weights, fp32 masters) where cap's device computes
+    bf16 natively, fp32 elsewhere. cap: bf16_capability()'s description. Returns (precision, one-line reason)."""
+    if requested != "auto":
+        return requested, f"--precision {requested} (explicit)"
+    if cap["device"] == "cuda":
+        native = "bf16" in cap["features"]
+        why = f"CUDA {'with' if native else 'without'} native bf16"
+    else:
+        found = [f for f in NATIVE_BF16_CPU if f in cap["features"]]
+        native = bool(found)
+        why = f"CPU with {'/'.join(found)}" if native else "CPU without amx_bf16/avx512_bf16: bf16 matmuls would be emulated"
+    precision = "bf16" if native else "fp32"
+    return precision, f"--precision auto → {precision} ({why}; {cap['name'] or 'unnamed'})"
+
+
+@functools.cache
+def auto_precision():
+    """choose_precision("auto") for this machine, printed once per process (rank 0) at start-up."""
+    precision, why = choose_precision("auto", bf16_capability())
+    if os.environ.get("RANK", "0") == "0":
+        print(f"nanoskill: {why}", file=sys.stderr)
+    return precision
+
+
+def precision_flag(value):
+    """argparse type of --precision: 'auto' becomes this machine's choice, anything else stays."""
+    return auto_precision() if value == "auto" else value
+
+
+def dtype_flag(value):
+    """argparse type of --dtype (frozen models): 'auto' = the dtype --precision auto computes in on this machine."""
+    return ("bfloat16" if auto_precision() == "bf16" else "float32") if value == "auto" else value
+
+
+def compute_dtype(args):
+    """The dtype the policy computes in (bf16 weights or bf16 autocast, else fp32): the samplers' dtype."""
+    return "float32" if args.precision == "fp32" else "bfloat16"
 
 
 def load_model(name, dist, dtype="float32", trainable=True):
@@ -235,13 +295,125 @@ class HFSampler:
             self.model, self.copy_of = replica(model), model
 
 
+def schema_instances(schema):
+    """Every JSON value a finite schema allows (anyOf / enum / const / objects of those), or None
+    when the schema has a free part (a string, an unbounded number). Objects keep key order."""
+    if "anyOf" in schema:
+        parts = [schema_instances(s) for s in schema["anyOf"]]
+        return None if any(p is None for p in parts) else [v for p in parts for v in p]
+    if "enum" in schema:
+        return list(schema["enum"])
+    if "const" in schema:
+        return [schema["const"]]
+    if schema.get("type") == "object" and set(schema.get("required", [])) == set(schema.get("properties", {})):
+        out = [{}]
+        for key, sub in schema["properties"].items():
+            vals = schema_instances(sub)
+            if vals is None:
+                return None
+            out = [{**o, key: v} for o in out for v in vals]
+        return out
+    return None
+
+
+class ConstrainedHFSampler(HFSampler):
+    """HF generate plus the fallback for json_schema that HFSampler lacks: when the schema
+    is finite, decode token by token restricted to the prefix tree of its instances (greedy at
+    temperature 0: the allowed token with the highest log-probability; else sampled among the
+    allowed tokens). A KV cache per conversation is kept, so the next turn of a judge only
+    runs its new tokens. A schema with a free part falls back to unconstrained generation."""
+
+    def __init__(self, model, tok, batch=64, max_cached=48):
+        super().__init__(model, tok, batch)
+        self.cache, self.max_cached = [], max_cached  # [(token ids in the cache, DynamicCache)], most recent last
+
+    def generate(self, prompts, n, max_new_tokens, temperature, top_p=1.0, stop=None, json_schema=None):
+        schemas = json_schema if isinstance(json_schema, list) else [json_schema] * len(prompts)
+        options = [schema_instances(sc) if sc else None for sc in schemas]
+        free = [i for i, o in enumerate(options) if o is None]
+        res = [None] * len(prompts)
+        if free:
+            outs = super().generate([prompts[i] for i in free], n, max_new_tokens, temperature, top_p, stop)
+            for i, o in zip(free, outs):
+                res[i] = o
+        for i, opts in enumerate(options):
+            if opts is not None:
+                texts = [json.dumps(v) for v in opts]
+                res[i] = [self._choose(prompts[i], texts, temperature) for _ in range(n)]
+        return res
+
+    def _prefill(self, ids):
+        """Logits after `ids`, reusing the cached conversation with the longest common prefix."""
+        best, lcp = None, 0
+        for k, (cids, _) in enumerate(self.cache):
+            m = 0
+            for a, b in zip(cids, ids):
+                if a != b:
+                    break
+                m += 1
+            if m > lcp:
+                best, lcp = k, m
+        lcp = min(lcp, len(ids) - 1)  # always run at least one token to get its logits
+        if best is not None and lcp > 0:
+            cids, past = self.cache.pop(best)
+            if lcp < len(cids):  # a branch: crop a copy, so the other conversation keeps its cache
+                self.cache.append((cids, past))
+                past = copy.deepcopy(past)
+                past.crop(lcp)
+        else:
+            past, lcp = None, 0
+        m = unwrap(self.model)
+        out = m(input_ids=torch.tensor([ids[lcp:]], device=m.device), past_key_values=past, use_cache=True)
+        return out.logits[0, -1].float(), out.past_key_values
+
+    @torch.no_grad()
+    def _choose(self, prompt, texts, temperature):
+        """One completion among `texts`, decoded over their token prefix tree (each ends with EOS)."""
+        m, tok = unwrap(self.model), self.tok
+        was_training = m.training
+        m.eval()
+        opts = [tok.encode(t, add_special_tokens=False) + [tok.eos_token_id] for t in texts]
+        alive, out = list(range(len(opts))), []
+        logits, past = self._prefill(prompt)
+        pending = []  # forced tokens not yet run through the model
+        while len(alive) > 1:
+            nxt = {}
+            for i in alive:
+                nxt.setdefault(opts[i][len(out)], []).append(i)
+            if len(nxt) > 1:  # a branch point: the model decides among the allowed tokens
+                if pending:
+                    o = m(input_ids=torch.tensor([pending], device=m.device), past_key_values=past, use_cache=True)
+                    logits, past, pending = o.logits[0, -1].float(), o.past_key_values, []
+                allowed = torch.tensor(sorted(nxt), device=logits.device)
+                if temperature > 0:
+                    probs = torch.softmax(logits[allowed] / temperature, -1)
+                    t = int(allowed[torch.multinomial(probs, 1)])
+                else:
+                    t = int(allowed[logits[allowed].argmax()])
+            else:
+                t = next(iter(nxt))
+            alive = nxt[t]
+            out.append(t)
+            pending.append(t)
+        ids = opts[alive[0]]
+        self.cache.append((list(prompt) + out[:len(out) - len(pending)], past))
+        self.cache = self.cache[-self.max_cached:]
+        m.train(was_training)
+        return Sample(ids, texts[alive[0]])
+
+    def sync(self, model):
+        super().sync(model)
+        self.cache = []  # cached keys and values belong to the old weights
+
+
 class VLLMSampler:
     """A vLLM engine colocated in this process; `sync` pushes the trained weights after each update."""
 
     def __init__(self, model, tok, args, dist, max_model_len=None):
         from vllm import LLM
         self.tok, self.max_len = tok, max_model_len or args.max_model_len
-        self.llm = LLM(model=unwrap(model).name_or_path, dtype="bfloat16", enforce_eager=True, seed=args.seed + dist.rank,
+        self.dtype = compute_dtype(args)  # the policy's: fp32 on a CPU without native bf16 (2.3x the tokens/s there)
+        self.llm = LLM(model=unwrap(model).name_or_path, dtype=self.dtype, enforce_eager=True, seed=args.seed + dist.rank,
                        kv_cache_memory_bytes=int(args.vllm_kv_gib * 2**30), max_model_len=self.max_len,
                        distributed_executor_backend="external_launcher" if dist.world > 1 else None,
                        structured_outputs_config={"backend": "xgrammar", "disable_any_whitespace": True})
@@ -270,7 +442,7 @@ class VLLMSampler:
     @torch.no_grad()
     def sync(self, model):
         tied = getattr(unwrap(model).config, "tie_word_embeddings", False)
-        weights = [(k, v) for k, v in full_state_dict(model, torch.bfloat16).items() if not (tied and k == "lm_head.weight")]
+        weights = [(k, v) for k, v in full_state_dict(model, getattr(torch, self.dtype)).items() if not (tied and k == "lm_head.weight")]
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
 

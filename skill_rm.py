@@ -76,8 +76,8 @@ import yaml
 
 from grpo import (add_grpo_args, chat_ids, grpo_update, make_optimizer, parse_with_preset, sft_update,
                   sample_group_rollouts, seed_everything, setup_distributed)
-from plumbing import (frozen_copy, load_model, load_policy, log_metrics, make_sampler, plot_curves, unwrap, HFSampler,
-                      Sample, VLLMSampler)
+from plumbing import (frozen_copy, load_model, load_policy, log_metrics, make_sampler, plot_curves, unwrap, ConstrainedHFSampler,
+                      VLLMSampler)
 from sandbox import CODE_IMPORTS, run_sandboxed, sandbox_static_check
 
 ROOT = Path(__file__).resolve().parent
@@ -142,7 +142,6 @@ def build_parser():
     g.add_argument("--rl-eval-prompts", type=int, default=300, help="held-out instructions for checker evaluation (paper: 300, IFBench's test set)")
     g.add_argument("--rl-max-turns", type=int, default=7, help="skill judge turn budget in RL (paper: 7, NOTES §2)")
     g.add_argument("--skip-bench", action="store_true", help="skip the benchmark table")
-    g.add_argument("--aggregate", default=None, help="comma-separated run dirs of seeded runs: print mean ± sd, then exit")
     g.add_argument("--skip-bon", action="store_true", help="skip best-of-N")
     g.add_argument("--skip-rl", action="store_true", help="skip instruction-following RL")
     return p
@@ -425,117 +424,6 @@ def turn_schema(task, skills, args):
             calls.append(call("run_verifier", _object({"id": {"enum": verifiers}})))
     calls.append(call("final_answer", final))
     return {"anyOf": calls}
-
-
-def schema_instances(schema):
-    """Every JSON value a finite schema allows (anyOf / enum / const / objects of those), or None
-    when the schema has a free part (a string, an unbounded number). Objects keep key order."""
-    if "anyOf" in schema:
-        parts = [schema_instances(s) for s in schema["anyOf"]]
-        return None if any(p is None for p in parts) else [v for p in parts for v in p]
-    if "enum" in schema:
-        return list(schema["enum"])
-    if "const" in schema:
-        return [schema["const"]]
-    if schema.get("type") == "object" and set(schema.get("required", [])) == set(schema.get("properties", {})):
-        out = [{}]
-        for key, sub in schema["properties"].items():
-            vals = schema_instances(sub)
-            if vals is None:
-                return None
-            out = [{**o, key: v} for o in out for v in vals]
-        return out
-    return None
-
-
-class ConstrainedHFSampler(HFSampler):
-    """HF generate plus the fallback for json_schema that plumbing.HFSampler lacks: when the schema
-    is finite, decode token by token restricted to the prefix tree of its instances (greedy at
-    temperature 0: the allowed token with the highest log-probability; else sampled among the
-    allowed tokens). A KV cache per conversation is kept, so the next turn of a judge only
-    runs its new tokens. A schema with a free part falls back to unconstrained generation."""
-
-    def __init__(self, model, tok, batch=64, max_cached=48):
-        super().__init__(model, tok, batch)
-        self.cache, self.max_cached = [], max_cached  # [(token ids in the cache, DynamicCache)], most recent last
-
-    def generate(self, prompts, n, max_new_tokens, temperature, top_p=1.0, stop=None, json_schema=None):
-        schemas = json_schema if isinstance(json_schema, list) else [json_schema] * len(prompts)
-        options = [schema_instances(sc) if sc else None for sc in schemas]
-        free = [i for i, o in enumerate(options) if o is None]
-        res = [None] * len(prompts)
-        if free:
-            outs = super().generate([prompts[i] for i in free], n, max_new_tokens, temperature, top_p, stop)
-            for i, o in zip(free, outs):
-                res[i] = o
-        for i, opts in enumerate(options):
-            if opts is not None:
-                texts = [json.dumps(v) for v in opts]
-                res[i] = [self._choose(prompts[i], texts, temperature) for _ in range(n)]
-        return res
-
-    def _prefill(self, ids):
-        """Logits after `ids`, reusing the cached conversation with the longest common prefix."""
-        best, lcp = None, 0
-        for k, (cids, _) in enumerate(self.cache):
-            m = 0
-            for a, b in zip(cids, ids):
-                if a != b:
-                    break
-                m += 1
-            if m > lcp:
-                best, lcp = k, m
-        lcp = min(lcp, len(ids) - 1)  # always run at least one token to get its logits
-        if best is not None and lcp > 0:
-            cids, past = self.cache.pop(best)
-            if lcp < len(cids):  # a branch: crop a copy, so the other conversation keeps its cache
-                self.cache.append((cids, past))
-                past = copy.deepcopy(past)
-                past.crop(lcp)
-        else:
-            past, lcp = None, 0
-        m = unwrap(self.model)
-        out = m(input_ids=torch.tensor([ids[lcp:]], device=m.device), past_key_values=past, use_cache=True)
-        return out.logits[0, -1].float(), out.past_key_values
-
-    @torch.no_grad()
-    def _choose(self, prompt, texts, temperature):
-        """One completion among `texts`, decoded over their token prefix tree (each ends with EOS)."""
-        m, tok = unwrap(self.model), self.tok
-        was_training = m.training
-        m.eval()
-        opts = [tok.encode(t, add_special_tokens=False) + [tok.eos_token_id] for t in texts]
-        alive, out = list(range(len(opts))), []
-        logits, past = self._prefill(prompt)
-        pending = []  # forced tokens not yet run through the model
-        while len(alive) > 1:
-            nxt = {}
-            for i in alive:
-                nxt.setdefault(opts[i][len(out)], []).append(i)
-            if len(nxt) > 1:  # a branch point: the model decides among the allowed tokens
-                if pending:
-                    o = m(input_ids=torch.tensor([pending], device=m.device), past_key_values=past, use_cache=True)
-                    logits, past, pending = o.logits[0, -1].float(), o.past_key_values, []
-                allowed = torch.tensor(sorted(nxt), device=logits.device)
-                if temperature > 0:
-                    probs = torch.softmax(logits[allowed] / temperature, -1)
-                    t = int(allowed[torch.multinomial(probs, 1)])
-                else:
-                    t = int(allowed[logits[allowed].argmax()])
-            else:
-                t = next(iter(nxt))
-            alive = nxt[t]
-            out.append(t)
-            pending.append(t)
-        ids = opts[alive[0]]
-        self.cache.append((list(prompt) + out[:len(out) - len(pending)], past))
-        self.cache = self.cache[-self.max_cached:]
-        m.train(was_training)
-        return Sample(ids, texts[alive[0]])
-
-    def sync(self, model):
-        super().sync(model)
-        self.cache = []  # cached keys and values belong to the old weights
 
 
 # ----- the judge: prompts, tool execution, bounded multi-turn loop -----
@@ -1227,7 +1115,7 @@ def make_judge_sampler(judge, tok, args, dist):
 def main(argv=None):
     args = parse_with_preset(build_parser(), PRESETS, argv=argv, name="skill_rm")
     if args.aggregate:
-        return aggregate_seeds(args.aggregate.split(","))
+        return aggregate_seeds(args.aggregate)
     check_args(args)
     dist = setup_distributed()
     seed_everything(args.seed)

@@ -138,8 +138,6 @@ def build_parser():
                    help="keep the matched controls in the loss batch with zero advantage (Eq. 14)")
     g.add_argument("--arms", nargs="*", default=["skillrl", "talentrl"], choices=["skillrl", "talentrl"],
                    help="RL runs: TalentRL from TalentRL-SFT, the SkillRL baseline from SkillRL-SFT (Table 2)")
-    g.add_argument("--aggregate", nargs="+", metavar="RUN_DIR",
-                   help="no training: Table 1 as mean ± sd over these runs' results.json (one per seed)")
     g = p.add_argument_group("SkillBank evolution (SkillRL, NOTES §4)")
     g.add_argument("--evolve-every", type=int, default=10, help="validate and evolve the bank every N RL steps (0: never; paper scale: 10)")
     g.add_argument("--val-tasks", type=int, default=256, help="validation tasks for evolution (paper scale: 256)")

@@ -19,7 +19,7 @@ def _section(title):
 
 
 def test_readme_is_short_and_has_a_table_of_contents():
-    assert len(README.splitlines()) <= 500
+    assert len(README.splitlines()) <= 560  # 500 until issue #23's memory plan and GPU section
     assert "## Contents" in README
     for title in SECTIONS.values():
         assert title in README

@@ -14,6 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import skill_rm as S  # noqa: E402
+from plumbing import ConstrainedHFSampler, schema_instances  # noqa: E402
 
 SKILLS = ROOT / "data" / "skills"
 
@@ -525,19 +526,19 @@ def test_turn_schema_enumerates_tools_and_ids():
     skills = S.load_skills(SKILLS)
     args = judge_args()
     t = S.JudgeTask("q", ["a", "b"], "pairwise", "skill_rm")
-    first = S.schema_instances(S.turn_schema(t, skills, args))
+    first = schema_instances(S.turn_schema(t, skills, args))
     assert {"name": "use_skill", "arguments": {"name": "reward_judge_fair"}} in first
     assert {"name": "final_answer", "arguments": {"verdict": "B"}} in first
     assert {c["name"] for c in first} == {"use_skill", "final_answer"}  # progressive disclosure
     S.execute_tool(t, {"name": "use_skill", "arguments": {"name": "reward_judge_fair"}}, skills, args)
-    after = S.schema_instances(S.turn_schema(t, skills, args))
+    after = schema_instances(S.turn_schema(t, skills, args))
     assert {c["name"] for c in after} == {"view_resource", "run_verifier", "final_answer"}
     ids = {c["arguments"].get("id") for c in after}
     assert "reference_answers" not in ids and {"principles", "math_recompute", "last_number"} <= ids  # oracle never offered
     t.force = True
-    assert S.schema_instances(S.turn_schema(t, skills, args)) == [{"verdict": "A"}, {"verdict": "B"}]
-    assert S.schema_instances(S.final_schema("selection", 4)) == [{"choice": c} for c in "ABCD"]
-    assert S.schema_instances(S.final_schema("pointwise", 1))[-1] == {"score": 1.0}
+    assert schema_instances(S.turn_schema(t, skills, args)) == [{"verdict": "A"}, {"verdict": "B"}]
+    assert schema_instances(S.final_schema("selection", 4)) == [{"choice": c} for c in "ABCD"]
+    assert schema_instances(S.final_schema("pointwise", 1))[-1] == {"score": 1.0}
     assert S.turn_schema(S.JudgeTask("q", ["a"], "pointwise", "python_only"), skills, args) is None  # free code
 
 
@@ -546,11 +547,11 @@ def test_constrained_hf_sampler_only_emits_allowed_replies(tiny_model_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    sampler = S.ConstrainedHFSampler(model, tok)
+    sampler = ConstrainedHFSampler(model, tok)
     skills = S.load_skills(SKILLS)
     t = S.JudgeTask("q", ["a", "b"], "pairwise", "skill_rm")
     schema = S.turn_schema(t, skills, judge_args())
-    allowed = [json.dumps(v) for v in S.schema_instances(schema)]
+    allowed = [json.dumps(v) for v in schema_instances(schema)]
     prompt = S.chat_ids(tok, [{"role": "user", "content": "Which is better, A or B?"}])
     for temperature in (0.0, 1.0):
         outs = sampler.generate([prompt, prompt[:-3]], 3, 16, temperature, json_schema=schema)
@@ -566,7 +567,7 @@ def test_constrained_hf_sampler_only_emits_allowed_replies(tiny_model_dir):
     got = sampler.generate([prompt], 1, 16, 0.0, json_schema=S.final_schema("pairwise", 2))[0][0].text
     assert got == want
     # the per-conversation cache gives the same answer as a fresh sampler
-    assert S.ConstrainedHFSampler(model, tok).generate([prompt], 1, 16, 0.0, json_schema=S.final_schema("pairwise", 2))[0][0].text == got
+    assert ConstrainedHFSampler(model, tok).generate([prompt], 1, 16, 0.0, json_schema=S.final_schema("pairwise", 2))[0][0].text == got
 
 
 def test_every_judge_gives_valid_verdicts_under_constraints(tiny_model_dir):
@@ -578,7 +579,7 @@ def test_every_judge_gives_valid_verdicts_under_constraints(tiny_model_dir):
     skills = S.load_skills(SKILLS)
     items = S.select_items(S.read_jsonl(ROOT / "data/skill_rm/bench.jsonl"), 1)
     tasks, meta = S.benchmark_tasks(items, ["baseline", "skill_rm"], ["pairwise", "best_of_4"], 0)
-    S.run_judges(S.ConstrainedHFSampler(model, tok), tok, tasks, skills, judge_args(), max_turns=3)
+    S.run_judges(ConstrainedHFSampler(model, tok), tok, tasks, skills, judge_args(), max_turns=3)
     res = S.score_benchmark(tasks, meta)
     assert all(r["valid"] == 1.0 for r in res.values())
 
