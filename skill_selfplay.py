@@ -63,9 +63,10 @@ Differences from the paper:
     vote (Eq. 4) compare it with the reference by call_key (argument order ignored, 1 ≡ 1.0, True ≢ 1).
 13. --proposer-sft-steps N (paper 0): SFT warm-up of the proposer on S(0)'s worked examples before
     iteration 0, in every arm (--unguided too); the paper's proposer starts from the backbone.
-14. --solver-sft-steps N (paper 0, tool family): SFT warm-up of the solver on scripted tool tasks
-    (SCRIPTED_TOOLS, disjoint from S(0) and BFCL) before iteration 0, in both arms; the 135M base solver
-    solves no S(0) example in a majority of its probes, so no tool task could pass Eq. 4 without it.
+14. --solver-sft-steps N (paper 0): SFT warm-up of the solver before iteration 0, in every arm, on scripted
+    tool tasks (SCRIPTED_TOOLS, disjoint from S(0) and BFCL) or runtime zebra puzzles (not held-out ones); the
+    135M base solver solves no S(0) tool example in a majority of its probes, so no tool task could pass Eq. 4
+    without it (tiny tool: 12 steps; tiny zebra: none).
     The tiny tool run also starts from S(0)'s 5 simplest packages (data/selfplay/tool_tiny) and uses K = 8.
     π_ref stays the backbone π^(0) after either warm-up (it is not saved, so a resume could not rebuild it).
 """
@@ -161,9 +162,9 @@ def build_parser():
     g.add_argument("--proposer-sft-batch", type=int, default=None,
                    help="examples per SFT step, drawn at random; 0 = all of them every step (default: 0; tiny tool: 6)")
     g.add_argument("--solver-sft-steps", type=int, default=None,
-                   help="tool family: SFT steps of the solver on scripted tool tasks before iteration 0 (difference 14); "
-                        "paper 0 (default: 0; tiny tool: 12)")
-    g.add_argument("--solver-sft-tasks", type=int, default=64, help="scripted tool tasks of that warm-up")
+                   help="SFT steps of the solver on scripted tool tasks / runtime zebra puzzles before iteration 0 "
+                        "(difference 14); paper 0 (default: 0; tiny tool: 12)")
+    g.add_argument("--solver-sft-tasks", type=int, default=64, help="scripted tasks (puzzles) of that warm-up")
     g.add_argument("--solver-sft-batch", type=int, default=8, help="tasks per solver SFT step, drawn at random")
     g.add_argument("--solver-sft-lr", type=float, default=1e-4, help="learning rate of the solver SFT warm-up")
     g.add_argument("--proposer-max-new-tokens", type=int, default=None,
@@ -218,9 +219,7 @@ def parse_args(argv=None):
             if getattr(args, k) is None:
                 setattr(args, k, v)
     if args.run_dir == f"runs/skill_selfplay-{args.preset}":  # no --run-dir given
-        args.run_dir += "-" + args.family + "".join(
-            "-" + f for f in ("unguided", "skill_only", "uniform_routing", "frozen_skills", "frozen_proposer",
-                              "frozen_feedback_solver") if getattr(args, f))
+        args.run_dir += "-" + args.family + "".join("-" + f for f in ARMS if getattr(args, f))
     if args.unguided and args.skill_only:
         raise SystemExit("--unguided and --skill-only exclude each other")
     return args
@@ -972,15 +971,28 @@ def prime_proposer(proposer, tok, pkgs, args, dist, grammar):
 
 
 def prime_solver(solver, tok, args, dist):
-    """--solver-sft-steps (difference 14, tool family): SFT warm-up of the solver on scripted tool tasks
-    (scripted_tool_tasks, a bank disjoint from S(0) and BFCL) with their reference calls as targets, written
-    after the answer prefix exactly as tool_reward parses them. Returns the last step's metrics."""
+    """--solver-sft-steps (difference 14): SFT warm-up of the solver before iteration 0 on tasks disjoint from
+    S(0) and the held-out sets, the reference answers as targets, written as the reward parses them. Tool:
+    scripted tool tasks (scripted_tool_tasks), the call after the answer prefix. Zebra: runtime puzzles of the
+    held-out scales from a training-side seed (a puzzle equal to a held-out one is skipped), the grid as compact
+    JSON (as the grid schema decodes it) or spaced without the aid. Returns the last step's metrics."""
     prefix, _ = answer_prefix(args)
     rng, examples = random.Random(f"{args.seed}-solver-sft"), []
-    for task in scripted_tool_tasks(rng, args.solver_sft_tasks):
-        answer = "<tool_call>" + json.dumps(task["call"]) + "</tool_call>"
-        target = tok.encode(answer[len(prefix):], add_special_tokens=False) + [tok.eos_token_id]
-        examples.append((prefilled_prompt(tok, solver_messages("tool", task), prefix), target))
+    if args.family == "tool":
+        for task in scripted_tool_tasks(rng, args.solver_sft_tasks):
+            answer = "<tool_call>" + json.dumps(task["call"]) + "</tool_call>"
+            target = tok.encode(answer[len(prefix):], add_special_tokens=False) + [tok.eos_token_id]
+            examples.append((prefilled_prompt(tok, solver_messages("tool", task), prefix), target))
+    else:
+        heldout, scales = zebra_heldout(args)
+        seen = {render_zebra_prompt(p) for _, p, _ in heldout}
+        per_scale = -(-args.solver_sft_tasks // len(scales))
+        for _, p, sol in make_zebra_puzzles(f"{args.data_seed}-solver-sft", scales, per_scale):
+            if render_zebra_prompt(p) in seen:
+                continue
+            answer = json.dumps(sol, separators=(",", ":") if args.solver_aid == "on" else None)
+            target = tok.encode(answer, add_special_tokens=False) + [tok.eos_token_id]
+            examples.append((prefilled_prompt(tok, solver_messages("zebra", p), ""), target))
     return sft_warmup(solver, examples, args.solver_sft_steps, args.solver_sft_batch, args.solver_sft_lr, rng,
                       "solver_sft", args, dist)
 
@@ -1352,41 +1364,107 @@ def print_table(history, family, baselines=()):
         print("[trivial answers, same checker: one constant value per attribute; values in listed order]")
 
 
-def compare_runs(root):
-    """Skill-SP against its ablations over seeds (`make selfplay-compare`): root holds one run folder per arm
-    and seed, named <name>-s<seed>. Per arm, mean ± sd over seeds of: held-out zebra cell and grid accuracy
-    after the last iteration; the valid-proposal rate (valid / all proposals, unparseable ones included, over
-    all iterations); mean v_solve of the valid records by stream. Returns {arm: {metric: (mean, sd, n)}}."""
-    by_arm = collections.defaultdict(list)
-    for name in sorted(os.listdir(root)):
-        path = os.path.join(root, name, "metrics.jsonl")
-        if re.search(r"-s\d+$", name) and os.path.exists(path):
-            by_arm[re.sub(r"-s\d+$", "", name)].append(os.path.join(root, name))
-    out = {}
-    for arm, folders in by_arm.items():
-        per_seed = collections.defaultdict(list)
-        for d in folders:
-            by_step = read_metrics(d)  # metrics rows, one per iteration (a repeated step keeps its last row)
-            rows = [by_step[k] for k in sorted(by_step)]
-            last = rows[-1]
-            per_seed["cell"].append(last["zebra_cell"])
-            per_seed["grid"].append(last["zebra_grid"])
-            n_all = sum(r["n_proposals_parsed"] + r["n_proposals_unparsed"] for r in rows)
-            recs = [json.loads(line) for t in range(len(rows))
-                    for line in open(os.path.join(d, "records", f"iter_{t}.jsonl"))]
-            per_seed["valid_rate"].append(sum(r["valid"] for r in recs) / n_all if n_all else 0.0)
-            for stream in ("skill", "explore"):
-                vs = [r["v_solve"] for r in recs if r["stream"] == stream and r["valid"]]
-                if vs:
-                    per_seed[f"v_solve_{stream}"].append(float(np.mean(vs)))
-        out[arm] = {k: (float(np.mean(v)), float(np.std(v, ddof=1)) if len(v) > 1 else 0.0, len(v))
-                    for k, v in per_seed.items()}
-    keys = ["cell", "grid", "valid_rate", "v_solve_skill", "v_solve_explore"]
-    print("arm".ljust(24) + "".join(k.rjust(20) for k in keys))
-    for arm, res in out.items():
-        print(arm.ljust(24) + "".join((f"{res[k][0]:.3f} ± {res[k][1]:.3f} ({res[k][2]})" if k in res else "-").rjust(20)
-                                      for k in keys))
-    return out
+ARMS = ("unguided", "skill_only", "uniform_routing", "frozen_skills", "frozen_proposer", "frozen_feedback_solver")
+
+
+def arm_name(args):
+    """The run's arm: "skill-sp" (the full method) or its ablation flags joined by "+"."""
+    return "+".join(f for f in ARMS if getattr(args, f)) or "skill-sp"
+
+
+def read_items(run_dir, row):
+    """The per-item lines of a table row (save_generations); [] when that row was not saved."""
+    path = os.path.join(run_dir, "eval", re.sub(r"\W+", "_", row) + ".jsonl")
+    return [json.loads(line) for line in open(path)] if os.path.exists(path) else []
+
+
+def run_results(args, history, baselines, rows):
+    """(results, headline) of a finished run (stats.py's results.json convention). Zebra: the last row's per-
+    puzzle cell and grid accuracy against the better trivial answer and against the base row (paired over the
+    same held-out puzzles, same decoding); tool: each BFCL category, the last row and the warm-up against the
+    base row, paired over items, with every row's Wilson interval in results["bfcl"]. Both: the valid-proposal
+    rate and the v_solve of valid proposals by stream, over every iteration's records."""
+    import stats
+    arm, last = arm_name(args), history[-1][0]
+    results = {"family": args.family, "arm": arm, "seed": args.seed, "data_seed": args.data_seed,
+               "history": [list(h) for h in history], "trivial": [list(b) for b in baselines], "rows": rows}
+    headline = []
+    if args.family == "zebra":
+        final, base = read_items(args.run_dir, last), read_items(args.run_dir, "base")
+        results["final_items"] = {m: [it[m] for it in final] for m in ("cell", "grid")}
+        for m in ("cell", "grid"):
+            trivial = {kind: [it[m] for it in read_items(args.run_dir, "trivial " + kind)] for kind, _ in baselines}
+            kind = max(trivial, key=lambda k: np.mean(trivial[k]))  # the better trivial answer on this metric
+            headline.append(stats.compare(f"held-out zebra {m} accuracy, {arm} after the last iteration vs the better "
+                                          f"trivial answer", arm, f"trivial: {kind}", results["final_items"][m],
+                                          trivial[kind]))
+            if last != "base":
+                headline.append(stats.compare(f"held-out zebra {m} accuracy, {arm}: last iteration vs base",
+                                              f"{arm} {last}", "base", results["final_items"][m],
+                                              [it[m] for it in base]))
+    else:
+        results["bfcl"] = {}
+        for name, _ in history:
+            items = read_items(args.run_dir, name)
+            results["bfcl"][name] = {}
+            for cat in BFCL_CATEGORIES:
+                k, n = sum(it["hits"] for it in items if it["category"] == cat), sum(
+                    it["n"] for it in items if it["category"] == cat)
+                results["bfcl"][name][cat] = {"acc": k / n if n else None, "hits": k, "n": n,
+                                              "ci95": stats.wilson_ci(k, n) if n else None}
+        base = read_items(args.run_dir, "base")
+        for name in [h for h, _ in history[1:] if h in ("solver SFT", last)]:
+            items = read_items(args.run_dir, name)
+            for cat in BFCL_CATEGORIES:
+                pick = lambda its: [it["hits"] / it["n"] for it in its if it["category"] == cat and it["n"]]
+                headline.append(stats.compare(f"BFCL {cat}, {arm}: {'warm-up' if name == 'solver SFT' else 'last iteration'}"
+                                              f" vs base", f"{arm} {name}", "base", pick(items), pick(base)))
+    recs = [json.loads(line) for t in range(args.T)
+            for line in (open(os.path.join(args.run_dir, "records", f"iter_{t}.jsonl"))
+                         if os.path.exists(os.path.join(args.run_dir, "records", f"iter_{t}.jsonl")) else [])]
+    for stream in ("skill", "explore"):
+        rs = [r for r in recs if r["stream"] == stream]
+        if not rs:
+            continue
+        note = ("; zebra exploration proposals get no runtime clue completion, so near 0 by construction"
+                if args.family == "zebra" and stream == "explore" else "")
+        headline.append(stats.vs_chance(f"valid-proposal rate, {stream} stream, {arm} (of parsed proposals{note})",
+                                        arm, [float(r["valid"]) for r in rs], 0.0))
+        vs = [r["v_solve"] for r in rs if r["valid"]]
+        if vs:
+            headline.append(stats.vs_chance(f"v_solve of valid proposals, {stream} stream, {arm} (vs the frontier "
+                                            f"midpoint 1/2 of Eq. 2)", arm, vs, 0.5))
+    return results, headline
+
+
+def print_bfcl_intervals(results):
+    """BFCL accuracy per category and row with its binomial (Wilson) 95 % interval: 16 items step by 6.25 points."""
+    print("BFCL per category, % [Wilson 95 % CI] (hits/n)")
+    for name, cats in results.get("bfcl", {}).items():
+        print(name.ljust(12) + "  ".join(
+            f"{c.replace('simple_', '')}: {100 * v['acc']:.1f} [{100 * v['ci95'][0]:.1f}, {100 * v['ci95'][1]:.1f}] "
+            f"({v['hits']}/{v['n']})" for c, v in cats.items() if v["n"]))
+
+
+def aggregate_runs(run_dirs):
+    """--aggregate RUN_DIR...: stats.aggregate's pooled headline of the runs (each claim over its seeds), plus
+    Skill-SP against every other arm present, paired over held-out puzzles × the seeds both arms ran (zebra)."""
+    import stats
+    entries = stats.aggregate(run_dirs)
+    by = {}
+    for d in run_dirs:
+        with open(os.path.join(d, "results.json")) as f:
+            r = json.load(f)
+        if "final_items" in r:
+            by[(r["arm"], r["seed"])] = r["final_items"]
+    for arm in sorted({a for a, _ in by} - {"skill-sp"}):
+        seeds = sorted(s for a, s in by if a == arm and ("skill-sp", s) in by)
+        for m in ("cell", "grid") if seeds else ():
+            entries.append(stats.compare(f"held-out zebra {m} accuracy: skill-sp vs {arm} (paired over puzzles × seeds)",
+                                         "skill-sp", arm, sum((by[("skill-sp", s)][m] for s in seeds), []),
+                                         sum((by[(arm, s)][m] for s in seeds), []), n_seeds=len(seeds)))
+    print(stats.format_headline(entries))
+    return entries
 
 
 def plot_diagnostics(run_dir, rows, recs_by_iter):
@@ -1523,6 +1601,8 @@ def save_iteration(t, P, pkgs, stats, changes, recs, rows, history, args, dist):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.aggregate:  # pool finished runs (one per seed and arm) and exit
+        return aggregate_runs(args.aggregate)
     dist = setup_distributed()  # python: rank 0 of 1; torchrun: gloo on CPU, NCCL on GPUs
     seed_everything(args.seed + dist.rank)  # rank-specific samples; shared choices use rng seeded without the rank
     say = print if dist.is_main else (lambda *a, **k: None)
@@ -1557,12 +1637,12 @@ def main(argv=None):
         opt_p = make_optimizer(proposer, args)  # MasterAdamW's fp32 masters must start from the primed weights
         p_sampler.sync(proposer)
         say(f"proposer SFT warm-up on {len(pkgs)} worked examples: loss {m.get('sft_loss', 0):.3f}, {time.time() - t0:.0f}s")
-    if not extra and args.solver_sft_steps and args.family == "tool":  # difference 14 (both arms, also --unguided)
+    if not extra and args.solver_sft_steps:  # difference 14 (every arm, also --unguided)
         t0 = time.time()
         m = prime_solver(solver, tok, args, dist)
         opt_s = make_optimizer(solver, args)  # as for the proposer: masters from the primed weights
         s_sampler.sync(solver)
-        say(f"solver SFT warm-up on {args.solver_sft_tasks} scripted tool tasks: loss {m.get('sft_loss', 0):.3f}, "
+        say(f"solver SFT warm-up on {args.solver_sft_tasks} scripted {args.family} tasks: loss {m.get('sft_loss', 0):.3f}, "
             f"{time.time() - t0:.0f}s")
         history.append(("solver SFT", evaluate(s_sampler, tok, args, dist, "solver SFT")))  # the warm-up alone
     # --frozen-feedback-solver: the probes use the solver as it enters self-play (after its warm-up), frozen, with
@@ -1597,6 +1677,12 @@ def main(argv=None):
         save_iteration(t, P, pkgs, stats, changes, recs, rows, history, args, dist)
         if dist.is_main:
             print_table(history, args.family, baselines)
+    if dist.is_main:  # results.json: the table, the trivial rows and the headline (stats.py)
+        import stats
+        results, headline = run_results(args, history, baselines, rows)
+        stats.write_results(args.run_dir, results, headline)
+        print_bfcl_intervals(results)
+        print(stats.format_headline(headline))
     if not args.no_plots and rows and dist.is_main:
         recs_by_iter = []
         for t in range(args.T):

@@ -662,7 +662,9 @@ def test_smoke_tiny(tmp_path, tiny_model_dir):
     """The tiny preset, shrunk further, on the tiny random model: one iteration of zebra self-play end to end,
     then a resume with nothing left to do. The random model is SFT-primed (--proposer-sft-steps, difference 13)
     on the worked example of a one-package library, the smallest puzzle the runtime accepts; the test fails
-    unless proposals pass every gate (valid), D(t) is not empty and the solver takes its GRPO step on it."""
+    unless proposals pass every gate (valid), D(t) is not empty and the solver takes its GRPO step on it with a
+    non-zero gradient (here the KL term's: the solver's short warm-up moved it away from π^(0); the advantage
+    term needs varying rewards, test_eq7_solver_phase_trains_on_curriculum)."""
     (tmp_path / "lib").mkdir()
     (tmp_path / "lib" / "zebra_tiny.md").write_text(TINY_ZEBRA_PACKAGE)
     run = tmp_path / "run"
@@ -670,10 +672,11 @@ def test_smoke_tiny(tmp_path, tiny_model_dir):
              "--library", str(tmp_path / "lib"), "--proposer-sft-steps", "150", "--proposer-sft-lr", "1e-2",
              "--proposer-prompts", "2", "--proposer-G", "2", "--proposer-max-new-tokens", "100", "--max-new-tokens", "48",
              "--solver-steps", "1", "--K", "2", "--zebra-eval-per-scale", "1", "--zebra-eval-scales", "small",
+             "--solver-sft-steps", "2", "--solver-sft-tasks", "2", "--solver-sft-lr", "1e-2",
              "--rg-eval-n", "1", "--induce-min", "1", "--controller-max-new-tokens", "32", "--collect-prompts", "1",
              "--sampler", "hf", "--no-plots", "--run-dir", str(run)]
     out = S.main(flags)
-    assert [name for name, _ in out["history"]] == ["base", "iter 1"]
+    assert [name for name, _ in out["history"]] == ["base", "solver SFT", "iter 1"]
     assert 0.0 <= out["history"][-1][1]["zebra_grid"] <= 1.0
     row = out["rows"][0]
     assert row["n_proposals_parsed"] + row["n_proposals_unparsed"] == 2 * 2 + 1 * 2
@@ -698,7 +701,9 @@ def test_smoke_tiny(tmp_path, tiny_model_dir):
     with open(run / "metrics.jsonl") as f:
         assert json.loads(f.readline())["iteration"] == 1
     again = S.main(flags + ["--resume"])  # nothing left to do: the saved history comes back
-    assert [name for name, _ in again["history"]] == ["base", "iter 1"]
+    assert [name for name, _ in again["history"]] == ["base", "solver SFT", "iter 1"]
+    assert sorted(os.listdir(run / "eval")) == ["base.jsonl", "iter_1.jsonl", "solver_SFT.jsonl",
+                                                 "trivial_constant.jsonl", "trivial_listed_order.jsonl"]
 
 
 def test_smoke_two_rank_gloo_and_resume(tmp_path, tiny_model_dir):
@@ -1180,34 +1185,51 @@ def test_proposer_rewards_are_R_minus_rho_and_minus_one(tmp_path):
     assert [ro.reward for ro in rollouts] == pytest.approx([0.5, -1.0, 0.5, -1.0])
 
 
-def test_compare_runs_mean_sd_over_seeds(tmp_path):
-    """make selfplay-compare's summary: per arm, mean ± sd over seed folders of held-out cell/grid accuracy (last
-    iteration), valid-proposal rate (unparseable proposals count) and v_solve of valid records by stream."""
-    def run(name, cells, recs, unparsed):
-        d = tmp_path / name
-        (d / "records").mkdir(parents=True)
-        rows = [{"step": t + 1, "zebra_cell": c, "zebra_grid": 0.0, "n_proposals_parsed": len(recs),
-                 "n_proposals_unparsed": unparsed} for t, c in enumerate(cells)]
-        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        for t in range(len(rows)):
-            (d / "records" / f"iter_{t}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+def _finished_run(root, arm_flags, seed, cells, recs):
+    """A run folder as main leaves it (eval rows, records), its results.json written by run_results."""
+    import stats
+    args = S.parse_args(["--family", "zebra", "--preset", "tiny", "--T", "1", "--seed", str(seed),
+                         "--run-dir", str(root / f"{'-'.join(arm_flags) or 'skill'}-s{seed}"), *arm_flags])
+    from grpo import Dist
+    baselines = S.trivial_baselines(args, Dist())
+    n = len(S.zebra_heldout(args)[0])
+    for row, c in (("base", 0.0), ("iter 1", cells)):
+        S.save_generations(args, row, [{"i": i, "cell": c, "grid": 0.0} for i in range(n)], Dist())
+    os.makedirs(os.path.join(args.run_dir, "records"))
+    with open(os.path.join(args.run_dir, "records", "iter_0.jsonl"), "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in recs)
+    with open(os.path.join(args.run_dir, "metrics.jsonl"), "w") as f:  # a row logged twice: never read for results
+        f.writelines([json.dumps({"step": 1, "zebra_cell": cells})] * 2)
+    results, headline = S.run_results(args, [("base", {}), ("iter 1", {})], baselines, [{}])
+    stats.write_results(args.run_dir, results, headline)
+    return args.run_dir, n
+
+
+def test_aggregate_pools_seeds_and_pairs_skill_sp_with_unguided_over_puzzles(tmp_path, capsys):
+    """results.json per run (each arm vs the better trivial answer, valid rate and v_solve by stream), then
+    --aggregate: each claim pooled over seeds, and Skill-SP vs unguided paired over puzzles × seeds."""
     v = lambda stream, ok, vs: {"stream": stream, "valid": ok, "v_solve": vs}
-    run("zebra-skill-s0", [0.1, 0.2], [v("skill", True, 0.5), v("explore", False, 0.0)], 2)   # 2 valid of 8
-    run("zebra-skill-s1", [0.3, 0.4], [v("skill", True, 0.1), v("explore", True, 0.3)], 0)     # 4 valid of 4
-    run("zebra-unguided-s0", [0.0], [v("explore", False, 0.0)], 1)
-    with open(tmp_path / "zebra-skill-s0" / "metrics.jsonl") as f:  # a row logged twice (a crash before its commit)
-        last = f.readlines()[-1]
-    with open(tmp_path / "zebra-skill-s0" / "metrics.jsonl", "a") as f:
-        f.write(last)
-    (tmp_path / "notes").mkdir()
-    out = S.compare_runs(str(tmp_path))
-    assert set(out) == {"zebra-skill", "zebra-unguided"}
-    sk = out["zebra-skill"]
-    assert sk["cell"][:2] == pytest.approx((0.3, math.sqrt(0.02))) and sk["cell"][2] == 2
-    assert sk["valid_rate"][:2] == pytest.approx((0.625, math.sqrt(((0.25 - 0.625) ** 2 + (1 - 0.625) ** 2) / 1)))
-    assert sk["v_solve_skill"][:2] == pytest.approx((0.3, math.sqrt(0.08)))
-    assert sk["v_solve_explore"] == pytest.approx((0.3, 0.0, 1))
-    assert out["zebra-unguided"]["valid_rate"] == (0.0, 0.0, 1) and "v_solve_explore" not in out["zebra-unguided"]
+    runs = [_finished_run(tmp_path, [], 0, 0.5, [v("skill", True, 0.5), v("explore", False, 0.0)]),
+            _finished_run(tmp_path, [], 1, 0.4, [v("skill", True, 0.25)]),
+            _finished_run(tmp_path, ["--unguided"], 0, 0.2, [v("explore", False, 0.0)]),
+            _finished_run(tmp_path, ["--unguided"], 1, 0.1, [v("explore", False, 0.0)])]
+    one = json.load(open(os.path.join(runs[0][0], "results.json")))
+    claims = [e["claim"] for e in one["headline"]]
+    assert any("vs the better trivial answer" in c and "cell" in c for c in claims)
+    explore = next(e for e in one["headline"] if e["claim"].startswith("valid-proposal rate, explore"))
+    assert "by construction" in explore["claim"] and explore["mean_a"] == 0.0 and explore["n_items"] == 1
+    trivial = next(e for e in one["headline"] if "cell" in e["claim"] and "trivial" in e["claim"])
+    better = max(one["trivial"], key=lambda kr: kr[1]["zebra_cell"])               # the better trivial answer
+    assert trivial["b"] == "trivial: " + better[0] and trivial["mean_b"] == pytest.approx(better[1]["zebra_cell"])
+    assert trivial["mean_a"] == pytest.approx(0.5)
+    entries = S.main(["--aggregate", *[d for d, _ in runs]])
+    n = runs[0][1]
+    (pair,) = [e for e in entries if e["claim"].startswith("held-out zebra cell accuracy: skill-sp vs unguided")]
+    assert pair["n_items"] == 2 * n and pair["n_seeds"] == 2
+    assert pair["diff"] == pytest.approx(((0.5 - 0.2) + (0.4 - 0.1)) / 2) and pair["p"] < 0.01
+    vskill = next(e for e in entries if e["claim"].startswith("v_solve of valid proposals, skill stream, skill-sp"))
+    assert vskill["n_seeds"] == 2 and vskill["mean_a"] == pytest.approx(0.375)
+    assert "skill-sp vs unguided" in capsys.readouterr().out
 
 
 def test_prime_proposer_targets_are_the_worked_examples(monkeypatch):
@@ -1258,22 +1280,44 @@ def test_scripted_tool_tasks_pass_the_gate_and_state_every_argument():
 
 def test_prime_solver_targets_are_the_reference_calls(monkeypatch):
     """--solver-sft-steps: the prompt is what the solver sees (with the answer prefix), and prefix + target is a
-    reply that tool_reward scores as the exact reference call (R = 1)."""
+    reply that tool_reward scores as the scripted task's own reference call (R = 1), not merely as its own parse."""
     import torch
     from grpo import Dist
     tok, seen = _tok(), []
-    monkeypatch.setattr(S, "sft_update", lambda model, opt, examples, args, dist: seen.extend(examples) or {})
+    monkeypatch.setattr(S, "sft_warmup", lambda model, examples, *a: seen.extend(examples) or {})
     args = S.parse_args(["--family", "tool", "--preset", "tiny", "--solver-sft-steps", "2", "--solver-sft-tasks", "6",
                          "--solver-sft-batch", "3", "--run-dir", "/tmp/pt-13-prime-solver"])
     S.prime_solver(torch.nn.Linear(1, 1), tok, args, Dist())
+    tasks = S.scripted_tool_tasks(random.Random(f"{args.seed}-solver-sft"), 6)  # the warm-up's own draw
     assert len(seen) == 6
     prefix, _ = S.answer_prefix(args)
-    for prompt, target in seen:
+    for (prompt, target), task in zip(seen, tasks):
         assert target[-1] == tok.eos_token_id
         reply = prefix + tok.decode(target[:-1])
-        call = S.parse_tool_calls(reply)[0]
-        assert S.tool_reward(reply, call)[0] == 1.0
-        assert tok.decode(prompt).endswith(prefix) and call["name"] in tok.decode(prompt)
+        assert S.tool_reward(reply, task["call"])[:3] == (1.0, True, True)
+        assert tok.decode(prompt) == tok.decode(S.prefilled_prompt(tok, S.solver_messages("tool", task), prefix))
+
+
+def test_prime_solver_zebra_targets_are_the_grids_of_puzzles_outside_the_heldout_set(monkeypatch):
+    """Zebra warm-up: runtime puzzles of the held-out scales, none equal to a held-out puzzle; each target is
+    the compact JSON grid that Eq. 15 scores as the full solution (R = 1)."""
+    import torch
+    from grpo import Dist
+    tok, seen = _tok(), []
+    monkeypatch.setattr(S, "sft_warmup", lambda model, examples, *a: seen.extend(examples) or {})
+    args = S.parse_args(["--family", "zebra", "--preset", "tiny", "--solver-sft-steps", "1", "--solver-sft-tasks", "8",
+                         "--run-dir", "/tmp/pt-13-prime-solver"])
+    S.prime_solver(torch.nn.Linear(1, 1), tok, args, Dist())
+    heldout = {S.render_zebra_prompt(p) for _, p, _ in S.zebra_heldout(args)[0]}
+    puzzles = {S.render_zebra_prompt(p): (p, sol) for _, p, sol in S.make_zebra_puzzles(
+        f"{args.data_seed}-solver-sft", ["small", "medium"], 4)}
+    assert 1 <= len(seen) <= 8
+    for prompt, target in seen:
+        text = tok.decode(prompt)
+        (key,) = [k for k in puzzles if k in text]
+        assert key not in heldout
+        p, sol = puzzles[key]
+        assert S.zebra_reward(tok.decode(target[:-1]), p, sol)[0] == pytest.approx(1.0) and target[-1] == tok.eos_token_id
 
 
 # ----- the held-out instrument (§1 of issue 27) -----
