@@ -39,7 +39,8 @@ Differences from the paper:
     BFCL's own AST checker; answers use our <tool_call>{json}</tool_call> format and function names
     must match exactly. API-Bank is not available offline and is not evaluated.
  3. ZebraLogic is not available offline: held-out puzzles come from our runtime (fixed seed, never used
-    in training) in its four scales, plus reasoning-gym's zebra puzzles as an external check.
+    in training) in its four scales, plus reasoning-gym's zebra puzzles as an external check. Trivial answers
+    (one constant value per attribute; values in listed order) are scored by the same checker beside every row.
  4. Zebra proposals are blueprints; the runtime compiles clues, guided by the package's compiler spec,
     until the puzzle is unique (App. I.2); exploration proposals must be unique on their own. Zebra
     validity is the deterministic checker, not probe consistency (Table 5).
@@ -57,8 +58,9 @@ Differences from the paper:
 10. Aids for a small model: the solver's format instruction shows a filled-in call; the proposer's reply is
     prefilled with the JSON opening (PROPOSER_PREFIX). Tiny preset only: --proposer-grammar on (TASK_SCHEMA),
     --solver-aid on (tool-call prefill, zebra grid schema), temperature 0.7; its held-out numbers are not the paper's.
-11. Sampling: held-out evaluation does not apply Table 5's top-k 40. Rollouts decoded under a grammar get
-    their GRPO log-probs from the unconstrained π_θ (off-policy, not corrected); the paper preset uses no grammar.
+11. Sampling: held-out evaluation does not apply Table 5's top-k 40; every row (base included) is decoded by the
+    solver's own sampler, schema and budget. Rollouts decoded under a grammar get their GRPO log-probs from the
+    unconstrained π_θ (off-policy, not corrected; forced tokens still trained); the paper preset uses no grammar.
 12. Tool answers: a reply's answer is its first well-formed <tool_call>; ExactCall (Eq. 14) and the probe
     vote (Eq. 4) compare it with the reference by call_key (argument order ignored, 1 ≡ 1.0, True ≢ 1).
 13. --proposer-sft-steps N (paper 0): SFT warm-up of the proposer on S(0)'s worked examples before
@@ -89,7 +91,8 @@ from grpo import (Rollout, add_grpo_args, barrier, broadcast_object, chat_ids, g
                   make_optimizer, parse_with_preset, reduce_metrics, sample_group_rollouts, seed_everything,
                   setup_distributed, sft_update)
 from plumbing import (HFSampler, frozen_copy, load_checkpoint, load_embedder, load_model, load_policy, log_metrics,
-                      make_sampler, plot_curves, read_metrics, save_checkpoint)
+                      make_sampler, plot_curves, save_checkpoint)
+from stats import aggregate as aggregate_headlines, compare, format_headline, vs_chance, wilson_ci, write_results
 
 # ----- config -----
 
@@ -754,13 +757,13 @@ def answer_schemas(args, puzzles):
 
 def answer_budget(args, tok, solutions):
     """Token budget of a solver answer. Zebra: --max-new-tokens, raised until the longest gold grid among
-    `solutions` fits, written as compact JSON (what the grid schema decodes) plus a quarter for other
-    tokenisations and EOS; under the grammar a reply ends when its grid closes, so the room costs nothing.
+    `solutions` fits, written with ", " and ": " (what xgrammar decodes without optional whitespace) plus a
+    quarter for other tokenisations and EOS; under the grammar a reply ends when its grid closes, so the room costs nothing.
     Derived from the largest grid in play (the held-out set; a batch of probes or solver tasks), never fixed: a
     budget below the answer scores a grid 0 by truncation and steers the proposer towards small puzzles."""
     if args.family != "zebra" or not solutions:
         return args.max_new_tokens
-    longest = max(len(tok.encode(json.dumps(sol, separators=(",", ":")), add_special_tokens=False)) for sol in solutions)
+    longest = max(len(tok.encode(json.dumps(sol), add_special_tokens=False)) for sol in solutions)
     return max(args.max_new_tokens, math.ceil(1.25 * longest) + 1)
 
 
@@ -955,12 +958,12 @@ def collection_pass(t, proposer_sampler, probe_sampler, tok, pkgs, stats, args, 
 def prime_proposer(proposer, tok, pkgs, args, dist, grammar):
     """--proposer-sft-steps (difference 13): SFT warm-up of the proposer on the worked examples of S(0), before
     iteration 0. Each package's skill-stream prompt is paired with its own example, the exploration prompt with
-    every example; the target is the example as the proposer would write it (compact JSON under the grammar,
-    else spaced JSON after the prefilled opening). Returns the last step's metrics."""
+    every example; the target is the example as the proposer would write it (JSON with ", " and ": ", as the
+    grammar decodes it; without the grammar, after the prefilled opening). Returns the last step's metrics."""
     prefix = "" if grammar else PROPOSER_PREFIX[args.family]
     examples = []
     for pkg in pkgs:
-        text = json.dumps(pkg["example"], separators=(",", ":") if grammar else None)
+        text = json.dumps(pkg["example"])  # ", " and ": ": what xgrammar decodes without optional whitespace
         if not text.startswith(prefix):
             continue
         target = tok.encode(text[len(prefix):], add_special_tokens=False) + [tok.eos_token_id]
@@ -974,8 +977,8 @@ def prime_solver(solver, tok, args, dist):
     """--solver-sft-steps (difference 14): SFT warm-up of the solver before iteration 0 on tasks disjoint from
     S(0) and the held-out sets, the reference answers as targets, written as the reward parses them. Tool:
     scripted tool tasks (scripted_tool_tasks), the call after the answer prefix. Zebra: runtime puzzles of the
-    held-out scales from a training-side seed (a puzzle equal to a held-out one is skipped), the grid as compact
-    JSON (as the grid schema decodes it) or spaced without the aid. Returns the last step's metrics."""
+    held-out scales from a training-side seed (a puzzle equal to a held-out one is skipped), the grid as JSON
+    with ", " and ": " (as xgrammar decodes the grid schema). Returns the last step's metrics."""
     prefix, _ = answer_prefix(args)
     rng, examples = random.Random(f"{args.seed}-solver-sft"), []
     if args.family == "tool":
@@ -990,7 +993,7 @@ def prime_solver(solver, tok, args, dist):
         for _, p, sol in make_zebra_puzzles(f"{args.data_seed}-solver-sft", scales, per_scale):
             if render_zebra_prompt(p) in seen:
                 continue
-            answer = json.dumps(sol, separators=(",", ":") if args.solver_aid == "on" else None)
+            answer = json.dumps(sol)  # ", " and ": ", as the grid schema decodes it under xgrammar
             target = tok.encode(answer, add_special_tokens=False) + [tok.eos_token_id]
             examples.append((prefilled_prompt(tok, solver_messages("zebra", p), ""), target))
     return sft_warmup(solver, examples, args.solver_sft_steps, args.solver_sft_batch, args.solver_sft_lr, rng,
@@ -1384,7 +1387,6 @@ def run_results(args, history, baselines, rows):
     same held-out puzzles, same decoding); tool: each BFCL category, the last row and the warm-up against the
     base row, paired over items, with every row's Wilson interval in results["bfcl"]. Both: the valid-proposal
     rate and the v_solve of valid proposals by stream, over every iteration's records."""
-    import stats
     arm, last = arm_name(args), history[-1][0]
     results = {"family": args.family, "arm": arm, "seed": args.seed, "data_seed": args.data_seed,
                "history": [list(h) for h in history], "trivial": [list(b) for b in baselines], "rows": rows}
@@ -1395,11 +1397,11 @@ def run_results(args, history, baselines, rows):
         for m in ("cell", "grid"):
             trivial = {kind: [it[m] for it in read_items(args.run_dir, "trivial " + kind)] for kind, _ in baselines}
             kind = max(trivial, key=lambda k: np.mean(trivial[k]))  # the better trivial answer on this metric
-            headline.append(stats.compare(f"held-out zebra {m} accuracy, {arm} after the last iteration vs the better "
+            headline.append(compare(f"held-out zebra {m} accuracy, {arm} after the last iteration vs the better "
                                           f"trivial answer", arm, f"trivial: {kind}", results["final_items"][m],
                                           trivial[kind]))
             if last != "base":
-                headline.append(stats.compare(f"held-out zebra {m} accuracy, {arm}: last iteration vs base",
+                headline.append(compare(f"held-out zebra {m} accuracy, {arm}: last iteration vs base",
                                               f"{arm} {last}", "base", results["final_items"][m],
                                               [it[m] for it in base]))
     else:
@@ -1411,13 +1413,13 @@ def run_results(args, history, baselines, rows):
                 k, n = sum(it["hits"] for it in items if it["category"] == cat), sum(
                     it["n"] for it in items if it["category"] == cat)
                 results["bfcl"][name][cat] = {"acc": k / n if n else None, "hits": k, "n": n,
-                                              "ci95": stats.wilson_ci(k, n) if n else None}
+                                              "ci95": wilson_ci(k, n) if n else None}
         base = read_items(args.run_dir, "base")
         for name in [h for h, _ in history[1:] if h in ("solver SFT", last)]:
             items = read_items(args.run_dir, name)
             for cat in BFCL_CATEGORIES:
                 pick = lambda its: [it["hits"] / it["n"] for it in its if it["category"] == cat and it["n"]]
-                headline.append(stats.compare(f"BFCL {cat}, {arm}: {'warm-up' if name == 'solver SFT' else 'last iteration'}"
+                headline.append(compare(f"BFCL {cat}, {arm}: {'warm-up' if name == 'solver SFT' else 'last iteration'}"
                                               f" vs base", f"{arm} {name}", "base", pick(items), pick(base)))
     recs = [json.loads(line) for t in range(args.T)
             for line in (open(os.path.join(args.run_dir, "records", f"iter_{t}.jsonl"))
@@ -1428,18 +1430,19 @@ def run_results(args, history, baselines, rows):
             continue
         note = ("; zebra exploration proposals get no runtime clue completion, so near 0 by construction"
                 if args.family == "zebra" and stream == "explore" else "")
-        headline.append(stats.vs_chance(f"valid-proposal rate, {stream} stream, {arm} (of parsed proposals{note})",
+        headline.append(vs_chance(f"valid-proposal rate, {stream} stream, {arm} (of parsed proposals{note})",
                                         arm, [float(r["valid"]) for r in rs], 0.0))
         vs = [r["v_solve"] for r in rs if r["valid"]]
         if vs:
-            headline.append(stats.vs_chance(f"v_solve of valid proposals, {stream} stream, {arm} (vs the frontier "
+            headline.append(vs_chance(f"v_solve of valid proposals, {stream} stream, {arm} (vs the frontier "
                                             f"midpoint 1/2 of Eq. 2)", arm, vs, 0.5))
     return results, headline
 
 
 def print_bfcl_intervals(results):
     """BFCL accuracy per category and row with its binomial (Wilson) 95 % interval: 16 items step by 6.25 points."""
-    print("BFCL per category, % [Wilson 95 % CI] (hits/n)")
+    if results.get("bfcl"):
+        print("BFCL per category, % [Wilson 95 % CI] (hits/n)")
     for name, cats in results.get("bfcl", {}).items():
         print(name.ljust(12) + "  ".join(
             f"{c.replace('simple_', '')}: {100 * v['acc']:.1f} [{100 * v['ci95'][0]:.1f}, {100 * v['ci95'][1]:.1f}] "
@@ -1449,8 +1452,7 @@ def print_bfcl_intervals(results):
 def aggregate_runs(run_dirs):
     """--aggregate RUN_DIR...: stats.aggregate's pooled headline of the runs (each claim over its seeds), plus
     Skill-SP against every other arm present, paired over held-out puzzles × the seeds both arms ran (zebra)."""
-    import stats
-    entries = stats.aggregate(run_dirs)
+    entries = aggregate_headlines(run_dirs)
     by = {}
     for d in run_dirs:
         with open(os.path.join(d, "results.json")) as f:
@@ -1460,10 +1462,10 @@ def aggregate_runs(run_dirs):
     for arm in sorted({a for a, _ in by} - {"skill-sp"}):
         seeds = sorted(s for a, s in by if a == arm and ("skill-sp", s) in by)
         for m in ("cell", "grid") if seeds else ():
-            entries.append(stats.compare(f"held-out zebra {m} accuracy: skill-sp vs {arm} (paired over puzzles × seeds)",
+            entries.append(compare(f"held-out zebra {m} accuracy: skill-sp vs {arm} (paired over puzzles × seeds)",
                                          "skill-sp", arm, sum((by[("skill-sp", s)][m] for s in seeds), []),
                                          sum((by[(arm, s)][m] for s in seeds), []), n_seeds=len(seeds)))
-    print(stats.format_headline(entries))
+    print(format_headline(entries))
     return entries
 
 
@@ -1678,11 +1680,10 @@ def main(argv=None):
         if dist.is_main:
             print_table(history, args.family, baselines)
     if dist.is_main:  # results.json: the table, the trivial rows and the headline (stats.py)
-        import stats
         results, headline = run_results(args, history, baselines, rows)
-        stats.write_results(args.run_dir, results, headline)
+        write_results(args.run_dir, results, headline)
         print_bfcl_intervals(results)
-        print(stats.format_headline(headline))
+        print(format_headline(headline))
     if not args.no_plots and rows and dist.is_main:
         recs_by_iter = []
         for t in range(args.T):

@@ -1234,7 +1234,7 @@ def test_aggregate_pools_seeds_and_pairs_skill_sp_with_unguided_over_puzzles(tmp
 
 def test_prime_proposer_targets_are_the_worked_examples(monkeypatch):
     """--proposer-sft-steps: each package's skill prompt and the exploration prompt, each followed by the example
-    as the proposer writes it (after the prefilled opening, or compact JSON under the grammar). grpo.sft_update
+    as the proposer writes it (after the prefilled opening, or whole under the grammar). grpo.sft_update
     (tested in test_grpo.py) is replaced by a recorder: what is checked here is the data it is given."""
     import torch
     from grpo import Dist
@@ -1250,7 +1250,7 @@ def test_prime_proposer_targets_are_the_worked_examples(monkeypatch):
         assert target[-1] == tok.eos_token_id
     seen.clear()
     S.prime_proposer(model, tok, pkgs, args, Dist(), grammar=True)
-    assert tok.decode(seen[0][1][:-1]) == json.dumps(pkgs[0]["example"], separators=(",", ":"))
+    assert tok.decode(seen[0][1][:-1]) == json.dumps(pkgs[0]["example"])  # ", " and ": ", as xgrammar decodes
 
 
 def test_proposer_sft_batch_draws_that_many_examples(monkeypatch):
@@ -1300,7 +1300,7 @@ def test_prime_solver_targets_are_the_reference_calls(monkeypatch):
 
 def test_prime_solver_zebra_targets_are_the_grids_of_puzzles_outside_the_heldout_set(monkeypatch):
     """Zebra warm-up: runtime puzzles of the held-out scales, none equal to a held-out puzzle; each target is
-    the compact JSON grid that Eq. 15 scores as the full solution (R = 1)."""
+    the JSON grid that Eq. 15 scores as the full solution (R = 1)."""
     import torch
     from grpo import Dist
     tok, seen = _tok(), []
@@ -1355,12 +1355,12 @@ def _zebra_gold(args):
 
 def test_zebra_answer_budget_fits_every_heldout_and_library_gold_answer():
     """--max-new-tokens 96 used to cut the 4×4 held-out solution (108 tokens): a quarter of the metric could never
-    be scored. The budget now fits the longest gold grid of the call (compact JSON + EOS), for the held-out set
+    be scored. The budget now fits the longest gold grid of the call (as xgrammar writes it, + EOS), for the held-out set
     and for any S(0) example probed alone; the tiny held-out set has ≥ 100 puzzles."""
     args, tok = S.parse_args(["--family", "zebra", "--preset", "tiny"]), _tok()
     puzzles, sols = _zebra_gold(args)
     assert len(puzzles) >= 100 and {s for s, _, _ in puzzles} == {"small", "medium"}
-    length = lambda sol: len(tok.encode(json.dumps(sol, separators=(",", ":")), add_special_tokens=False)) + 1  # + EOS
+    length = lambda sol: len(tok.encode(json.dumps(sol), add_special_tokens=False)) + 1  # as xgrammar decodes it, + EOS
     assert max(length(sol) for sol in sols) > args.max_new_tokens          # the flag alone would truncate
     budget = S.answer_budget(args, tok, sols)
     assert all(length(sol) <= budget for sol in sols)
@@ -1421,3 +1421,25 @@ def test_trivial_baselines_are_scored_by_the_same_checker_and_printed(tmp_path, 
     S.print_table([("base", {"zebra_cell": 0.1})], "zebra", rows)
     out = capsys.readouterr().out
     assert "[constant]" in out and "[listed order]" in out and "base" in out
+
+
+def test_task_and_grid_schemas_compile_under_xgrammar_and_admit_the_gold_grid():
+    """What vLLM gets (structured outputs, xgrammar, no optional whitespace): TASK_SCHEMA of both families and
+    every held-out puzzle's grid_schema compile with the embedded tokenizer, and the grid schema's matcher takes
+    the gold grid, token by token as JSON with ", " and ": " (what answer_budget and the warm-ups write; compact
+    JSON is refused), then EOS: the grammar admits the answer it scores as right."""
+    import xgrammar as xgr
+    tok = _tok()
+    compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tok))
+    for family in ("tool", "zebra"):
+        assert compiler.compile_json_schema(json.dumps(S.TASK_SCHEMA[family]), any_whitespace=False) is not None
+    args = S.parse_args(["--family", "zebra", "--preset", "tiny"])
+    puzzles, _ = S.zebra_heldout(args)
+    for _, p, sol in puzzles[::10] + puzzles[-1:]:
+        matcher = xgr.GrammarMatcher(compiler.compile_json_schema(json.dumps(S.grid_schema(p)), any_whitespace=False))
+        ids = tok.encode(json.dumps(sol), add_special_tokens=False)
+        assert all(matcher.accept_token(i) for i in ids) and matcher.accept_token(tok.eos_token_id)
+        assert matcher.is_terminated()
+        compact = xgr.GrammarMatcher(compiler.compile_json_schema(json.dumps(S.grid_schema(p)), any_whitespace=False))
+        assert not all(compact.accept_token(i) for i in tok.encode(json.dumps(sol, separators=(",", ":")),
+                                                                   add_special_tokens=False))
