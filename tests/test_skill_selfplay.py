@@ -1443,3 +1443,36 @@ def test_task_and_grid_schemas_compile_under_xgrammar_and_admit_the_gold_grid():
         compact = xgr.GrammarMatcher(compiler.compile_json_schema(json.dumps(S.grid_schema(p)), any_whitespace=False))
         assert not all(compact.accept_token(i) for i in tok.encode(json.dumps(sol, separators=(",", ":")),
                                                                    add_special_tokens=False))
+
+
+class _StopBeforeIteration(Exception):
+    pass
+
+
+def test_ablations_differ_from_the_full_method_only_in_what_they_name(tiny_model_dir, tmp_path, monkeypatch):
+    """--unguided used to skip the proposer warm-up that Skill-SP gets; --frozen-feedback-solver probed with the
+    un-warmed π^(0) on HF generate (no schema under vLLM). Now the unguided proposer is primed like Skill-SP's,
+    and the frozen feedback solver is a frozen copy of the warmed solver on a sampler of the solver's kind."""
+    import torch
+    primed, seen = [], {}
+    monkeypatch.setattr(S, "prime_proposer", lambda proposer, tok, pkgs, args, *a: primed.append(args.unguided) or {})
+
+    def first_iteration(t, P, *a):
+        seen["P"] = P
+        raise _StopBeforeIteration
+    monkeypatch.setattr(S, "proposer_phase", first_iteration)
+    flags = ["--family", "tool", "--preset", "tiny", "--model", tiny_model_dir, "--eval-n", "1", "--proposer-sft-steps",
+             "1", "--solver-sft-steps", "2", "--solver-sft-batch", "4", "--solver-sft-lr", "1e-2", "--max-new-tokens",
+             "4", "--sampler", "hf", "--no-plots"]
+    for arm in ("--unguided", "--frozen-feedback-solver"):
+        with pytest.raises(_StopBeforeIteration):
+            S.main(flags + [arm, "--run-dir", str(tmp_path / arm)])
+    assert primed == [True, False]                                   # the warm-up runs in the unguided arm too
+    P = seen["P"]                                                    # the --frozen-feedback-solver run
+    assert P.probe_sampler is not P.s_sampler and P.probe_sampler is not P.controller
+    assert type(P.probe_sampler) is type(P.s_sampler)
+    probe, solver = P.probe_sampler.model.state_dict(), P.solver.state_dict()
+    assert all(torch.equal(probe[k], solver[k]) for k in solver)      # the warmed solver ...
+    assert not any(p.requires_grad for p in P.probe_sampler.model.parameters())  # ... frozen
+    base = P.controller.model.state_dict()
+    assert any(not torch.equal(base[k].float(), solver[k].float()) for k in solver)  # not π^(0)
