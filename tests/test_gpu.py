@@ -233,7 +233,7 @@ def test_skill_entropy_rank0_stages_under_torchrun_do_not_deadlock(smoke_model_d
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     for f in ("bank_labelled.json", "ske_table.json", "tasks.json", "bench.json", "table3.json", "offshelf_labelled.json"):
         assert (run / f).exists(), f
-    assert out.stdout.count("[ske]") == 1 and out.stdout.count("[synth]") == 1  # computed once, by rank 0
+    assert out.stdout.count("[bank] labelled bank") == 1 and out.stdout.count("[synth]") == 1  # computed once, by rank 0
 
 
 def test_skill_rm_judging_and_rl_step_two_gloo_ranks_equal_one_process(smoke_model_dir, tmp_path):
