@@ -57,8 +57,9 @@ demo: install
 	@echo "report: runs/demo/REPORT.md"
 
 # Skill-SP against unguided self-play (the no-library ablation) on zebra at tiny scale, one run per seed and
-# arm (each its own process), then mean ± sd over seeds (skill_selfplay.compare_runs). One seed:
-# `make selfplay-compare COMPARE_SEEDS=1`; the summary reads every run folder present in runs/compare.
+# arm (each its own process), then the pooled headline (skill_selfplay.py --aggregate: each arm vs the better
+# trivial answer, Skill-SP vs unguided paired over puzzles × seeds, CI and p). One seed:
+# `make selfplay-compare COMPARE_SEEDS=0`; the summary reads every run folder present in runs/compare.
 COMPARE_SEEDS ?= 0 1 2
 selfplay-compare: install
 	set -e; for s in $(COMPARE_SEEDS); do for arm in skill unguided; do \
@@ -66,7 +67,7 @@ selfplay-compare: install
 	  $(BIN)/python skill_selfplay.py --family zebra --preset tiny --seed $$s --data-seed $$s --no-plots $$flag \
 	    --run-dir runs/compare/zebra-$$arm-s$$s; \
 	done; done
-	$(BIN)/python -c "import skill_selfplay as S; S.compare_runs('runs/compare')"
+	$(BIN)/python skill_selfplay.py --aggregate $$(ls -d runs/compare/zebra-*-s*)
 
 test: install
 	$(BIN)/python -m pytest -q -o tmp_path_retention_policy=failed tests
@@ -86,14 +87,15 @@ skill-rm-seeds: install
 clean:
 	rm -rf runs
 
-# skill_entropy.py: Skill-Entropy RL against its controls over 3 seeds, Table 3 as mean ± sd.
-# One seed per process (`make ske-seed-1` runs one; stages ske, synth, train), so each fits a turn of a shared CPU.
+# skill_entropy.py: Skill-Entropy RL against its controls over 3 seeds: the headline entries (Table 3 paired over
+# test tasks × seeds, single vs cross step-2 accuracy) pooled by --aggregate, and each SkE statistic against
+# its permutation null. One seed per process (`make ske-seed-1` runs one; stages ske, synth, train).
 SKE_SEEDS ?= 0 1 2
 .PHONY: ske-seeds
 ske-seed-%: install
 	$(BIN)/python skill_entropy.py train --preset tiny --seed $* --run-dir runs/ske-seed$*
 ske-seeds: $(addprefix ske-seed-,$(SKE_SEEDS))
-	$(BIN)/python skill_entropy.py compare --compare-runs "$(addprefix runs/ske-seed,$(SKE_SEEDS))"
+	$(BIN)/python skill_entropy.py --aggregate $(addprefix runs/ske-seed,$(SKE_SEEDS))
 
 # TalentRL's Table 1 over seeds: one process per seed (run them one at a time on a small machine,
 # e.g. `make talentrl-seed-1`), then `make talentrl-seeds` aggregates mean ± sd (and runs what is missing).
