@@ -50,11 +50,13 @@ Differences from the paper:
      Verl; IFEval, IFBench, AdvancedIF). Policy and judge are the same 135M model; the judge is frozen.
   7. Table 8's "sample-specific resources" variant is not built (a synthetic benchmark has none).
   8. Every judge (Skill-RM and the plain LLM judge) decodes each turn under a JSON schema (`turn_schema`):
-     xgrammar under vLLM, else `ConstrainedHFSampler` over the schema's finite instances. The plain judge
-     so answers at once with a 0-1 score (MT-Bench: a 0-10 rating after reasoning).
+     xgrammar under vLLM, else plumbing's `ConstrainedHFSampler` (finite instances + one bounded free
+     code string). The plain judge so answers at once with a 0-1 score (MT-Bench: a 0-10 rating after
+     reasoning); the checklist form is its counts only, and no free "evidence" field is offered.
   9. Judge SFT warm-up (`--judge-sft-steps`, on in tiny): each judge is first fine-tuned on scripted
-     traces from a split nothing else uses (`sft_items`), same steps for every judge. The paper's judges
-     are not trained.
+     traces from a split nothing else uses (`sft_items`), same steps for every judge (same budget, not
+     the same information: the skill judge's final answers follow its verifier's report, the plain
+     judge's must be inferred). The paper's judges are not trained.
   10. Verifier resources print a report when run without code, so run_verifier needs none. The tables
       add a scripted `oracle` judge (same loop, knows the label) as the upper bound.
   11. Held-out IF evaluation: test prompts use their own tasks, half of them a constraint type (title,
