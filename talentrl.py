@@ -23,7 +23,8 @@ skill budget, k reduced budget, τ trajectory, R(τ) return, u_{c,r} utility,
 
 Differences from the paper:
 1. Search7 and its Wikipedia corpus are not offline: a seeded fictional encyclopedia with seven question
-   types in seven splits named after Search7's (`SPLITS`). RL trains on `nq` + `hotpotqa` (paper: NQ + HotpotQA).
+   types in seven splits named after Search7's (`SPLITS`). RL trains on `nq` + `hotpotqa` (paper: NQ + HotpotQA);
+   phase I draws round-robin over the seven question types of all splits' train questions (paper: SkillRL's SFT split).
 2. Retriever and skill embedder: all-MiniLM-L6-v2 (paper: E5-style retrieval, Qwen3-Embedding-0.6B).
 3. Table 5's guidance texts and talent–skill links and Table 6's skills are rewritten for this world
    (data/talentrl/); the 26 skill ids and the eight talents are the paper's.
@@ -34,8 +35,9 @@ Differences from the paper:
    the batch with zero advantage (KL, N of Eq. 15); `--no-train-controls` drops them.
 6. The no-skill and reduced-context controls repeat the anchor's routing response; the no-prior control has
    no routing turn (SkillRL's prompt). An invalid anchor route gets Â_talent = 0.
-7. SkillBank evolution follows SkillRL (NOTES §4), validated on a slice of the RL pool on rank 0; the policy
-   proposes the skills (at 135M almost none parse), each tied to the talent its failures were routed to.
+7. SkillBank evolution follows SkillRL (NOTES §4), validated on a slice of the RL pool (every rank's share,
+   gathered); rank 0's policy proposes the skills (at 135M almost none parse), each tied to the talent its
+   failures were routed to.
 8. KL and aggregation are grpo.py's: k3 estimator, token mean over the batch (N = Σ m_{i,t}, Eq. 15); the ε of
    Eq. (10) is --adv-eps.
 9. Tables 1–2 compare this script's five methods only (no CoSkill, SAGE, Skill1, ReSkill); SFT sets are small.
@@ -47,7 +49,14 @@ Differences from the paper:
    closest to the question (MiniLM cosine).
 13. Table 1's SFT rows: SkillRL-SFT on the successful reference rollouts from π_0; TalentRL-SFT on those + 𝒟_talent
    from π_0 (Search7, default) or, in `tiny`, on 𝒟_talent from SkillRL-SFT (ALFWorld, `--talent-sft-init`).
-   `tiny` skips the zero-shot row and the SkillRL RL arm.
+   `tiny` skips the SkillRL RL arm.
+14. App. C's rows: a talent-selection row per kept task and one multi-turn execution row (paper: one ReAct row per
+   action); the selection rows get their own epochs (`--route-epochs`; tiny 6). Rationales: a template naming what
+   the question asks in its own words (`GISTS`), then the talent's move (paper: written by the teacher LLM).
+15. Routing is scored against c* of held-out questions, labelled by the same teacher and Eq. (8), beside the
+   majority-class router (the most frequent c* of phase I); the SFT tasks are routed greedily too (underfitting).
+16. `--route-temperature` other than `--temperature` is refused while RL trains: grpo_update log-probes every token
+   at one temperature. An over-long prompt is an error; a context full before an answer ends the episode (logged).
 """
 import argparse
 import copy
