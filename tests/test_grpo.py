@@ -115,9 +115,50 @@ def _fresh(tiny_model_dir):
     return model, dist
 
 
+def _masked_spans(rs):
+    """The same rollouts with multi-turn masks: every third completion token (and a whole tail) is environment."""
+    return [grpo.Rollout(r.prompt_ids, r.ids + [7, 8], [int(t % 3 != 1) for t in range(len(r.ids))] + [0, 0],
+                         reward=r.reward, group=r.group) for r in rs]
+
+
+def test_logits_only_at_trained_positions_equal_the_full_head(tiny_model_dir):
+    """token_logprobs runs the head on mask-1 positions only: the values there, and the gradient of a masked loss
+    with β > 0 against π_ref, equal those of the full (B, T, V) head followed by log-softmax at every position."""
+    rs = _masked_spans(_rollouts(n_groups=3, G=3))
+    model, dist = _fresh(tiny_model_dir)
+    ref = plumbing.frozen_copy(model)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.01 * torch.randn_like(p))  # π_ref ≠ π_θ, so the KL term has a gradient
+    b = grpo.collate([(r.prompt_ids, r.ids, r.mask, [1.0 - 2 * (i % 2)] * len(r.ids)) for i, r in enumerate(rs)], 0, dist.device)
+    grads, values = [], []
+    for full in (False, True):
+        model.zero_grad()
+        if full:  # today's reference path: the head on every completion position, then mask the loss
+            logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits[:, b["start"] - 1:-1]
+            logp = torch.log_softmax(logits.float() / 0.7, -1).gather(-1, b["input_ids"][:, b["start"]:, None])[..., 0]
+            with torch.no_grad():
+                rl = torch.log_softmax(ref(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits[:, b["start"] - 1:-1]
+                                       .float() / 0.7, -1).gather(-1, b["input_ids"][:, b["start"]:, None])[..., 0]
+        else:
+            logp = grpo.token_logprobs(model, b, 0.7)
+            with torch.no_grad():
+                rl = grpo.token_logprobs(ref, b, 0.7)
+        per_tok, _, _ = grpo.grpo_token_loss(logp, logp.detach(), rl, b["adv"], 0.1, 0.2, 0.2)
+        loss = grpo.aggregate(per_tok, b["mask"], "token", b["mask"].sum(), len(rs))
+        loss.backward()
+        values.append((logp * b["mask"], loss))
+        grads.append({k: p.grad.clone() for k, p in model.named_parameters()})
+    (lp_kept, loss_kept), (lp_full, loss_full) = values
+    assert b["mask"].min() == 0 and torch.allclose(lp_kept, lp_full, atol=1e-5) and torch.allclose(loss_kept, loss_full, atol=1e-6)
+    for k in grads[0]:
+        assert torch.allclose(grads[0][k], grads[1][k], atol=1e-6, rtol=1e-4), k
+
+
 @pytest.mark.parametrize("agg", ["token", "seq"])
-def test_grpo_update_matches_naive_loop_and_accumulation(tiny_model_dir, agg):
-    rs = _rollouts()
+@pytest.mark.parametrize("masked", [False, True], ids=["all-trained", "masked-spans"])
+def test_grpo_update_matches_naive_loop_and_accumulation(tiny_model_dir, agg, masked):
+    rs = _masked_spans(_rollouts()) if masked else _rollouts()
     grads = []
     for mb in (1, 4):  # gradient accumulation must not change the gradient
         model, dist = _fresh(tiny_model_dir)
@@ -132,7 +173,7 @@ def test_grpo_update_matches_naive_loop_and_accumulation(tiny_model_dir, agg):
     for grp in {r.group for r in rs}:
         rw = torch.tensor([[r.reward for r in rs if r.group == grp]])
         A[grp] = grpo.group_advantages(rw)[0].tolist()
-    total, n_tok = 0.0, sum(len(r.ids) for r in rs)
+    total, n_tok = 0.0, sum(sum(r.mask) for r in rs)
     seen = {}
     for r in rs:
         a = A[r.group][seen.setdefault(r.group, 0)]
@@ -140,9 +181,10 @@ def test_grpo_update_matches_naive_loop_and_accumulation(tiny_model_dir, agg):
         logits = model(torch.tensor([r.prompt_ids + r.ids])).logits[0]
         seq = 0.0
         for t, tok in enumerate(r.ids):
-            lp = torch.log_softmax(logits[len(r.prompt_ids) + t - 1], -1)[tok]
-            seq = seq + (-(torch.exp(lp - lp.detach()) * a))
-        total = total + (seq / n_tok if agg == "token" else seq / len(r.ids) / len(rs))
+            if r.mask[t]:  # environment tokens are context, never trained
+                lp = torch.log_softmax(logits[len(r.prompt_ids) + t - 1], -1)[tok]
+                seq = seq + (-(torch.exp(lp - lp.detach()) * a))
+        total = total + (seq / n_tok if agg == "token" else seq / sum(r.mask) / len(rs))
     total.backward()
     for k, p in model.named_parameters():
         assert torch.allclose(grads[0][k], grads[1][k], atol=1e-6), k
@@ -150,6 +192,36 @@ def test_grpo_update_matches_naive_loop_and_accumulation(tiny_model_dir, agg):
 
 
 # ----- mixed precision -----
+
+# a capability table: (device description, what --precision auto must pick)
+CAPABILITIES = [
+    ({"device": "cuda", "name": "NVIDIA H100", "features": {"bf16"}}, "bf16"),
+    ({"device": "cuda", "name": "Tesla T4", "features": set()}, "fp32"),                       # sm75: bf16 emulated
+    ({"device": "cpu", "name": "Xeon Sapphire Rapids", "features": {"avx2", "avx512f", "amx_bf16", "amx_tile"}}, "bf16"),
+    ({"device": "cpu", "name": "Xeon Cooper Lake", "features": {"avx2", "avx512f", "avx512_bf16"}}, "bf16"),
+    ({"device": "cpu", "name": "Xeon Skylake", "features": {"avx2", "avx512f", "avx512bw"}}, "fp32"),  # AVX-512, no bf16
+    ({"device": "cpu", "name": "AMD EPYC", "features": {"avx", "avx2"}}, "fp32"),                 # this project's CPU class
+    ({"device": "cpu", "name": "", "features": set()}, "fp32"),
+]
+
+
+@pytest.mark.parametrize("cap,want", CAPABILITIES, ids=[c["name"] or "unknown" for c, _ in CAPABILITIES])
+def test_precision_auto_follows_native_bf16_and_explicit_wins(cap, want):
+    got, why = plumbing.choose_precision("auto", cap)
+    assert got == want and "auto" in why and want in why and "\n" not in why
+    for explicit in ("bf16", "autocast", "fp32"):  # an explicit --precision always wins, whatever the hardware
+        assert plumbing.choose_precision(explicit, cap)[0] == explicit
+
+
+def test_precision_and_dtype_flags_resolve_auto(monkeypatch):
+    """--precision auto and --dtype auto become this machine's choice at parse time; explicit values stay."""
+    for native, precision, dtype in ((True, "bf16", "bfloat16"), (False, "fp32", "float32")):
+        monkeypatch.setattr(plumbing, "auto_precision", lambda: precision)
+        assert (make_args().precision, make_args().dtype) == (precision, dtype), native
+        args = make_args("--precision", "autocast", "--dtype", "bfloat16")
+        assert (args.precision, args.dtype, plumbing.compute_dtype(args)) == ("autocast", "bfloat16", "bfloat16")
+    assert plumbing.compute_dtype(make_args("--no-autocast")) == "float32"
+
 
 def test_bf16_master_updates_match_fp32_updates(tiny_model_dir):
     """--precision bf16 (bf16 weights, fp32 masters and AdamW moments) against --precision fp32 from the same
