@@ -51,8 +51,11 @@ Differences from the paper:
    from π_0 (Search7, default) or, in `tiny`, on 𝒟_talent from SkillRL-SFT (ALFWorld, `--talent-sft-init`).
    `tiny` skips the SkillRL RL arm.
 14. App. C's rows: a talent-selection row per kept task and one multi-turn execution row (paper: one ReAct row per
-   action); the selection rows get their own epochs (`--route-epochs`; tiny 6). Rationales: a template naming what
-   the question asks in its own words (`GISTS`), then the talent's move (paper: written by the teacher LLM).
+   action), each with its own epochs (`--route-epochs`, `--exec-epochs`). `tiny` trains 1 epoch of original rows,
+   3 of selection rows and no execution rows: fp32 SFT runs at ~105-180 tok/s on 2 AVX2 cores, and the 48
+   execution rows (~750 tokens each) alone would take ~6 min; TalentRL-SFT's execution comes from SkillRL-SFT.
+   Rationales: a template naming what the question asks in its own words (`GISTS`), then the talent's move
+   (paper: written by the teacher LLM).
 15. Routing is scored against c* of held-out questions, labelled by the same teacher and Eq. (8), beside the
    majority-class router (the most frequent c* of phase I); the SFT tasks are routed greedily too (underfitting).
 16. `--route-temperature` other than `--temperature` is refused while RL trains: grpo_update log-probes every token
@@ -89,9 +92,9 @@ PRESETS = {
     # 2-core CPU, embedded SmolLM2-135M, a small world: a few tasks per stage (README: measured wall time);
     # rollouts on vLLM (`auto`: HF generate if vLLM cannot start)
     "tiny": dict(n_people=40, n_places=16, n_orgs=10, n_events=10, n_hamlets=12, n_shared=6, n_train=60, n_test=10,
-                 sim_threshold=0.0, K=3, sft_tasks=100, sft_n=1, sft_batch=4, sft_lr=1e-4, route_epochs=6,
-                 talent_sft_init="skillrl-sft", zero_shot=True, arms=["talentrl"],
-                 rl_steps=3, tasks_per_step=4, G=4, train_controls=False, lr=1e-5,
+                 topk_docs=2, sim_threshold=0.0, K=3, sft_tasks=100, sft_n=1, sft_batch=4, sft_lr=1e-4,
+                 sft_epochs=1, route_epochs=3, exec_epochs=0, talent_sft_init="skillrl-sft", zero_shot=True,
+                 arms=["talentrl"], rl_steps=2, tasks_per_step=2, G=4, train_controls=False, lr=1e-5,
                  max_new_tokens=64, route_max_tokens=64, micro_batch=4,
                  evolve_every=0, val_tasks=4, evolve_max_tokens=48, sampler="auto"),
     # Table 4 (the flag defaults) on GPUs, rollouts on vLLM
@@ -133,9 +136,11 @@ def build_parser():
     g.add_argument("--teacher", default="scripted", help="who rolls out SFT trajectories: scripted | policy | model path")
     g.add_argument("--sft-tasks", type=int, default=2000, help="|𝒟_sft|, tasks taken from the train splits (paper scale: 2000)")
     g.add_argument("--sft-n", type=int, default=3, help="n, rollouts per talent and reference rollouts per task (App. A: 3)")
-    g.add_argument("--sft-epochs", type=int, default=2, help="SFT epochs over the execution and original rows (Table 4: 2)")
+    g.add_argument("--sft-epochs", type=int, default=2, help="SFT epochs over the original (SkillRL) rows (Table 4: 2)")
     g.add_argument("--route-epochs", type=int, default=2,
                    help="SFT epochs over App. C's talent-selection rows (paper: the SFT epochs, 2)")
+    g.add_argument("--exec-epochs", type=int, default=2,
+                   help="SFT epochs over App. C's talent-conditioned execution rows (paper: the SFT epochs, 2)")
     g.add_argument("--sft-batch", type=int, default=16, help="SFT effective batch size (Table 4: 16)")
     g.add_argument("--sft-lr", type=float, default=1e-5, help="SFT learning rate (Table 4: 1e-5)")
     g.add_argument("--talent-sft-init", choices=["pi0", "skillrl-sft"], default="pi0",
@@ -512,12 +517,13 @@ def phase1_data(sampler, tok, W, tasks, args, dist):
     return rows, label_stats(len(tasks), [l for _, ls in parts for l in ls], len(rows["original"]))
 
 
-def sft_sets(rows, talent_sft_init, sft_epochs, route_epochs):
-    """Alg. 1 l.13's data for Table 1 (§5.3), as multisets read in one shuffled pass: each execution and
-    original row sft_epochs times, each talent-selection row route_epochs times. SkillRL-SFT: the original
-    rows alone; TalentRL-SFT: those + 𝒟_talent from π_0 (Search7), or 𝒟_talent on SkillRL-SFT (ALFWorld)."""
+def sft_sets(rows, talent_sft_init, sft_epochs, route_epochs, exec_epochs):
+    """Alg. 1 l.13's data for Table 1 (§5.3), as multisets read in one shuffled pass: each original row
+    sft_epochs times, each talent-selection row route_epochs times, each execution row exec_epochs times.
+    SkillRL-SFT: the original rows alone; TalentRL-SFT: those + 𝒟_talent from π_0 (Search7), or 𝒟_talent
+    on SkillRL-SFT (ALFWorld)."""
     orig = rows["original"] * sft_epochs
-    talent = rows["exec"] * sft_epochs + rows["route"] * route_epochs
+    talent = rows["exec"] * exec_epochs + rows["route"] * route_epochs
     return {"skillrl-sft": orig, "talentrl-sft": talent if talent_sft_init == "skillrl-sft" else orig + talent}
 
 
@@ -988,7 +994,7 @@ def main(argv=None):
     say(f"kept {st['kept']}/{len(sft_tasks)} tasks (ū_c* > 0), {st['original_rows']} original rows; c* per type "
         f"{st['chosen_by_qtype']}; held-out c* for {len(held)}/{len(test)}; majority class "
         f"{results['routing']['majority']}", phase="phase I")
-    sets = sft_sets(rows, args.talent_sft_init, args.sft_epochs, args.route_epochs)
+    sets = sft_sets(rows, args.talent_sft_init, args.sft_epochs, args.route_epochs, args.exec_epochs)
     # l.13: SkillRL-SFT from π_0 on the original rows alone (Table 1's baseline)
     results["skillrl-sft"] = phase1_sft(model, sampler, tok, pi_0, sets["skillrl-sft"], run_dir / "skillrl-sft", args, dist)
     say(evaluate_as("skillrl-sft", False), phase="SkillRL-SFT")

@@ -507,10 +507,10 @@ def test_phase1_draws_every_question_type_the_evaluation_uses(tiny_world):
 def test_skillrl_sft_sees_the_original_rows_only_and_route_rows_get_their_epochs():
     rows = dict(original=[("p", "orig", [1])], exec=[("p", "exec", [1])], route=[("p", "route", [1])])
     for init in ("pi0", "skillrl-sft"):
-        assert T.sft_sets(rows, init, 2, 5)["skillrl-sft"] == rows["original"] * 2
+        assert T.sft_sets(rows, init, 2, 5, 3)["skillrl-sft"] == rows["original"] * 2
     # Search7: augmented data from π_0; ALFWorld: the talent rows on top of SkillRL-SFT
-    assert sorted(T.sft_sets(rows, "pi0", 2, 5)["talentrl-sft"]) == sorted(rows["original"] * 2 + rows["exec"] * 2 + rows["route"] * 5)
-    assert sorted(T.sft_sets(rows, "skillrl-sft", 2, 5)["talentrl-sft"]) == sorted(rows["exec"] * 2 + rows["route"] * 5)
+    assert sorted(T.sft_sets(rows, "pi0", 2, 5, 3)["talentrl-sft"]) == sorted(rows["original"] * 2 + rows["exec"] * 3 + rows["route"] * 5)
+    assert sorted(T.sft_sets(rows, "skillrl-sft", 2, 5, 3)["talentrl-sft"]) == sorted(rows["exec"] * 3 + rows["route"] * 5)
 
 
 def test_eq8_scripted_teacher_can_choose_every_talent(tiny_world, tok):
@@ -814,8 +814,8 @@ def test_routing_accuracy_against_c_star_and_the_majority_router():
 
 
 # ----- smoke: tiny end to end on two gloo ranks, then a resume that recomputes every row -----
-# a short SFT pushed harder (3 epochs over ~12 short rows at 5e-4) so that routing and answers appear in minutes
-SMOKE = ["--preset", "tiny", "--n-test", "2", "--n-train", "60", "--sft-tasks", "48", "--sft-epochs", "4",
+# a short SFT pushed harder (2 epochs of original rows, 4 of talent-selection rows, at 5e-4) so that routing and answers appear in minutes
+SMOKE = ["--preset", "tiny", "--n-test", "2", "--n-train", "60", "--sft-tasks", "48", "--sft-epochs", "2", "--route-epochs", "4",
          "--sft-lr", "5e-4", "--max-steps", "2", "--topk-docs", "2", "--K", "2", "--k-reduced", "1",
          "--rl-steps", "1", "--tasks-per-step", "2", "--G", "2", "--evolve-every", "1",
          "--val-tasks", "2", "--evolve-max-tokens", "16", "--sampler", "hf"]
