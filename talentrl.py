@@ -51,9 +51,7 @@ Differences from the paper:
    from π_0 (Search7, default) or, in `tiny`, on 𝒟_talent from SkillRL-SFT (ALFWorld, `--talent-sft-init`).
    `tiny` skips the SkillRL RL arm.
 14. App. C's rows: a talent-selection row per kept task and one multi-turn execution row (paper: one ReAct row per
-   action), each with its own epochs (`--route-epochs`, `--exec-epochs`). `tiny` trains 1 epoch of original rows,
-   3 of selection rows and no execution rows: fp32 SFT runs at ~105-180 tok/s on 2 AVX2 cores, and the 48
-   execution rows (~750 tokens each) alone would take ~6 min; TalentRL-SFT's execution comes from SkillRL-SFT.
+   action), each with its own epochs (`--route-epochs`, `--exec-epochs`; `tiny`: 3 and 1, original rows 1).
    Rationales: a template naming what the question asks in its own words (`GISTS`), then the talent's move
    (paper: written by the teacher LLM).
 15. Routing is scored against c* of held-out questions, labelled by the same teacher and Eq. (8), beside the
@@ -92,8 +90,8 @@ PRESETS = {
     # 2-core CPU, embedded SmolLM2-135M, a small world: a few tasks per stage (README: measured wall time);
     # rollouts on vLLM (`auto`: HF generate if vLLM cannot start)
     "tiny": dict(n_people=40, n_places=16, n_orgs=10, n_events=10, n_hamlets=12, n_shared=6, n_train=60, n_test=10,
-                 topk_docs=2, sim_threshold=0.0, K=3, sft_tasks=100, sft_n=1, sft_batch=4, sft_lr=1e-4,
-                 sft_epochs=1, route_epochs=3, exec_epochs=0, talent_sft_init="skillrl-sft", zero_shot=True,
+                 topk_docs=2, sim_threshold=0.0, K=3, sft_tasks=80, sft_n=1, sft_batch=4, sft_lr=1e-4,
+                 sft_epochs=1, route_epochs=3, exec_epochs=1, talent_sft_init="skillrl-sft", zero_shot=True,
                  arms=["talentrl"], rl_steps=2, tasks_per_step=2, G=4, train_controls=False, lr=1e-5,
                  max_new_tokens=64, route_max_tokens=64, micro_batch=4,
                  evolve_every=0, val_tasks=4, evolve_max_tokens=48, sampler="auto"),
@@ -635,6 +633,7 @@ def talentrl_rollouts(sampler, tok, W, tasks, args, first_group):
     # routing responses of the anchor (route 0) and the G−1 ordinary rollouts of each task, in one batch
     rp = [chat_ids(tok, [{"role": "user", "content": routing_prompt(t, W.talents)}]) for t in tasks]
     route_t = args.route_temperature if args.route_temperature is not None else args.temperature
+    check_fits(rp, args.route_max_tokens, args, "routing prompt")
     outs = sampler.generate(rp, G, args.route_max_tokens, route_t, args.top_p, ["</talent>"]) if tasks else []
     conds, ctasks = [], []
     for task, samples in zip(tasks, outs):
