@@ -86,14 +86,15 @@ skill-rm-seeds: install
 clean:
 	rm -rf runs
 
-# skill_entropy.py: Skill-Entropy RL against its controls over 3 seeds, Table 3 as mean ± sd.
-# One seed per process (`make ske-seed-1` runs one; stages ske, synth, train), so each fits a turn of a shared CPU.
+# skill_entropy.py: Skill-Entropy RL against its controls over 3 seeds: the headline entries (Table 3 paired over
+# test tasks × seeds, single vs cross step-2 accuracy) pooled by --aggregate, and each SkE statistic against
+# its permutation null. One seed per process (`make ske-seed-1` runs one; stages ske, synth, train).
 SKE_SEEDS ?= 0 1 2
 .PHONY: ske-seeds
 ske-seed-%: install
 	$(BIN)/python skill_entropy.py train --preset tiny --seed $* --run-dir runs/ske-seed$*
 ske-seeds: $(addprefix ske-seed-,$(SKE_SEEDS))
-	$(BIN)/python skill_entropy.py compare --compare-runs "$(addprefix runs/ske-seed,$(SKE_SEEDS))"
+	$(BIN)/python skill_entropy.py --aggregate $(addprefix runs/ske-seed,$(SKE_SEEDS))
 
 # TalentRL's Table 1 over seeds: one process per seed (run them one at a time on a small machine,
 # e.g. `make talentrl-seed-1`), then `make talentrl-seeds` aggregates mean ± sd (and runs what is missing).

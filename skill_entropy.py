@@ -6,7 +6,8 @@ equations restored in NOTES.md §1).
 
     python skill_entropy.py --preset tiny            # every stage, 2-core CPU, ~5 min
     python skill_entropy.py ske --preset tiny        # one stage (bank|ske|synth|bench|train|label|all)
-    make ske-seeds                                   # tiny run for seeds 0 1 2, then `compare`
+    make ske-seeds                                   # tiny run for seeds 0 1 2, then --aggregate
+    python skill_entropy.py --preset gpu             # power-sized (README): one 80 GB GPU, ≈ 4.5 h per seed (estimate)
     torchrun --nproc_per_node 8 skill_entropy.py --preset paper --model Qwen/Qwen3-4B-Instruct-2507
 
 Stages (each writes into --run-dir together with the settings that made it; a file or
@@ -15,13 +16,15 @@ checkpoint is reused only when those settings are the same, else recomputed):
          (bank_labelled.json); the curated data/skill_entropy/bank.json is the default bank.
   ske    §3.1, B.3–B.5: Acc(s), Acc(d), Acc(s,d), Acc(d,s) under the reference model at
          temperature 0; Eq. (3), Eq. (7), levels; direct Eq. (3) on sampled pairs and
-         its Spearman agreement with Eq. (7); Figure 2 heat map (ske_table.json, fig2_ske.png).
+         its Spearman agreement with Eq. (7); Figure 2 heat map (ske_table.json, fig2_ske.png);
+         every SkE claim against a permutation null of "the first step does not matter" (ske_null).
   synth  §3.2(3), B.6–B.9: rejection sampling of skill sequences at a level, LLM proposer,
          4-check verifier with regenerations, template fallback (tasks.json).
   bench  §3.3: Skill²-Bench single-/cross-skill evaluation, Table 2 shape, wrong-skill analysis.
-  train  §4: SFT warm-up, GRPO with r = λ_ans·r_ans + λ_ent·r_ent, baselines, λ sweep, Table 3.
+  train  §4: SFT warm-up, GRPO with r = λ_ans·r_ans + λ_ent·r_ent, baselines, λ sweep, Table 3
+         paired over test tasks (stats.compare), the share of groups whose advantages λ_ent changed.
   label  §4.4: segment off-the-shelf solution traces into steps labelled from the bank.
-  compare  Table 3 as mean ± sd over finished run folders (--compare-runs, one seed each).
+results.json holds the headline entries; `--aggregate RUN_DIR...` pools them over seeds (one run each).
 
 Glossary: s skill, d domain, S skill bank, Acc reference-model accuracy, α Laplace
 smoothing, SkE skill entropy, τ task, L task length, μ(τ) skill sequence, ρ rank under
@@ -37,8 +40,9 @@ Differences from the paper:
  3. The curated bank is the default; `bank` runs the labelling pipeline (LLM labels, MiniLM,
     average-link clustering at --cluster-threshold) into bank_labelled.json, for manual review.
  4. Acc(s) comes from two-step chains s → s (open-ended skills too, via the judge). Every chain is
-    asked step by step, each reply read leniently per scorer, and valued as the mean of its two
-    steps (--pair-acc second: step 2). Direct Eq. (3) pairs get their own chains.
+    asked step by step, each reply scored on the answer it marks (tag, "answer is", or a bare short
+    reply; an echo of the question never scores), and valued as the mean of its two steps (--pair-acc
+    second: step 2). Each skill's second steps reuse the same acc_samples questions whatever came first.
  5. Levels: θ_ℓ < θ_h nearest the 33rd/67th percentiles of the Eq. (7) table, each halfway between
     two distinct values (`level_thresholds`; NOTES proposal).
  6. Verifier: the four B.9 checks as deterministic rules and as the LLM prompt (--verifier). Template
@@ -48,8 +52,8 @@ Differences from the paper:
     (NOTES proposal). MiniLM replaces Qwen3-Embedding-0.6B.
  8. SFT traces: the teacher's traces that parse with r_ans ≥ --sft-min-rans, else a gold trace built
     from the gold skills and answers (--sft-gold-fallback).
- 9. Bench and Table 3 read answers leniently (k-th <answer> tag, then the readouts of 4.) and report
-    the strict-format rate apart; rewards use the strict D.2 parser. Table 2's single- and
+ 9. Bench and Table 3 read the k-th <answer> tag (else 'Step k:' segments, then the readout of 4.) and
+    report the strict-format rate apart; rewards use the strict D.2 parser. Table 2's single- and
     cross-skill "overall" run over the same verifiable steps.
 10. The judge of open-ended steps is the reference model, one greedy sample (paper: Claude-opus-4.7
     for the bench, the evaluated model for Table 3; 4 samples at T = 0.7).
@@ -60,8 +64,11 @@ Differences from the paper:
     own uid, rlimits, an empty environment and a temporary folder (see sandbox.py).
 13. Scale: tiny keeps three verifiable domains × two screened skills and 8 chains per Acc cell;
     Acc needs |S|·(|D| + 1)·acc_samples chains (B.4) plus direct_pairs·acc_samples for Eq. (3).
-14. Frozen models run in bf16 (--frozen-dtype); only rank 0 runs the bank/ske/synth/bench/label
+14. Frozen models run in bf16 where the device computes it natively, else fp32 (--frozen-dtype auto); only rank 0 runs the bank/ske/synth/bench/label
     stages, and SFT examples are not sharded over ranks.
+15. Not in the paper: the SkE null (ske_null), a cell without chains is NaN (its switches are skipped),
+    each Table 3 row samples from its own seeded stream (row_seed), and a --max-new-tokens that fits
+    no training task's gold D.2 trace is an error.
 """
 
 import argparse
@@ -72,24 +79,37 @@ import random
 import re
 import sys
 import time
+import zlib
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+import torch
 
-from grpo import (add_grpo_args, barrier, chat_ids, grpo_update, make_optimizer, parse_with_preset, reduce_metrics,
-                  sample_group_rollouts, seed_everything, setup_distributed, sft_update)
-from plumbing import (HFSampler, load_checkpoint, load_embedder, load_model, load_policy, log_metrics, make_sampler,
-                      plot_curves, replica, save_checkpoint, unwrap)
+from grpo import (add_grpo_args, barrier, chat_ids, group_advantages, grpo_update, make_optimizer, parse_with_preset,
+                  reduce_metrics, sample_group_rollouts, seed_everything, setup_distributed, sft_update)
+from plumbing import (HFSampler, dtype_flag, load_checkpoint, load_embedder, load_model, load_policy, log_metrics,
+                      make_sampler, plot_curves, read_metrics, replica, resolve_model, save_checkpoint, unwrap)
+from stats import aggregate_main, compare, format_headline, write_results
 from sandbox import CODE_IMPORTS, run_sandboxed
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data" / "skill_entropy"
-STAGES = ["all", "bank", "ske", "synth", "bench", "train", "label", "compare"]
+STAGES = ["all", "bank", "ske", "synth", "bench", "train", "label"]
 LEVELS = ["low", "medium", "high"]
 
 # ----- config -----
 
+
+# --preset gpu's skills: answers with more than two possible values (numbers, lists, names, 4 options, code)
+GPU_SKILLS = ("math/arithmetic_operations,math/multiplication,math/linear_equations,math/number_theory,"
+              "logic/kinship_reasoning,logic/constraint_grid_solving,planning/maze_navigation,planning/grid_path_planning,"
+              "information_extraction/character_counting,information_extraction/quantity_aggregation,"
+              "information_extraction/fact_lookup,information_extraction/list_filtering_by_value,"
+              "science/classical_mechanics,science/chemistry_basics,science/genetics,science/earth_and_space,"
+              "coding/integer_algorithms,coding/string_manipulation,coding/list_filtering,coding/sequence_scanning,"
+              "creative_writing/theme_creation,creative_writing/character_description,context_retrieval/passage_recall,"
+              "context_retrieval/cross_step_reference,instruction_following/format_compliance,instruction_following/keyword_inclusion")
 
 PRESETS = {
     # ≈ 8 min on an idle 2-core CPU: the three domains with two screened seeds each
@@ -104,7 +124,15 @@ PRESETS = {
                  prompts_per_step=2, G=4, lr=2e-5, n_label=2, sampler="auto",
                  baselines="sft,grpo,format_only,shuffled_ske,ske_rl"),
     # the flag defaults (the paper's values) on GPUs: vLLM, a context for 4096 new tokens + a long task prompt
-    "paper": dict(sampler="vllm", max_model_len=8192),
+    "paper": dict(sampler="vllm", max_model_len=8192, null_perms=200),
+    # the smallest setting with ≥ 80 % power for Skill-Entropy RL vs GRPO / format bonus / shuffled SkE at
+    # δ = 5 points (the paper: +7.9 on Qwen3-1.7B), paired over 300 test tasks × 3 seeds (README, "--preset
+    # gpu": the power calculation); ≈ 4.5 h per seed on one 80 GB GPU (estimated). Skills with more than two possible
+    # answers only (no Yes/No, True/False or 0/1 skill, where chance is 50 %).
+    "gpu": dict(model="Qwen/Qwen3-1.7B", sampler="auto", max_model_len=4096, max_new_tokens=1024, acc_max_new_tokens=256,
+                propose_max_new_tokens=1024, skills=GPU_SKILLS, acc_samples=32, direct_pairs=100, n_train=3000, n_sft=1000,
+                test_len="2,6", llm_proposer_tasks=300, rl_steps=100, prompts_per_step=32,
+                baselines="sft,grpo,format_only,shuffled_ske,ske_rl", label_seeds=4, n_label=200),  # n_test 300, G 8, lr 1e-6: the defaults
 }
 
 
@@ -117,17 +145,20 @@ def build_parser():
     g = p.add_argument_group("skill bank (§3.2 stage 1)")
     g.add_argument("--bank", default=str(DATA / "bank.json"), help="skill bank JSON (curated default)")
     g.add_argument("--domains", default="", help="comma-separated subset of the bank's domains (default: all nine)")
+    g.add_argument("--skills", default="", help="comma-separated domain/skill keys to keep (default: every skill; then --skills-per-domain)")
     g.add_argument("--skills-per-domain", type=int, default=0, help="keep the first k skills of each domain (0 = all; paper: 558 skills)")
     g.add_argument("--label-seeds", type=int, default=20, help="seeds per skill labelled by the LLM in `bank` (paper: not stated)")
     g.add_argument("--cluster-threshold", type=float, default=0.6, help="cosine threshold for merging label clusters in `bank`")
     g = p.add_argument_group("skill entropy (§3.1, B.3–B.5)")
     g.add_argument("--ref-model", default=None, help="reference model for Acc (default: --model; paper: Claude-opus-4.7)")
-    g.add_argument("--frozen-dtype", default="bfloat16", choices=["float32", "bfloat16"], help="dtype of the frozen reference/proposer/judge/teacher models (bf16 ≈ 3× faster on CPU)")
+    g.add_argument("--frozen-dtype", default="auto", type=dtype_flag, choices=["auto", "float32", "bfloat16"],
+                   help="dtype of the frozen reference/proposer/judge/teacher models; auto = bfloat16 where the device computes bf16 natively, else float32 (this AVX2 CPU: float32)")
     g.add_argument("--alpha", type=float, default=0.1, help="α, Laplace smoothing in Eq. (3) (paper: 0.1)")
     g.add_argument("--acc-samples", type=int, default=8, help="Monte-Carlo two-step questions per Acc cell (paper: not stated)")
     g.add_argument("--acc-max-new-tokens", type=int, default=1024, help="generation cap for Acc estimates (paper: not stated)")
     g.add_argument("--pair-acc", default="both", choices=["both", "second"], help="Acc(a,b): mean of both steps (NOTES proposal) or step b only")
     g.add_argument("--direct-pairs", type=int, default=200, help="skill pairs evaluated directly by Eq. (3) to check Eq. (7) (proposal; not in the paper)")
+    g.add_argument("--null-perms", type=int, default=1000, help="permutations of the first step per SkE null (ske_null; not in the paper)")
     g.add_argument("--level-quantiles", default="0.33,0.67", help="θ_ℓ, θ_h as quantiles of pairwise SkE (proposal)")
     g = p.add_argument_group("task synthesis (§3.2 stage 3, B.6–B.9)")
     g.add_argument("--n-train", type=int, default=9000, help="training tasks, verifiable domains, SFT ones included (paper: 9K = 3K SFT + 6K RL)")
@@ -136,20 +167,20 @@ def build_parser():
     g.add_argument("--train-len", default="3,5", help="L range for training tasks (paper: 3,5)")
     g.add_argument("--test-len", default="2,10", help="L range for test tasks (paper: 2,10)")
     g.add_argument("--max-reject", type=int, default=2000, help="rejection-sampling draws per task")
-    g.add_argument("--proposer", default=None, help="proposer LLM (default: --model)")
+    g.add_argument("--proposer", default=None, help="proposer LLM (default: --ref-model, else --model)")
     g.add_argument("--llm-proposer-tasks", type=int, default=-1, help="tasks that try the LLM proposer first (-1 = all)")
     g.add_argument("--regenerations", type=int, default=3, help="LLM proposer attempts before template fallback (paper: 3)")
     g.add_argument("--propose-max-new-tokens", type=int, default=2048, help="generation cap for proposer/verifier (paper: not stated)")
     g.add_argument("--verifier", default="rules+llm", choices=["rules+llm", "rules", "llm"], help="4-check verifier (B.9)")
     g = p.add_argument_group("scorers eval_d (§2, B.3)")
-    g.add_argument("--judge", default=None, help="LLM judge for open-ended steps (default: --ref-model)")
+    g.add_argument("--judge", default=None, help="LLM judge for open-ended steps (default: --ref-model, else --model)")
     g.add_argument("--code-timeout", type=float, default=5.0, help="seconds per sandboxed HumanEval run")
     g.add_argument("--code-mem-mb", type=int, default=512, help="address-space limit of the sandbox (MiB)")
     g = p.add_argument_group("Skill-Entropy RL (§4, D.2–D.7)")
     g.add_argument("--lambda-ans", type=float, default=0.7, help="λ_ans in Eq. (5) (paper: 0.7)")
     g.add_argument("--lambda-ent", type=float, default=0.3, help="λ_ent in Eq. (5) (paper: 0.3)")
     g.add_argument("--match-threshold", type=float, default=0.5, help="cosine below which an emitted skill is out-of-bank (D.4) (paper: 0.5)")
-    g.add_argument("--teacher", default=None, help="SFT teacher (default: --model; paper: Qwen3-8B)")
+    g.add_argument("--teacher", default=None, help="SFT teacher (default: --ref-model, else --model; paper: Qwen3-8B)")
     g.add_argument("--sft-epochs", type=int, default=4, help="SFT warm-up epochs (paper: 4)")
     g.add_argument("--sft-lr", type=float, default=1e-5, help="SFT learning rate (paper: 1e-5)")
     g.add_argument("--sft-min-rans", type=float, default=1.0, help="teacher trace kept for SFT if r_ans ≥ this")
@@ -159,7 +190,6 @@ def build_parser():
     g.add_argument("--baselines", default="base,sft,grpo,ske_rl", help="Table 3 rows to run")
     g.add_argument("--lambda-sweep", default="", help="λ_ans values for the D.7 sweep, e.g. 0.9,0.7,0.5,0.3")
     g.add_argument("--n-label", type=int, default=6000, help="off-the-shelf problems labelled by `label` (§4.4) (paper: 6K)")
-    g.add_argument("--compare-runs", default="", help="`compare`: run folders (one seed each), separated by commas or spaces → Table 3 mean ± sd")
     return p
 
 # ----- rewards -----
@@ -238,7 +268,10 @@ def task_ske(seq, pair):
 
 
 def level_of(x, thetas):
+    """low / medium / high; None for a NaN SkE (a switch whose Acc cell had no chains)."""
     lo, hi = thetas
+    if x is None or x != x:
+        return None
     return "low" if x < lo else ("high" if x > hi else "medium")
 
 # --- r_ent (Eq. 6), r_ans (Eq. D.3), r (Eq. 5) and skill matching (D.4) ---
@@ -246,17 +279,20 @@ def level_of(x, thetas):
 
 def cdf_rank(x, train_values):
     """Empirical CDF of training-set SkE*: F(x) = #{t : SkE*(t) ≤ x} / N."""
-    v = np.sort(np.asarray(train_values, dtype=float))
-    return float(np.searchsorted(v, x, side="right")) / len(v)
+    v = np.asarray(train_values, dtype=float)
+    v = np.sort(v[np.isfinite(v)])  # tasks with an empty Acc cell have no SkE*
+    return float(np.searchsorted(v, x, side="right")) / len(v) if len(v) else 0.0
 
 
 def r_ent_reward(pred_keys, gold_keys, pair, train_values):
     """pred_keys: matched bank key per step, or None when out-of-bank (cos < threshold).
     Predicted SkE averages Eq. (3)/(7) over switches whose two skills are in-bank."""
     sw = [pair(a, b) for a, b in zip(pred_keys[:-1], pred_keys[1:]) if a is not None and b is not None]
-    if not sw:
+    sw = [x for x in sw if x == x]  # a NaN switch (empty Acc cell) is skipped like an out-of-bank one
+    ske_star = task_ske(gold_keys, pair)
+    if not sw or ske_star != ske_star:
         return 0.0
-    ske_hat, ske_star = sum(sw) / len(sw), task_ske(gold_keys, pair)
+    ske_hat = sum(sw) / len(sw)
     rho_hat, rho_star = cdf_rank(ske_hat, train_values), cdf_rank(ske_star, train_values)
     # Eq. (6): r_ent = 1 − |ρ̂ − ρ*|
     return 1.0 - abs(rho_hat - rho_star)
@@ -341,31 +377,31 @@ def spearman(x, y):
     return float(np.corrcoef(rx, ry)[0, 1])
 
 
-def answer_candidates(text, scorer):
-    """Lenient readouts of a free-form reply for one scorer: code and open-ended steps are
-    read whole; otherwise the last <answer> tag, the whole text, its first line, its last
-    number and its first word (a 135M model rarely writes the tags it is asked for)."""
+_MARK = re.compile(r"(?:final\s+)?answer(?:\s+is)?\s*[:=]|answer\s+is\b", re.I)
+
+
+def marked_answer(text, scorer):
+    """The one answer a free-form reply marks, the only text eval_d reads: the last <answer> tag;
+    else the first line after the last "answer is" / "answer:"; else the whole reply when it is one
+    short line (≤ 12 words: a bare answer). Code and open-ended replies are read whole (tag first)."""
     text = str(text or "").strip()
-    if scorer in ("code", "judge"):
-        return [text] if text else []
     tags = [t.strip() for t in re.findall(r"<answer>(.*?)(?:</answer>|$)", text, re.S)]
-    plain = re.sub(r"</?answer>", " ", text).strip()
-    lines = [l.strip() for l in plain.splitlines() if l.strip()]
-    nums = re.findall(r"-?\d+(?:\.\d+)?(?:/\d+)?", plain)
-    words = re.findall(r"[A-Za-z]+", plain)
-    return list(dict.fromkeys(x for x in tags[-1:] + [plain] + lines[:1] + nums[-1:] + words[:1] if x))
+    if tags:
+        return tags[-1]
+    if scorer in ("code", "judge"):
+        return text
+    marks = list(_MARK.finditer(text))
+    if marks:
+        rest = [l.strip() for l in text[marks[-1].end():].splitlines() if l.strip()]
+        return rest[0] if rest else ""
+    if "\n" not in text and len(text.split()) <= 12:
+        return text
+    return ""
 
 
-def score_lenient(steps, replies, args, judge=None):
-    """eval_d of each step under its most favourable readout (answer_candidates)."""
-    flat_steps, flat_preds, owner = [], [], []
-    for i, (st, rep) in enumerate(zip(steps, replies)):
-        for c in answer_candidates(rep, st["scorer"]):
-            flat_steps.append(st), flat_preds.append(c), owner.append(i)
-    scores = [0.0] * len(steps)
-    for i, s in zip(owner, score_steps(flat_steps, flat_preds, args, judge)):
-        scores[i] = max(scores[i], s)
-    return scores
+def score_replies(steps, replies, args, judge=None):
+    """eval_d of each step on the answer its reply marks (marked_answer); echoes never score (score_steps)."""
+    return score_steps(steps, [marked_answer(r, st["scorer"]) for st, r in zip(steps, replies)], args, judge)
 
 
 def step_question(seed, i):
@@ -394,11 +430,13 @@ def acc_jobs(bank, acc_samples, direct_pairs, rng):
     cross-domain pairs, their own chains, kept out of the Eq. (7) cells."""
     keys = bank_keys(bank)
     jobs = []
-    for a in keys:
+    for ia, a in enumerate(keys):
         jobs += [("single", a, a)] * acc_samples
         for d in bank:
             targets = [k for k in keys if k[0] == d and k != a] or [a]
-            jobs += [("chain", a, targets[i % len(targets)]) for i in range(acc_samples)]
+            # each source starts at its own offset, so Acc(d_a, b) cells get chains even when
+            # acc_samples < |skills of d|; a cell left empty is NaN (cells_to_acc), never 0
+            jobs += [("chain", a, targets[(ia + i) % len(targets)]) for i in range(acc_samples)]
     pairs = [(a, b) for a in keys for b in keys if a[0] != b[0]]
     for a, b in rng.sample(pairs, min(direct_pairs, len(pairs))):
         jobs += [("pair", a, b)] * acc_samples
@@ -422,37 +460,145 @@ def pool_cells(jobs, step_scores, pair_acc):
     return cell
 
 
-def estimate_acc(bank, gen, judge, args):
-    """Acc(s), Acc(d), Acc(s, d), Acc(d, s) and direct Acc(a, b) under the reference model at
-    temperature 0 (B.3), each two-step question asked step by step (ask_stepwise)."""
-    rng = random.Random(args.seed)
+def cells_to_acc(bank, jobs, step_scores, pair_acc):
+    """Acc(s), Acc(d), Acc(s, d), Acc(d, s), direct Acc(a, b) from per-chain step scores; a cell
+    with no chains is NaN (and so is every SkE that reads it), never 0."""
     keys, doms = bank_keys(bank), list(bank)
-    jobs = acc_jobs(bank, args.acc_samples, args.direct_pairs, rng)
-    counter = defaultdict(int)
-
-    def seed(k):
-        counter[k] += 1
-        return make_seed(bank, k[0], k[1], counter[k], seed=args.seed, split="train")
-    chains = [[seed(a), seed(b)] for _, a, b in jobs]
-    t0 = time.time()
-    replies = ask_stepwise(gen, chains, args.acc_max_new_tokens)
-    flat = score_lenient([s for c in chains for s in c], [r for rr in replies for r in rr], args, judge)
-    scores = [flat[2 * i:2 * i + 2] for i in range(len(chains))]
-    cell = pool_cells(jobs, scores, args.pair_acc)
-    mean = lambda xs: float(np.mean(xs)) if xs else 0.0
+    cell = pool_cells(jobs, step_scores, pair_acc)
+    mean = lambda xs: float(np.mean(xs)) if len(xs) else float("nan")
+    fin = lambda xs: [x for x in xs if x == x]
     acc = {"skill": {k: mean(cell[("skill", k)]) for k in keys}}
-    acc["domain"] = {d: mean([acc["skill"][k] for k in keys if k[0] == d]) for d in doms}
+    acc["domain"] = {d: mean(fin([acc["skill"][k] for k in keys if k[0] == d])) for d in doms}
     acc["s2d"] = {(a, d): mean(cell[("s2d", a, d)]) for a in keys for d in doms}
     acc["d2s"] = {(d, b): mean(cell[("d2s", d, b)]) for d in doms for b in keys}
     acc["pair"] = {(k[1], k[2]): mean(v) for k, v in cell.items() if k[0] == "pair"}
+    return acc
+
+
+def empty_cells(acc):
+    """Names of the Acc cells that got no chains (NaN)."""
+    ks = lambda x: x if isinstance(x, str) else f"{x[0]}/{x[1]}"
+    out = [f"skill:{ks(k)}" for k, v in acc["skill"].items() if v != v]
+    out += [f"domain:{k}" for k, v in acc["domain"].items() if v != v]
+    return out + [f"{c}:{ks(x)}|{ks(y)}" for c in ("s2d", "d2s") for (x, y), v in acc[c].items() if v != v]
+
+
+def estimate_acc(bank, gen, judge, args):
+    """Acc(s), Acc(d), Acc(s, d), Acc(d, s) and direct Acc(a, b) under the reference model at
+    temperature 0 (B.3), each two-step question asked step by step (ask_stepwise). Every skill b
+    is asked the same acc_samples second-step questions q whatever came first (s → s or a → b),
+    so single- and cross-skill step-2 accuracy pair over (b, q) and the null can permute the
+    first step within each (b, q)."""
+    rng = random.Random(args.seed)
+    jobs = acc_jobs(bank, args.acc_samples, args.direct_pairs, rng)
+    first, second = defaultdict(int), defaultdict(int)
+    chains, q2 = [], []
+    for _, a, b in jobs:
+        first[a] += 1
+        q2.append(second[b] % args.acc_samples)  # the second-step question's index in b's pool
+        second[b] += 1
+        chains.append([make_seed(bank, a[0], a[1], args.acc_samples + first[a], seed=args.seed, split="train"),
+                       make_seed(bank, b[0], b[1], q2[-1], seed=args.seed, split="train")])
+    t0 = time.time()
+    replies = ask_stepwise(gen, chains, args.acc_max_new_tokens)
+    flat = score_replies([s for c in chains for s in c], [r for rr in replies for r in rr], args, judge)
+    scores = [flat[2 * i:2 * i + 2] for i in range(len(chains))]
+    acc = cells_to_acc(bank, jobs, scores, args.pair_acc)
+    acc["empty_cells"] = empty_cells(acc)
     acc["n_generations"], acc["seconds"] = 2 * len(chains), time.time() - t0
-    acc["mean_step_score"] = mean([x for s in scores for x in s])
-    # single-skill vs cross-skill per-step accuracy on the same second steps (B.3's sanity check)
-    acc["step2_single"] = mean([s[1] for (k, _, _), s in zip(jobs, scores) if k == "single"])
-    acc["step2_cross"] = mean([s[1] for (k, _, _), s in zip(jobs, scores) if k != "single"])
+    mean = lambda xs: float(np.mean(xs)) if xs else float("nan")
+    acc["mean_step_score"] = mean([x for sc in scores for x in sc])
+    verifiable = [x for c, sc in zip(chains, scores) for st, x in zip(c, sc) if st["scorer"] != "judge"]
+    acc["mean_step_score_verifiable"] = mean(verifiable)  # the judge's scores kept apart
+    acc["chains"] = dict(jobs=[[k, list(a), list(b)] for k, a, b in jobs], q2=q2, scores=scores)
     acc["examples"] = [dict(skills=[list(a), list(b)], replies=r, scores=sc)
                        for (_, a, b), r, sc in list(zip(jobs, replies, scores))[:5]]  # for inspection
     return acc
+
+
+def single_vs_cross_items(jobs, q2, scores):
+    """B.3's sanity check paired over second steps: per (skill b, question q), step-2 score after
+    b itself (single-skill chain) and mean step-2 score after another skill (cross-skill chains)."""
+    single, cross = defaultdict(list), defaultdict(list)
+    for (kind, a, b), q, (_, s2) in zip(jobs, q2, scores):
+        (single if kind == "single" else cross)[(tuple(b), q)].append(s2)
+    items = sorted(set(single) & set(cross))
+    return [float(np.mean(single[k])) for k in items], [float(np.mean(cross[k])) for k in items]
+
+
+def ske_statistics(bank, jobs, q2, scores, args):
+    """The three numbers the SkE claims rest on: (i) spread of Eq. (7) SkE across sources and
+    targets (sd over every cross-domain pair), (ii) Spearman of Eq. (3) on the direct pairs vs
+    Eq. (7), (iii) mean single − cross step-2 accuracy over the second steps (b, q)."""
+    acc = cells_to_acc(bank, jobs, scores, args.pair_acc)
+    table = build_ske_table(bank, acc, args)
+    cross = [v for (a, b), v in table["pairwise"].items() if a[0] != b[0] and v == v]
+    si, cr = single_vs_cross_items(jobs, q2, scores)
+    return dict(spread=float(np.std(cross, ddof=1)) if len(cross) > 1 else float("nan"), spearman=table["spearman_direct_vs_factorised"],
+                single_minus_cross=float(np.mean(np.subtract(si, cr))) if si else float("nan"))
+
+
+NULL_SIDES = dict(spread="greater", spearman="greater", single_minus_cross="two-sided")
+
+
+def ske_null(bank, chains, args, n_perm, seed):
+    """Permutation null of 'the first step does not matter' (H0: no switching cost): within each
+    (second skill b, second question q), the step-2 scores are shuffled over the chains, i.e. the
+    first-step labels (with their step-1 scores) are permuted; every statistic of ske_statistics is
+    recomputed per draw. p: (1 + #draws at least as extreme) / (1 + n_perm); spread and Spearman
+    one-sided (larger = more structure than noise), single − cross two-sided about the null mean."""
+    jobs = [(k, tuple(a), tuple(b)) for k, a, b in chains["jobs"]]
+    q2, scores = chains["q2"], [list(x) for x in chains["scores"]]
+    obs = ske_statistics(bank, jobs, q2, scores, args)
+    strata = defaultdict(list)
+    for i, (_, _, b) in enumerate(jobs):
+        strata[(b, q2[i])].append(i)
+    rng = np.random.default_rng(seed)
+    draws = defaultdict(list)
+    for _ in range(n_perm):
+        perm = [list(x) for x in scores]
+        for idx in strata.values():
+            s2 = [scores[i][1] for i in idx]
+            for i, j in zip(idx, rng.permutation(len(idx))):
+                perm[i][1] = s2[j]
+        for k, v in ske_statistics(bank, jobs, q2, perm, args).items():
+            draws[k].append(v)
+    out = {}
+    for k, x in obs.items():
+        d = np.asarray(draws[k], float)
+        d = d[np.isfinite(d)]
+        out[k] = dict(observed=x, null=d.tolist(), **null_p_band(x, d, NULL_SIDES[k]))
+    return out
+
+
+NULL_NAMES = dict(spread="sd of SkE over cross-domain pairs (Eq. 7)", spearman="Spearman Eq. 3 direct vs Eq. 7",
+                  single_minus_cross="step-2 accuracy single − cross")
+
+
+def format_null(null):
+    """One line per SkE claim: observed value, the null's 95 % band, p and whether it beats the null."""
+    f = lambda v: "  nan" if v is None or v != v else f"{v:6.3f}"
+    lines = []
+    for k, r in null.items():
+        lo, hi = r["band"]
+        beats = r["p"] is not None and r["p"] < 0.05
+        lines.append(f"  {NULL_NAMES.get(k, k):40s} observed {f(r['observed'])}   null 95 % band [{f(lo)}, {f(hi)}]   "
+                     f"p = {f(r['p'])} ({r['side']})   {'beats' if beats else 'does not beat'} the null")
+    return "\n".join(lines)
+
+
+def null_p_band(x, draws, side):
+    """p of observed x against null draws, and the null's 95 % band."""
+    d = np.asarray(draws, float)
+    if x != x or len(d) == 0:
+        return dict(p=None, band=[None, None], side=side)
+    tol = 1e-12 * max(1.0, abs(x))
+    if side == "greater":
+        k = int(np.sum(d >= x - tol))
+    else:
+        k = int(np.sum(np.abs(d - d.mean()) >= abs(x - d.mean()) - tol))
+    lo, hi = np.quantile(d, [0.025, 0.975])
+    return dict(p=(1 + k) / (1 + len(d)), band=[float(lo), float(hi)], side=side)
 
 
 def level_thresholds(values, quantiles):
@@ -478,8 +624,9 @@ def build_ske_table(bank, acc, args):
     pw = {(a, b): ske_factorised(a, b, acc, args.alpha) for a in keys for b in keys if a != b}
     direct = {(a, b): ske_pair(acc["skill"][a], acc["skill"][b], acc["pair"][(a, b)], args.alpha)
               for (a, b) in acc["pair"]}
-    rho = spearman([direct[p] for p in direct], [pw[p] for p in direct]) if len(direct) > 2 else float("nan")
-    cross = [v for (a, b), v in pw.items() if a[0] != b[0]]
+    both = [p for p in direct if direct[p] == direct[p] and pw[p] == pw[p]]  # NaN: a cell without chains
+    rho = spearman([direct[p] for p in both], [pw[p] for p in both]) if len(both) > 2 else float("nan")
+    cross = [v for (a, b), v in pw.items() if a[0] != b[0] and v == v]
     thetas = level_thresholds(cross, [float(q) for q in args.level_quantiles.split(",")])
     return dict(pairwise=pw, direct=direct, spearman_direct_vs_factorised=rho, thetas=thetas)
 
@@ -493,8 +640,8 @@ def table_to_json(acc, table):
                 ske_direct={k(p): v for p, v in table["direct"].items()},
                 spearman_direct_vs_factorised=table["spearman_direct_vs_factorised"], thetas=table["thetas"],
                 n_generations=acc["n_generations"], seconds=acc["seconds"], mean_step_score=acc["mean_step_score"],
-                step2_single=acc.get("step2_single"), step2_cross=acc.get("step2_cross"),
-                examples=acc.get("examples", []))
+                mean_step_score_verifiable=acc.get("mean_step_score_verifiable"), empty_cells=acc.get("empty_cells", []),
+                chains=acc.get("chains"), null=table.get("null"), examples=acc.get("examples", []))
 
 
 def json_to_table(j):
@@ -508,7 +655,8 @@ def json_to_table(j):
                pair={key(k): v for k, v in j["acc_pair"].items()})
     table = dict(pairwise={key(k): v for k, v in j["ske_pairwise"].items()},
                  direct={key(k): v for k, v in j["ske_direct"].items()},
-                 spearman_direct_vs_factorised=j["spearman_direct_vs_factorised"], thetas=j["thetas"])
+                 spearman_direct_vs_factorised=j["spearman_direct_vs_factorised"], thetas=j["thetas"], null=j.get("null"))
+    acc["chains"] = j.get("chains")
     return acc, table
 
 # ----- Figure 2 -----
@@ -906,16 +1054,59 @@ def rows_sampler(samplers, args, model, tok, dist):
     return samplers["<policy rollouts>"]
 
 
-def run_grpo(args, dist, tasks, init_dir, out_dir, reward_fn, doms, samplers, cfg):
+def check_response_budget(args, train):
+    """The RL budget is derived from the responses: --max-new-tokens must fit the D.2 gold trace of
+    every training task (its skills and answers), else rollouts are cut off → malformed → reward 0
+    → every group dropped → no update, silently."""
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(resolve_model(args.model))
+    need = max(len(tok.encode(gold_trace(t), add_special_tokens=False)) + 1 for t in train)  # + EOS
+    if args.max_new_tokens < need:
+        raise SystemExit(f"--max-new-tokens {args.max_new_tokens} fits no D.2 response of the training tasks: their "
+                         f"gold traces need up to {need} tokens; use at least {need}")
+    return need
+
+
+def lambda_ent_effect(rollouts, args, lambda_ans):
+    """Of the groups GRPO keeps (all, or with dynamic sampling those whose rewards differ), how many
+    have an advantage that the λ_ent term changed: Â from r = λ_ans·r_ans + λ_ent·r_ent vs Â from
+    λ_ans·r_ans alone. 0 of n: this step's update is answer-only GRPO's, by construction."""
+    groups = defaultdict(list)
+    for r in rollouts:
+        groups[r.group].append(r)
+    kept = changed = 0
+    for rs in groups.values():
+        rw = [r.reward for r in rs]
+        if len(rs) < 2 or (args.dynamic_sampling and max(rw) - min(rw) <= 1e-8):
+            continue
+        kept += 1
+        a1 = group_advantages(torch.tensor([rw], dtype=torch.float64), args.scale_rewards, args.adv_eps)          # (1, G)
+        a0 = group_advantages(torch.tensor([[lambda_ans * r.info["r_ans"] for r in rs]], dtype=torch.float64),
+                              args.scale_rewards, args.adv_eps)                                                 # (1, G)
+        changed += int((a1 - a0).abs().max().item() > 1e-6)
+    return changed, kept
+
+
+def lambda_ent_summary(out_dir):
+    """Kept groups over the run, and those in which the λ_ent term changed an advantage (metrics.jsonl)."""
+    rows = read_metrics(out_dir).values()
+    return dict(changed=int(sum(r.get("n_groups_lam_ent_changed", 0) for r in rows)),
+                kept=int(sum(r.get("n_groups_kept", 0) for r in rows)),
+                updates=int(sum(1 for r in rows if not r.get("skipped", 1))), steps=len(rows))
+
+
+def run_grpo(args, dist, tasks, init_dir, out_dir, reward_fn, doms, samplers, cfg, seed, lambda_ans):
     """GRPO on the RL split from the SFT weights; the SFT model is also π_ref (β > 0).
     `cfg` keys the checkpoint (checkpoint_state); `samplers` holds the rollout engine
-    shared by every Table 3 row (`rows_sampler`)."""
+    shared by every Table 3 row (`rows_sampler`); `seed` seeds this row's own RNG stream."""
     policy, tok = load_policy(args, dist)
-    load_checkpoint(init_dir, policy, None, dist)
+    load_checkpoint(init_dir, policy, None, dist)  # restores the SFT run's RNG too: reseed below
     state = checkpoint_state(out_dir, cfg, args.resume)
     if state == "done":
         load_checkpoint(out_dir, policy, None, dist)
         return policy, tok
+    # the row's own stream (HF generate and the in-process vLLM engine draw from torch's global RNG)
+    seed_everything(seed + dist.rank)
     ref = None
     if args.beta > 0:
         ref = load_model(args.model, dist, args.dtype, trainable=False)[0]
@@ -938,11 +1129,15 @@ def run_grpo(args, dist, tasks, init_dir, out_dir, reward_fn, doms, samplers, cf
         for r, p in zip(rollouts, parts):
             r.reward, r.info = p["reward"], p
         t_gen = time.time() - t0
+        n_changed, n_kept = lambda_ent_effect(rollouts, args, lambda_ans)
         m = grpo_update(policy, ref, opt, rollouts, args, dist)
+        m.update(reduce_metrics(dict(n_groups_kept=n_kept, n_groups_lam_ent_changed=n_changed), dist))
         sampler.sync(policy)
         m.update(reduce_metrics({k: float(np.mean([p[k] for p in parts])) for k in ("r_ans", "r_ent", "format_ok", "matched")}, dist))
         m.update(time_gen=t_gen, time_step=time.time() - t0)
-        log_metrics(out_dir, step, m, dist, keys=("reward", "r_ans", "r_ent", "format_ok", "matched", "kl", "loss", "grad_norm", "completion_len", "time_step"))
+        log_metrics(out_dir, step, m, dist, keys=("reward", "r_ans", "r_ent", "format_ok", "matched", "n_groups_kept",
+                                                  "n_groups_lam_ent_changed", "skipped", "kl", "loss", "grad_norm",
+                                                  "completion_len", "time_step"))
         if (step + 1) % args.save_every == 0 and step + 1 < args.rl_steps:
             save_checkpoint(out_dir, policy, tok, opt, step, {"done": False, "config": cfg}, dist)
     save_checkpoint(out_dir, policy, tok, None, args.rl_steps - 1, {"done": True, "config": cfg}, dist)
@@ -967,7 +1162,7 @@ def bench_eval(gen, judge, tasks, args, doms, embed, keys, key_emb, mode="cross"
             for i, st in enumerate(t["steps"]):
                 steps.append(st), preds.append(ans[i])
                 meta.append(dict(task=t["id"], step=i, domain=st["domain"], level=t["level"], strict=strict, pred_skill=sk[i]))
-        scores = score_lenient(steps, preds, args, judge)
+        scores = score_replies(steps, preds, args, judge)
         labels = [tuple(x.strip() for x in m["pred_skill"].partition(",")[::2]) for m in meta]
         has = [i for i, l in enumerate(labels) if l[0] or l[1]]
         matched, _ = match_labels([labels[i] for i in has], embed, keys, key_emb, args.match_threshold)
@@ -980,7 +1175,7 @@ def bench_eval(gen, judge, tasks, args, doms, embed, keys, key_emb, mode="cross"
         flat = [(t, i, st) for t in tasks for i, st in enumerate(t["steps"]) if st["scorer"] != "judge"]
         outs = gen([single_prompt(st) for _, _, st in flat], args.max_new_tokens)
         steps = [dict(st, question=st["seed_question"]) for _, _, st in flat]
-        for (t, i, st), s in zip(flat, score_lenient(steps, outs, args, judge)):
+        for (t, i, st), s in zip(flat, score_replies(steps, outs, args, judge)):
             recs.append(dict(task=t["id"], step=i, domain=st["domain"], level=t["level"], score=s))
     return recs
 
@@ -1141,6 +1336,44 @@ def label_offshelf(bank, table, teacher_gen, annot_gen, embed, keys, key_emb, ar
 # ----- stages: each output cached in --run-dir with the settings that made it -----
 
 
+# Cache keys are derived, not listed: a stage's file or checkpoint is keyed by every parsed flag
+# except run bookkeeping and the flags that only other stages read (a new flag keys every stage
+# until it is named here). Each later stage keeps the flags of the stages it reads from.
+RUN_ONLY = {"stage", "stages", "run_dir", "resume", "save_every", "aggregate", "preset"}
+BANK_ONLY = {"label_seeds", "cluster_threshold"}   # bank_labelled.json feeds no other stage
+SKE_NULL = {"null_perms"}                          # the null is stored beside the table, not read by later stages
+SYNTH = {"n_train", "n_test", "train_len", "test_len", "max_reject", "proposer", "llm_proposer_tasks", "regenerations",
+         "propose_max_new_tokens", "verifier"}
+SFT = {"teacher", "n_sft", "sft_epochs", "sft_lr", "sft_min_rans", "sft_gold_fallback"}
+OPTIM = {"precision", "fsdp", "dtype", "weight_decay", "grad_clip", "micro_batch", "prompts_per_step"}
+RL = {"G", "temperature", "top_p", "beta", "eps_low", "eps_high", "loss_agg", "scale_rewards", "adv_eps", "dynamic_sampling",
+      "passes", "lr", "rl_steps", "lambda_ans", "lambda_ent"}
+ROW_LIST = {"baselines", "lambda_sweep"}
+TRAINING = SFT | OPTIM | RL | ROW_LIST
+STAGE_EXCLUDE = {
+    "bank": {"alpha", "acc_samples", "acc_max_new_tokens", "pair_acc", "direct_pairs", "level_quantiles", "judge",
+             "code_timeout", "code_mem_mb", "max_new_tokens", "match_threshold", "n_label"} | SKE_NULL | SYNTH | TRAINING,
+    "ske": BANK_ONLY | SYNTH | TRAINING | {"max_new_tokens", "match_threshold", "n_label"},
+    "synth": BANK_ONLY | SKE_NULL | TRAINING | {"max_new_tokens", "match_threshold", "n_label"},
+    "bench": BANK_ONLY | SKE_NULL | TRAINING | {"n_label"},
+    "label": BANK_ONLY | SKE_NULL | SYNTH | (TRAINING - {"teacher"}),
+    "sft": BANK_ONLY | SKE_NULL | RL | ROW_LIST | {"n_label", "match_threshold"},
+    "row": BANK_ONLY | SKE_NULL | ROW_LIST | {"n_label"},
+}
+
+
+def stage_key(args, stage, drop=()):
+    """The settings that key `stage`'s output: every parsed flag minus RUN_ONLY, STAGE_EXCLUDE[stage] and `drop`."""
+    skip = RUN_ONLY | STAGE_EXCLUDE[stage] | set(drop)
+    return {k: v for k, v in sorted(vars(args).items()) if k not in skip}
+
+
+def row_seed(seed, name):
+    """The seed of one Table 3 row's RNG stream: --seed and the row's name (crc32), so rows never
+    share rollouts by accident and a row keeps its stream whatever other rows run."""
+    return (seed * 1_000_003 + zlib.crc32(name.encode())) % 2 ** 31
+
+
 def minilm_encoder():
     m = load_embedder()
     return lambda texts: m.encode(list(texts), normalize_embeddings=True, convert_to_numpy=True)  # (N, 384)
@@ -1204,18 +1437,26 @@ def stage_bank(args, dist, run, bank, gen_of, embed, cfg):
 
 
 def stage_ske(args, dist, run, bank, gen_of, judge, cfg, needed):
-    """§3.1, B.3–B.5: Acc cells under the reference model → Eq. (3), Eq. (7), levels, Figure 2."""
+    """§3.1, B.3–B.5: Acc cells under the reference model → Eq. (3), Eq. (7), levels, Figure 2,
+    and the permutation null of every SkE claim (ske_null)."""
     def compute():
         acc = estimate_acc(bank, gen_of(args.ref_model), judge, args)
         table = build_ske_table(bank, acc, args)
         plot_fig2(bank, acc, table, run / "fig2_ske.png")
-        cross = [v for (a, b), v in table["pairwise"].items() if a[0] != b[0]]
-        rho = table["spearman_direct_vs_factorised"]
-        print(f"[ske] {acc['n_generations']} generations ({acc['seconds']:.0f}s); mean step score {acc['mean_step_score']:.3f}; "
-              f"step-2 accuracy single-skill {acc['step2_single']:.3f} vs cross-skill {acc['step2_cross']:.3f}; "
-              f"{len(set(np.round(cross, 6)))} distinct pairwise SkE in [{min(cross):.3f}, {max(cross):.3f}]; "
-              f"θ = {table['thetas'][0]:.3f}, {table['thetas'][1]:.3f}; Spearman(Eq.3 direct, Eq.7) = {rho:.3f}"
-              + (" (undefined: one side is constant)" if rho != rho else "") + f" → {run / 'fig2_ske.png'}")
+        t0 = time.time()
+        table["null"] = ske_null(bank, acc["chains"], args, args.null_perms, args.seed)
+        cross = [v for (a, b), v in table["pairwise"].items() if a[0] != b[0] and v == v]
+        si, cr = single_vs_cross_items([(k, tuple(a), tuple(b)) for k, a, b in acc["chains"]["jobs"]],
+                                       acc["chains"]["q2"], acc["chains"]["scores"])
+        print(f"[ske] {acc['n_generations']} generations ({acc['seconds']:.0f}s); mean step score "
+              f"{acc['mean_step_score']:.3f} (verifiable steps {acc['mean_step_score_verifiable']:.3f}); "
+              f"{len(set(np.round(cross, 6)))} distinct pairwise SkE in [{min(cross, default=float('nan')):.3f}, "
+              f"{max(cross, default=float('nan')):.3f}]; θ = {table['thetas'][0]:.3f}, {table['thetas'][1]:.3f}; "
+              f"{len(acc['empty_cells'])} empty Acc cells (NaN){': ' + ', '.join(acc['empty_cells'][:6]) if acc['empty_cells'] else ''}"
+              f" → {run / 'fig2_ske.png'}")
+        print(f"[ske] against the null 'the first step does not matter' ({args.null_perms} permutations of the first "
+              f"step within each second step, {time.time() - t0:.0f}s; single vs cross over {len(si)} second steps):")
+        print(format_null(table["null"]))
         return table_to_json(acc, table)
     j = cached_stage(run / "ske_table.json", cfg, compute, dist, needed)
     if j is None:
@@ -1238,7 +1479,7 @@ def stage_synth(args, dist, run, bank, table, gen_of, cfg, needed):
         proposer = gen_of(args.proposer) if args.regenerations > 0 and args.llm_proposer_tasks != 0 else None
         train = synthesize(bank, table, proposer, args, "train", args.n_train, rng_len(args.train_len), ("verifiable",), 0)
         test = synthesize(bank, table, proposer, args, "test", args.n_test, rng_len(args.test_len), ("verifiable", "open_ended"), 1000)
-        by = lambda ts, k: {v: sum(t[k] == v for t in ts) for v in sorted({t[k] for t in ts})}
+        by = lambda ts, k: {str(v): sum(t[k] == v for t in ts) for v in sorted({t[k] for t in ts}, key=str)}
         print(f"[synth] {len(train)} train / {len(test)} test tasks in {time.time() - t0:.0f}s; proposer "
               f"{by(train + test, 'proposer')}; train levels {by(train, 'level')}; test levels {by(test, 'level')}")
         return dict(tasks=train + test)
@@ -1271,27 +1512,37 @@ def stage_bench(args, dist, run, bank, test, gen_of, judge, embed, key_emb, cfg)
 
 def weakest_first(tasks, acc, seed):
     """STAT (simplified): the RL stream redrawn ∝ 1.05 − mean reference Acc(s) of a task's skills."""
-    w = [1.05 - float(np.mean([acc["skill"][tuple(k)] for k in t["skills"]])) for t in tasks]
+    m = [np.nanmean([acc["skill"][tuple(k)] for k in t["skills"]] + [np.nan]) for t in tasks]  # NaN: no chains
+    w = [1.05 - (0.5 if x != x else float(x)) for x in m]
     return random.Random(seed).choices(tasks, weights=w, k=len(tasks))
 
 
-def stage_train(args, dist, run, bank, acc, table, train, test, models, judge, embed, key_emb, cfg):
-    """§4: SFT warm-up, GRPO rows with their rewards, each evaluated on the test pool (Table 3)."""
+def stage_train(args, dist, run, bank, acc, table, train, test, models, judge, embed, key_emb):
+    """§4: SFT warm-up, GRPO rows with their rewards, each evaluated on the test pool (Table 3).
+    Every row is evaluated greedily on the same test tasks, so rows pair over tasks (table3_headline)."""
     gen_of, frozen = models
     doms = list(bank)
-    sft_tasks, rl_tasks = train[:args.n_sft], train[args.n_sft:] or train
-    sft_cfg = dict(cfg, sft=[args.sft_epochs, args.sft_lr, args.n_sft, args.teacher, args.max_new_tokens, args.sft_min_rans,
-                             args.sft_gold_fallback, args.prompts_per_step])
-    rl_cfg = [args.rl_steps, args.prompts_per_step, args.G, args.lr, args.beta, args.eps_low, args.eps_high,
-              args.max_new_tokens, args.temperature, args.dynamic_sampling, args.loss_agg, args.match_threshold]
     rows = [r for r in args.baselines.split(",") if r] + [f"ske_rl_lam{x}" for x in args.lambda_sweep.split(",") if x]
+    sft_tasks, rl_tasks = train[:args.n_sft], train[args.n_sft:]
+    if not rl_tasks and any("lam" in row_spec(r, args) for r in rows):
+        raise SystemExit(f"synthesis kept {len(train)} training tasks, none left for RL after --n-sft {args.n_sft}; "
+                         f"raise --n-train or lower --n-sft")
+    sft_cfg = stage_key(args, "sft")
     out = {}
     for name in rows:
         spec = row_spec(name, args)
-        rcfg = dict(sft_cfg, row=name, spec=spec, rl=rl_cfg if "lam" in spec else None)
+        drop = set()
+        if "lam" not in spec:
+            drop |= RL
+        elif name.startswith("ske_rl_lam") or ROWS[name].get("lam") is not None:
+            drop |= {"lambda_ans", "lambda_ent"}  # this row's λ is its own, not the flags'
+        if spec["init"] is None:
+            drop |= SFT | OPTIM - {"dtype"}
+        rcfg = dict(stage_key(args, "row", drop), row=name, spec=spec)
         path = run / name / "eval.json"
         if cached(path, rcfg) is None:
             t0 = time.time()
+            lam_ent = None
             if spec["init"] is None:
                 policy, tok = load_model(args.model, dist, args.dtype, trainable=False)
             elif spec["init"] == "sft_diverse":
@@ -1305,10 +1556,13 @@ def stage_train(args, dist, run, bank, acc, table, train, test, models, judge, e
                 reward_fn = make_reward_fn(bank, tab, train_ske, embed, key_emb, judge, args, *spec["lam"], spec["r_ent"])
                 stream = weakest_first(rl_tasks, acc, args.seed) if spec["tasks"] == "weakest" else rl_tasks
                 del policy
-                policy, tok = run_grpo(args, dist, stream, run / "sft", run / name, reward_fn, doms, frozen, rcfg)
+                policy, tok = run_grpo(args, dist, stream, run / "sft", run / name, reward_fn, doms, frozen, rcfg,
+                                       row_seed(args.seed, name), spec["lam"][0])
+                lam_ent = lambda_ent_summary(run / name)
                 if dist.is_main:
-                    print(f"[train] {name} (λ_ans={spec['lam'][0]}, λ_ent={spec['lam'][1]}, r_ent={spec['r_ent']}): "
-                          f"{args.rl_steps} GRPO steps in {time.time() - t0:.0f}s")
+                    print(f"[train] {name} (λ_ans={spec['lam'][0]}, λ_ent={spec['lam'][1]}, r_ent={spec['r_ent']}, seed "
+                          f"{row_seed(args.seed, name)}): {args.rl_steps} GRPO steps, {lam_ent['updates']} updates, in "
+                          f"{time.time() - t0:.0f}s; " + lambda_ent_note(lam_ent, spec["lam"][1]))
 
             policy = replica(policy)  # under FSDP, full weights that rank 0 runs alone (every rank calls it)
 
@@ -1319,7 +1573,11 @@ def stage_train(args, dist, run, bank, acc, table, train, test, models, judge, e
                 else:  # under torchrun only rank 0 evaluates: no collective engine calls
                     sampler = HFSampler(unwrap(policy), tok)
                 res = bench_eval(make_generate(sampler, tok), judge, test, args, doms, embed, bank_keys(bank), key_emb, "cross")
-                return dict(summarize(res, doms), seconds=time.time() - t1)
+                per_task = defaultdict(list)
+                for r in res:
+                    per_task[r["task"]].append(r["score"])
+                return dict(summarize(res, doms), per_task={t: float(np.mean(v)) for t, v in per_task.items()},
+                            lam_ent=lam_ent, seconds=time.time() - t1)
             cached_stage(path, rcfg, evaluate, dist)
             del policy
         out[name] = cached(path, rcfg)
@@ -1328,7 +1586,37 @@ def stage_train(args, dist, run, bank, acc, table, train, test, models, judge, e
         shown = {ROW_NAMES.get(k, k): v for k, v in out.items()}
         print_table("Table 3 shape: Skill²-Bench cross-skill, % per-step score", shown, ["overall"] + LEVELS + ["format_ok"])
         print_table("per domain", shown, doms)
+        for name, r in out.items():
+            if r.get("lam_ent") is not None:
+                print(f"  {ROW_NAMES.get(name, name)}: " + lambda_ent_note(r["lam_ent"], row_spec(name, args)["lam"][1]))
+        entries = table3_headline(out, test, args.seed)
+        if entries:
+            print(f"\nTable 3 paired over the {len(test)} test tasks (same tasks, greedy, every row; items = per-task mean step score):")
+            print(format_headline(entries))
     return out
+
+
+def lambda_ent_note(s, lambda_ent):
+    """The share of kept groups in which λ_ent changed an advantage, and what 0 means."""
+    note = f"λ_ent changed an advantage in {s['changed']} of {s['kept']} kept groups"
+    if lambda_ent > 0 and s["changed"] == 0:
+        note += (" — 0: every update equals answer-only GRPO's on the same rollouts, so this row cannot differ "
+                 "from GRPO (r_ans) by its reward, by construction (only by its sampling stream)")
+    return note
+
+
+TABLE3_CLAIMS = [("ske_rl", "grpo"), ("ske_rl", "format_only"), ("ske_rl", "shuffled_ske")]
+
+
+def table3_headline(rows, test, seed):
+    """Headline entries 'Skill-Entropy RL vs X' paired over the test tasks every row was evaluated on."""
+    entries = []
+    for a, b in TABLE3_CLAIMS:
+        if a in rows and b in rows and rows[a].get("per_task") and rows[b].get("per_task"):
+            ids = [t["id"] for t in test if t["id"] in rows[a]["per_task"] and t["id"] in rows[b]["per_task"]]
+            entries.append(compare(f"Table 3: {ROW_NAMES[a]} vs {ROW_NAMES[b]} (per-task cross-skill score)",
+                                   a, b, [rows[a]["per_task"][i] for i in ids], [rows[b]["per_task"][i] for i in ids]))
+    return entries
 
 
 def stage_label(args, dist, run, bank, table, gen_of, embed, key_emb, cfg):
@@ -1344,19 +1632,42 @@ def stage_label(args, dist, run, bank, table, gen_of, embed, key_emb, cfg):
               f"{ {lv: sum(x['level'] == lv for x in r) for lv in LEVELS} } → {run / 'offshelf_labelled.json'}")
 
 
-def stage_compare(args):
-    """Table 3 as mean ± sd over the run folders of --compare-runs (one seed each)."""
-    tabs = [json.loads((Path(r) / "table3.json").read_text())["rows"] for r in re.split(r"[,\s]+", args.compare_runs) if r]
-    names = [k for k in tabs[0] if all(k in t for t in tabs)]
-    print(f"\nTable 3 shape over {len(tabs)} runs ({args.compare_runs}): mean ± sd of % per-step score")
-    cols = ["overall"] + LEVELS + ["format_ok"]
-    print(f"{'':17s}" + "".join(f"{c:>14s}" for c in cols))
-    for k in names:
-        cells = []
-        for c in cols:
-            v = [100 * t[k][c] for t in tabs if t[k].get(c) is not None and t[k][c] == t[k][c]]
-            cells.append(f"{np.mean(v):7.1f} ± {np.std(v, ddof=1) if len(v) > 1 else 0:4.1f}" if v else f"{'-':>14s}")
-        print(f"{ROW_NAMES.get(k, k):17s}" + "".join(f"{c:>14s}" for c in cells))
+def write_headline(args, run, bank, acc, table, t3):
+    """results.json: the SkE null (observed, band, p, draws), Table 3 and the λ_ent shares, and the
+    headline entries (stats.compare) that --aggregate pools over seeds."""
+    results, headline = {}, []
+    if table.get("null"):
+        results["ske_null"] = table["null"]
+        ch = acc.get("chains")
+        if ch:
+            si, cr = single_vs_cross_items([(k, tuple(a), tuple(b)) for k, a, b in ch["jobs"]], ch["q2"], ch["scores"])
+            headline.append(compare("Acc: step-2 accuracy single-skill vs cross-skill chains (paired over second steps)",
+                                    "single", "cross", si, cr))
+    if t3:
+        results["table3"] = {k: {c: v for c, v in r.items() if c != "per_task"} for k, r in t3.items()}
+        headline += table3_headline(t3, [dict(id=i) for i in next(iter(t3.values())).get("per_task", {})], args.seed)
+    write_results(run, results, headline)
+
+
+def aggregate_nulls(run_dirs):
+    """--aggregate extra: each SkE statistic averaged over the runs, against the average of the runs'
+    independent null draws (draw i of every run), so p and the band are for the multi-seed mean."""
+    nulls = [json.loads((Path(d) / "results.json").read_text()).get("ske_null") for d in run_dirs]
+    nulls = [n for n in nulls if n]
+    if not nulls:
+        return {}
+    out = {}
+    for k in nulls[0]:
+        rs = [n[k] for n in nulls if k in n and n[k]["observed"] is not None and n[k]["observed"] == n[k]["observed"]]
+        if not rs:
+            continue
+        m = min(len(r["null"]) for r in rs)
+        obs = float(np.mean([r["observed"] for r in rs]))
+        draws = np.mean([r["null"][:m] for r in rs], axis=0)
+        out[k] = dict(observed=obs, null=[], n_seeds=len(rs), **null_p_band(obs, draws, NULL_SIDES[k]))
+    print(f"\nSkE against its permutation null, mean over {len(nulls)} runs:")
+    print(format_null(out))
+    return out
 
 # ----- main -----
 
@@ -1364,53 +1675,57 @@ def stage_compare(args):
 def main(argv=None):
     t_start = time.time()
     args = parse_with_preset(build_parser(), PRESETS, argv=argv, name="skill_entropy")
-    if args.stage == "compare":
-        return stage_compare(args)
+    if args.aggregate:  # finished runs (one seed each): pooled headline table, then the SkE nulls
+        entries = aggregate_main(args.aggregate)
+        return entries, aggregate_nulls(args.aggregate)
     if not (0 <= args.lambda_ans <= 1 and 0 <= args.lambda_ent <= 1):
         raise SystemExit("--lambda-ans/--lambda-ent must lie in [0, 1]")
+    rl_rows = [r for r in args.baselines.split(",") if r and "lam" in row_spec(r, args)] + [x for x in args.lambda_sweep.split(",") if x]
+    if args.stage in ("all", "train") and rl_rows and args.n_train <= args.n_sft:
+        raise SystemExit(f"--n-train {args.n_train} ≤ --n-sft {args.n_sft} leaves no RL tasks for {rl_rows}")
     if args.max_new_tokens >= args.max_model_len:
         raise SystemExit(f"--max-new-tokens {args.max_new_tokens} leaves no room for the prompt in --max-model-len {args.max_model_len}")
     dist = setup_distributed()
     seed_everything(args.seed + dist.rank)
     run = Path(args.run_dir)
     run.mkdir(parents=True, exist_ok=True)
-    bank = load_bank(args.bank, args.skills_per_domain, args.domains)
+    bank = load_bank(args.bank, args.skills_per_domain, args.domains, args.skills)
     if len([d for d in bank if bank[d]["kind"] == "verifiable"]) < 2:
         raise SystemExit("need at least two verifiable domains (training tasks switch domains at every step)")
     args.stages = ["bank", "ske", "synth", "bench", "train", "label"] if args.stage == "all" else [args.stage]
     gen_of, embed, frozen = frozen_models(args, dist)
     judge = lambda msgs: gen_of(args.judge)(msgs, 4)
     key_emb = embed([key_text(d, s) for d, s in bank_keys(bank)]) if set(args.stages) & {"bench", "train", "label"} else None
-    # every stage's settings key its output: a file (or checkpoint) made with others is recomputed
-    cfg = dict(bank=args.bank, skills_per_domain=args.skills_per_domain, domains=args.domains, seed=args.seed,
-               ref=args.ref_model or args.model)
     if "bank" in args.stages:
-        stage_bank(args, dist, run, bank, gen_of, embed, dict(cfg, label_seeds=args.label_seeds, threshold=args.cluster_threshold))
+        stage_bank(args, dist, run, bank, gen_of, embed, stage_key(args, "bank"))
     if args.stages == ["bank"]:
         return
-    cfg.update(alpha=args.alpha, acc_samples=args.acc_samples, pair_acc=args.pair_acc, direct_pairs=args.direct_pairs,
-               q=args.level_quantiles, tok=args.acc_max_new_tokens)
-    acc, table = stage_ske(args, dist, run, bank, gen_of, judge, cfg, needed=bool(set(args.stages) - {"bank", "bench"}))
+    t3 = None
+    acc, table = stage_ske(args, dist, run, bank, gen_of, judge, stage_key(args, "ske"),
+                           needed=bool(set(args.stages) - {"bank", "bench"}))
     if "label" in args.stages:
-        stage_label(args, dist, run, bank, table, gen_of, embed, key_emb, dict(cfg, n_label=args.n_label, teacher=args.teacher))
-    cfg.update(n_train=args.n_train, n_test=args.n_test, train_len=args.train_len, test_len=args.test_len,
-               llm=args.llm_proposer_tasks, regen=args.regenerations, verifier=args.verifier, proposer=args.proposer,
-               propose_tok=args.propose_max_new_tokens, max_reject=args.max_reject)
-    train, test = stage_synth(args, dist, run, bank, table, gen_of, cfg, needed=bool(set(args.stages) & {"synth", "bench", "train"}))
+        stage_label(args, dist, run, bank, table, gen_of, embed, key_emb, stage_key(args, "label"))
+    train, test = stage_synth(args, dist, run, bank, table, gen_of, stage_key(args, "synth"),
+                              needed=bool(set(args.stages) & {"synth", "bench", "train"}))
     if "train" in args.stages and not train:
         raise SystemExit(f"no synthesized tasks in {run} for these settings; run the `synth` stage first")
-    if "bench" in args.stages:
-        stage_bench(args, dist, run, bank, test, gen_of, judge, embed, key_emb, dict(cfg, model=args.model, tok=args.max_new_tokens))
     if "train" in args.stages:
-        stage_train(args, dist, run, bank, acc, table, train, test, (gen_of, frozen), judge, embed, key_emb, cfg)
+        check_response_budget(args, train)
+    if "bench" in args.stages:
+        stage_bench(args, dist, run, bank, test, gen_of, judge, embed, key_emb, stage_key(args, "bench"))
+    if "train" in args.stages:
+        t3 = stage_train(args, dist, run, bank, acc, table, train, test, (gen_of, frozen), judge, embed, key_emb)
+    if dist.is_main and args.stages != ["bank"]:
+        write_headline(args, run, bank, acc, table, t3 if "train" in args.stages else None)
     if dist.is_main:
         print(f"\ndone in {time.time() - t_start:.0f}s; everything is in {run}/")
 
 # ----- seed data: the skill bank (Table 1) and its sources -----
 
 
-def load_bank(path, skills_per_domain=0, only=""):
-    """Read and validate a bank JSON: {domains: {d: {kind, scorer, skills: {s: spec}}}}."""
+def load_bank(path, skills_per_domain=0, only="", skills=""):
+    """Read and validate a bank JSON: {domains: {d: {kind, scorer, skills: {s: spec}}}}; `only` keeps
+    those domains, `skills` those domain/skill keys, then the first skills_per_domain of each."""
     try:
         raw = json.loads(Path(path).read_text())
         domains = raw["domains"]
@@ -1420,6 +1735,12 @@ def load_bank(path, skills_per_domain=0, only=""):
     keep = [d for d in only.split(",") if d]
     if any(d not in domains for d in keep):
         raise SystemExit(f"skill bank {path}: --domains {only!r} names a domain not in {sorted(domains)}")
+    picked = [tuple(k.split("/", 1)) for k in skills.split(",") if k]
+    bad = [k for k in picked if len(k) != 2 or k[0] not in domains or k[1] not in domains[k[0]].get("skills", {})]
+    if bad:
+        raise SystemExit(f"skill bank {path}: --skills names {'/'.join(bad[0])!r}, not a domain/skill of the bank")
+    if picked:
+        keep = [d for d in (keep or domains) if any(k[0] == d for k in picked)]
     bank = {}
     for d, spec in domains.items():
         if keep and d not in keep:
@@ -1431,7 +1752,8 @@ def load_bank(path, skills_per_domain=0, only=""):
             raise SystemExit(f"skill bank {path}: domain {d!r} kind must be verifiable|open_ended")
         if spec["scorer"] not in SCORERS:
             raise SystemExit(f"skill bank {path}: domain {d!r} scorer must be one of {sorted(SCORERS)}")
-        skills = dict(list(spec["skills"].items())[: skills_per_domain or None])
+        skills = {s: v for s, v in spec["skills"].items() if not picked or (d, s) in picked}
+        skills = dict(list(skills.items())[: skills_per_domain or None])
         if not skills:
             raise SystemExit(f"skill bank {path}: domain {d!r} has no skills")
         bank[d] = dict(kind=spec["kind"], scorer=spec["scorer"], skills=skills)
@@ -1514,13 +1836,19 @@ def _norm_tokens(text):
     return re.sub(r"[\"'`.,;:!?()\[\]{}]", " ", text).split()
 
 
+_OPERATOR = re.compile(r"[\d)}]\s*(?:[-+*×÷^]|/(?!\d+\s*$))\s*[\d({\\]")
+
+
 def score_math(pred, step):
-    """Symbolic equivalence with math-verify; 0 on empty or unparsable output."""
-    if not str(pred).strip():
+    """Symbolic equivalence with math-verify of the final value: the right-hand side of the last
+    '=', and, when the gold answer is a value, no arithmetic left in it (math-verify would evaluate
+    '37 + 48' to 85); 0 on empty or unparsable output."""
+    pred = str(pred).rsplit("=", 1)[-1].strip().rstrip(".")
+    if not pred or (_OPERATOR.search(pred) and not _OPERATOR.search(str(step["answer"]))):
         return 0.0
     try:
         from math_verify import parse, verify
-        return float(bool(verify(parse(step["answer"]), parse(str(pred)))))
+        return float(bool(verify(parse(step["answer"]), parse(pred))))
     except Exception:
         return float(_norm_tokens(pred) == _norm_tokens(step["answer"]))
 
@@ -1542,15 +1870,19 @@ def score_code(pred, step, timeout_s=5.0, mem_mb=512):
 
 
 def score_choice(pred, step):
-    """Multiple-choice letter matching (an exact option text counts as its letter)."""
+    """Multiple-choice letter matching: a letter alone, or followed only by its own option text,
+    or after "answer is"; an exact option text counts as its letter. A longer text that merely
+    starts with a letter-like word (a restated question) does not count."""
     text = str(pred).strip()
-    letters = sorted(step["meta"].get("options", {"A": 0, "B": 0, "C": 0, "D": 0}))
-    cls = "".join(letters)
-    m = (re.match(rf"^\(?([{cls}])\)?(?:[.):\s]|$)", text)
-         or re.search(rf"answer(?: is)?\s*:?\s*\(?([{cls}])\b", text, re.I))
+    options = step["meta"].get("options", {"A": "", "B": "", "C": "", "D": ""})
+    cls = "".join(sorted(options))
+    m = re.match(rf"^\(?([{cls}])\)?(?:[.):\s]|$)(.*)", text, re.S)
+    if m and _norm_tokens(m.group(2)) in ([], _norm_tokens(options.get(m.group(1), ""))):
+        return float(m.group(1) == step["answer"])
+    m = re.search(rf"answer(?: is)?\s*:?\s*\(?([{cls}])\b", text, re.I)
     if m:
         return float(m.group(1).upper() == step["answer"])
-    for k, v in step["meta"].get("options", {}).items():
+    for k, v in options.items():
         if _norm_tokens(text) == _norm_tokens(v):
             return float(k == step["answer"])
     return 0.0
@@ -1605,6 +1937,17 @@ def parse_judge(text):
     m = re.search(r"\b(10|[0-9])\b", str(text))
     return int(m.group(1)) / 10 if m else 0.0
 
+def echoes_question(pred, step):
+    """A reply that restates (part of) its question instead of answering: its whitespace-free text
+    (≥ 2 characters) lies inside the step's question and is not the gold answer. Choice, code and
+    open-ended steps have their own rules (score_choice, unit tests, the judge)."""
+    if step["scorer"] not in ("math", "exact", "structure"):
+        return False
+    flat = lambda t: re.sub(r"\s+", "", str(t).lower()).strip(".")
+    p = flat(pred)
+    qs = [flat(step.get(k, "")) for k in ("question", "seed_question")]
+    return len(p) >= 2 and p != flat(step["answer"]) and any(p in q for q in qs)
+
 SCORERS = {"math": score_math, "code": score_code, "choice": score_choice,
            "structure": score_structure, "exact": score_exact, "judge": None}
 
@@ -1621,7 +1964,7 @@ def score_steps(steps, preds, args, judge=None):
             to_judge.append(i)
         elif st["scorer"] == "code":
             scores[i] = score_code(pr, st, args.code_timeout, args.code_mem_mb)
-        else:
+        elif not echoes_question(pr, st):
             scores[i] = SCORERS[st["scorer"]](pr, st)
     if to_judge and judge is not None:
         replies = judge([judge_prompt(steps[i], preds[i]) for i in to_judge])

@@ -318,36 +318,84 @@ def test_spearman():
 
 
 def test_tiny_preset_smoke(tmp_path):
-    """Every stage end to end on the embedded model, shrunk further with flags. Fails when the
-    run shows no signal: a constant SkE table, or every Acc cell at 0."""
+    """Every stage end to end on the embedded model, shrunk further with flags. Fails when the run
+    shows no signal: RL made no update, every verifiable step scored 0 (the judge's open-ended
+    scores kept apart), or SkE is indistinguishable from a constant (sd ≤ 0.01 or < 3 values)."""
     cmd = [sys.executable, str(ROOT / "skill_entropy.py"), "--preset", "tiny", "--sampler", "hf",
            "--run-dir", str(tmp_path / "run"), "--domains", "math,information_extraction,creative_writing",
-           "--skills-per-domain", "2", "--acc-samples", "2", "--direct-pairs", "3", "--n-train", "4", "--n-sft", "2",
-           "--n-test", "3", "--train-len", "2,3", "--test-len", "2,3", "--llm-proposer-tasks", "1", "--max-new-tokens", "24",
+           "--skills-per-domain", "2", "--acc-samples", "2", "--direct-pairs", "3", "--n-train", "6", "--n-sft", "2",
+           "--n-test", "3", "--train-len", "2,3", "--test-len", "2,3", "--llm-proposer-tasks", "1", "--max-new-tokens", "96",
            "--acc-max-new-tokens", "12", "--propose-max-new-tokens", "24", "--rl-steps", "1", "--prompts-per-step", "2",
-           "--G", "2", "--label-seeds", "1", "--n-label", "1", "--sft-epochs", "2",
+           "--G", "4", "--label-seeds", "1", "--n-label", "1", "--sft-epochs", "6", "--null-perms", "50",
            "--baselines", "grpo,format_only,shuffled_ske,ske_rl"]
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     run = tmp_path / "run"
     for f in ("bank_labelled.json", "ske_table.json", "fig2_ske.png", "tasks.json", "bench.json", "table3.json",
-              "offshelf_labelled.json"):
+              "offshelf_labelled.json", "results.json"):
         assert (run / f).exists(), f
     ske = json.loads((run / "ske_table.json").read_text())
-    assert ske["mean_step_score"] > 0, "every Acc cell is 0: the reference model answered nothing"
-    assert len({round(v, 6) for v in ske["ske_pairwise"].values()}) >= 3, "SkE is (nearly) constant"
+    assert ske["mean_step_score_verifiable"] > 0, "every verifiable Acc step is 0: the reference model answered nothing"
+    cross = [v for k, v in ske["ske_pairwise"].items() if k.split("/")[0] != k.split("|")[1].split("/")[0] and v == v]
+    assert len({round(v, 6) for v in cross}) >= 3 and np.std(cross) > 0.01, "SkE is (nearly) constant"
     assert ske["thetas"][0] < ske["thetas"][1]
+    assert set(ske["null"]) == {"spread", "spearman", "single_minus_cross"} and "null 95 % band" in out.stdout
     t3 = json.loads((run / "table3.json").read_text())["rows"]
     assert set(t3) == {"grpo", "format_only", "shuffled_ske", "ske_rl"}
     assert all(0.0 <= r["overall"] <= 1.0 for r in t3.values())
-    assert "Table 3 shape" in out.stdout
+    assert any(t3[r]["lam_ent"]["updates"] > 0 for r in t3), "no RL row made an update (every group dropped or cut off)"
+    assert "Table 3 shape" in out.stdout and "kept groups" in out.stdout
+    res = json.loads((run / "results.json").read_text())
+    assert {e["claim"].split(":")[0] for e in res["headline"]} == {"Acc", "Table 3"}
     tasks = json.loads((run / "tasks.json").read_text())["tasks"]
     assert all(t["proposer"] in ("llm", "template") for t in tasks)
     # a re-run reuses every stage's output and every checkpoint
     out2 = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert out2.returncode == 0 and "[ske]" not in out2.stdout and "GRPO steps" not in out2.stdout
     assert "SFT →" not in out2.stdout
+    # a budget that fits no D.2 response is an error, not an RL stage that silently drops every group
+    bad = subprocess.run(cmd + ["--max-new-tokens", "24", "--rl-steps", "2"], capture_output=True, text=True, timeout=600, env=env)
+    assert bad.returncode != 0 and "fits no D.2 response" in bad.stderr
+
+
+def test_d4_matching_with_the_real_minilm_at_threshold_half():
+    """D.4 with the embedder the reward uses (MiniLM) at the paper's 0.5: every canonical key maps to
+    itself, paraphrases of a key to that key, labels from outside the bank to None."""
+    bank = se.load_bank(se.DATA / "bank.json")
+    keys = se.bank_keys(bank)
+    embed = se.minilm_encoder()
+    key_emb = embed([se.key_text(*k) for k in keys])
+    out, sims = se.match_labels(keys, embed, keys, key_emb, 0.5)
+    assert out == keys and min(sims) > 0.99
+    para = {("math", "multiplying numbers"): ("math", "multiplication"), ("logic", "syllogisms"): ("logic", "syllogistic_deduction"),
+            ("science", "genetics"): ("science", "genetics"), ("coding", "string manipulation"): ("coding", "string_manipulation")}
+    out, _ = se.match_labels(list(para), embed, keys, key_emb, 0.5)
+    assert out == list(para.values())
+    out, sims = se.match_labels([("cooking", "baking bread"), ("music", "guitar chords"), ("gardening", "pruning roses")],
+                                embed, keys, key_emb, 0.5)
+    assert out == [None] * 3 and max(sims) < 0.5
+
+
+def test_gpu_preset_runs_one_step_on_the_tiny_random_model(tiny_model_dir, tmp_path, capsys):
+    """--preset gpu (Qwen3-1.7B, power-sized) with --model → the random tiny model: one GRPO step per
+    RL row on CPU; sizes shrunk by flags, every other setting the preset's."""
+    from grpo import parse_with_preset
+    a = parse_with_preset(se.build_parser(), se.PRESETS, argv=["--preset", "gpu", "--run-dir", "/tmp/x"])
+    assert a.model == "Qwen/Qwen3-1.7B" and a.n_test == 300 and a.rl_steps == 100 and a.G == 8
+    bank = se.load_bank(a.bank, a.skills_per_domain, a.domains, a.skills)
+    binary = {("logic", "syllogistic_deduction"), ("logic", "boolean_circuits"), ("logic", "truth_teller_puzzles"),
+              ("planning", "dependency_scheduling"), ("information_extraction", "letter_inventory")}
+    assert len(bank) == 9 and not binary & set(se.bank_keys(bank))
+    run = tmp_path / "run"
+    se.main(["--preset", "gpu", "--model", tiny_model_dir, "--sampler", "hf", "--run-dir", str(run),
+             "--domains", "math,science,creative_writing", "--acc-samples", "1", "--direct-pairs", "2", "--n-train", "4",
+             "--n-sft", "2", "--n-test", "3", "--train-len", "2,3", "--test-len", "2,3", "--max-new-tokens", "160",
+             "--acc-max-new-tokens", "4", "--propose-max-new-tokens", "8", "--llm-proposer-tasks", "0", "--rl-steps", "1",
+             "--prompts-per-step", "2", "--G", "2", "--label-seeds", "1", "--n-label", "1", "--sft-epochs", "1",
+             "--max-model-len", "512", "--null-perms", "20", "--baselines", "grpo,ske_rl"])
+    out = capsys.readouterr().out
+    assert out.count("1 GRPO steps") == 2 and (run / "results.json").exists()
 
 
 # ----- synthesis loop and reward function without a model (the LLM is an input here) -----
@@ -592,17 +640,96 @@ def test_estimate_acc_asks_step_by_step_and_reads_leniently(tmp_path):
     assert all(v == 1.0 for v in acc["skill"].values()) and acc["domain"] == {"p": 1.0, "q": 1.0}
     assert acc["s2d"][(("p", "s1"), "q")] == 0.5 and acc["s2d"][(("q", "s1"), "p")] == 1.0
     assert acc["d2s"][("p", ("q", "s2"))] == 0.5 and acc["d2s"][("q", ("q", "s2"))] == 1.0
-    assert acc["step2_single"] == 1.0 and acc["step2_cross"] < 1.0
+    jobs = [(k, tuple(a), tuple(b)) for k, a, b in acc["chains"]["jobs"]]
+    single, cross = se.single_vs_cross_items(jobs, acc["chains"]["q2"], acc["chains"]["scores"])
+    assert len(single) == 4 * 4 and all(x == 1.0 for x in single) and min(cross) < 1.0   # paired over (b, q)
+    assert acc["empty_cells"] == [] and acc["mean_step_score_verifiable"] == acc["mean_step_score"]
+    # the null: a cost only on [p] → [q] switches beats it; the same scores with the first step shuffled do not
+    null = se.ske_null(bank, acc["chains"], argparse.Namespace(alpha=0.1, pair_acc="both", level_quantiles="0.33,0.67"), 200, 0)
+    assert null["single_minus_cross"]["p"] < 0.05 and null["spread"]["observed"] > null["spread"]["band"][1]
+    assert len(null["spread"]["null"]) == 200
 
 
-def test_lenient_readout_per_scorer():
-    assert se.answer_candidates("I think <answer>12</answer>", "math")[0] == "12"
-    assert "42" in se.answer_candidates("Adding them gives 42.", "math")
-    assert "B" in se.answer_candidates("B. blue, because", "choice")
-    assert se.answer_candidates("def f():\n  return 1", "code") == ["def f():\n  return 1"]
-    assert se.answer_candidates("", "math") == [] and se.answer_candidates(None, "exact") == []
-    st = {"scorer": "math", "answer": "42", "meta": {}}
-    assert se.score_lenient([st, st, st], ["so 42", "<answer>41</answer> or 42", "nothing"], Args()) == [1.0, 1.0, 0.0]
+def test_ske_null_is_not_beaten_by_noise():
+    """H0 true (every step-2 score is a coin flip, whatever came first): the null's p is uniform-ish,
+    so over 20 noise tables the spread beats its null at p < 0.05 in few of them (≤ 4 of 20)."""
+    bank = se.load_bank(se.DATA / "bank.json", 2, "math,logic,information_extraction")
+    args = argparse.Namespace(alpha=0.1, pair_acc="both", level_quantiles="0.33,0.67")
+    jobs = se.acc_jobs(bank, 4, 6, random.Random(0))
+    q2, seen = [], {}
+    for _, _, b in jobs:
+        q2.append(seen.get(b, 0) % 4)
+        seen[b] = seen.get(b, 0) + 1
+    rng = np.random.default_rng(1)
+    ps = []
+    for _ in range(20):
+        p_of = {(b, q): rng.uniform(0.1, 0.9) for _, _, b in jobs for q in range(4)}   # step 2 depends on (b, q) only
+        scores = [[float(rng.random() < 0.5), float(rng.random() < p_of[(b, q)])] for (_, _, b), q in zip(jobs, q2)]
+        chains = dict(jobs=[[k, list(a), list(b)] for k, a, b in jobs], q2=q2, scores=scores)
+        ps.append(se.ske_null(bank, chains, args, 100, 0)["spread"]["p"])
+    assert sum(p < 0.05 for p in ps) <= 4, ps
+
+
+def test_empty_acc_cell_is_nan_and_reported():
+    """Issue #25: a cell without chains was 0 (SkE ≈ 11); it is NaN, reported, and skipped downstream."""
+    bank = se.load_bank(se.DATA / "bank.json", 3, "math,logic")
+    jobs = [("single", k, k) for k in se.bank_keys(bank)] + [("chain", ("math", "arithmetic_operations"), ("logic", "syllogistic_deduction"))]
+    acc = se.cells_to_acc(bank, jobs, [(1.0, 1.0)] * len(jobs), "both")
+    assert acc["d2s"][("math", ("logic", "boolean_circuits"))] != acc["d2s"][("math", ("logic", "boolean_circuits"))]
+    assert "d2s:math|logic/boolean_circuits" in se.empty_cells(acc)
+    a, b = ("math", "arithmetic_operations"), ("logic", "boolean_circuits")
+    assert np.isnan(se.ske_factorised(a, b, acc, 0.1)) and se.level_of(float("nan"), (1.0, 2.0)) is None
+    tab = {(a, b): float("nan"), (b, a): 1.0}
+    pair, train = (lambda x, y: tab[(x, y)]), [1.0, float("nan"), 2.0]
+    assert se.r_ent_reward([b, a], [b, a], pair, train) == 1.0                                 # NaN training SkE* skipped
+    assert se.r_ent_reward([a, b], [b, a], pair, train) == 0.0 == se.r_ent_reward([b, a], [a, b], pair, train)
+    assert se.cdf_rank(1.5, [1.0, float("nan"), 2.0]) == 0.5
+    # acc_jobs: each source starts at its own offset, so one chain per cell still reaches every Acc(d_a, b)
+    big = se.load_bank(se.DATA / "bank.json", 0, "math,logic")
+    cells = se.pool_cells(se.acc_jobs(big, 2, 0, random.Random(0)), [(1, 1)] * 10 ** 4, "both")
+    assert all(cells[("d2s", d, k)] for d in big for k in se.bank_keys(big))
+
+
+def test_marked_answer_readout_per_scorer():
+    assert se.marked_answer("I think <answer>12</answer> or 13", "math") == "12"
+    assert se.marked_answer("Adding them.\nThe answer is: 42.", "math") == "42."
+    assert se.marked_answer("The answer is:\nRachel", "exact") == "Rachel"
+    assert se.marked_answer("True", "exact") == "True"
+    assert se.marked_answer("B. blue, because", "choice") == "B. blue, because"
+    assert se.marked_answer("Long reasoning\nthat never says which\n42", "math") == ""   # nothing marked
+    assert se.marked_answer("def f():\n  return 1", "code") == "def f():\n  return 1"
+    assert se.marked_answer("", "math") == "" and se.marked_answer(None, "exact") == ""
+    st = {"scorer": "math", "answer": "42", "meta": {}, "question": "What is 40 + 2?"}
+    assert se.score_replies([st] * 4, ["so 42", "<answer>41</answer> or 42", "nothing\nat all\n42", "40 + 2 = 42"],
+                            Args()) == [1.0, 0.0, 0.0, 1.0]
+
+
+def _tiny_bank():
+    from grpo import parse_with_preset
+    a = parse_with_preset(se.build_parser(), se.PRESETS, argv=["--preset", "tiny", "--run-dir", "/tmp/x"])
+    return se.load_bank(a.bank, a.skills_per_domain, a.domains)
+
+
+@pytest.mark.parametrize("key", se.bank_keys(_tiny_bank()))
+def test_echoing_the_question_never_scores(key):
+    """Issue #25: on every tiny-bank skill's questions, a reply that restates the question (bare, in
+    the answer tag, or only the expression it asks about) scores 0, while the gold answer scores 1."""
+    bank = _tiny_bank()
+    for i in range(12):
+        st = se.make_seed(bank, key[0], key[1], i)
+        q = st["question"]
+        echoes = [q, f"<answer>{q}</answer>", q.splitlines()[-1], f"<answer>{q.splitlines()[-1]}</answer>"]
+        expr = re.findall(r"-?\d+(?:\s*[-+*/]\s*-?\d+)+", q)          # "37 + 48" in "Calculate 37 + 48."
+        echoes += [e for x in expr for e in (x, f"<answer>{x}</answer>", f"The answer is {x}")]
+        assert se.score_replies([st] * len(echoes), echoes, Args()) == [0.0] * len(echoes), (key, q, echoes)
+        assert se.score_steps([st] * len(expr), expr, Args()) == [0.0] * len(expr)   # the RL reward path too
+        assert se.score_replies([st], [f"<answer>{st['answer']}</answer>"], Args()) == [1.0], (key, st["answer"])
+
+
+def test_score_choice_needs_a_letter_not_a_restated_question():
+    st = {"answer": "A", "meta": {"options": {"A": "a ball", "B": "blue", "C": "x", "D": "y"}}, "scorer": "choice"}
+    assert se.score_choice("A ball rolls down a slope. Which force acts? A. a ball B. blue", st) == 0.0
+    assert se.score_choice("A. a ball", st) == 1.0 and se.score_choice("(A)", st) == 1.0
 
 
 def test_level_thresholds_break_ties():
@@ -623,7 +750,7 @@ def test_ske_table_json_round_trip():
     acc["pair"] = {(A, B): 0.3}
     acc.update(n_generations=4, seconds=1.0, mean_step_score=0.5)
     table = {"pairwise": {(A, B): 1.5, (B, C): 0.9}, "direct": {(A, B): 1.2}, "spearman_direct_vs_factorised": 0.5,
-             "thetas": [1.0, 1.4]}
+             "thetas": [1.0, 1.4], "null": {"spread": {"observed": 1.0, "null": [0.5], "p": 0.5, "band": [0.5, 0.5], "side": "greater"}}}
     acc2, table2 = se.json_to_table(json.loads(json.dumps(se.table_to_json(acc, table))))
     assert table2 == table
     assert all(acc2[k] == acc[k] for k in ("skill", "domain", "s2d", "d2s", "pair"))
@@ -677,17 +804,30 @@ def test_row_specs_and_diverse_subset():
     assert se.diverse_subset(ts, 2) == [ts[0], ts[2]]
 
 
-def test_compare_prints_mean_and_sd_over_seeds(tmp_path, capsys):
+def test_aggregate_pools_headlines_and_nulls_over_seeds(tmp_path, capsys):
+    """`--aggregate RUN_DIR...` (replaces `compare --compare-runs`): Table 3 entries pooled over tasks ×
+    seeds, and each SkE statistic's multi-seed mean against the mean of the runs' null draws."""
+    import stats
     runs = []
-    for i, v in enumerate((0.1, 0.2, 0.3)):
+    rng = np.random.default_rng(0)
+    for i in range(3):
         r = tmp_path / f"seed{i}"
-        r.mkdir()
-        row = dict(overall=v, low=v, medium=v, high=float("nan"), format_ok=1.0)
-        (r / "table3.json").write_text(json.dumps({"rows": {"grpo": row, "ske_rl": dict(row, overall=2 * v)}}))
+        a = rng.random(6).round(2).tolist()
+        head = [stats.compare("Table 3: Skill-Entropy RL vs GRPO (r_ans) (per-task cross-skill score)", "ske_rl", "grpo",
+                              [x + 0.5 for x in a], a)]
+        null = dict(spread=dict(observed=2.0, null=rng.random(200).tolist(), p=0.0, band=[0, 1], side="greater"),
+                    spearman=dict(observed=0.1, null=rng.uniform(-1, 1, 200).tolist(), p=0.5, band=[-1, 1], side="greater"),
+                    single_minus_cross=dict(observed=None, null=[], p=None, band=[None, None], side="two-sided"))
+        stats.write_results(r, {"ske_null": null}, head)
         runs.append(str(r))
-    se.main(["compare", "--compare-runs", " ".join(runs)])
+    entries, nulls = se.main(["--aggregate", *runs])
     out = capsys.readouterr().out
-    assert re.search(r"GRPO \(r_ans\)\s+20\.0 ±\s+10\.0", out) and re.search(r"Skill-Entropy RL\s+40\.0 ±\s+20\.0", out)
+    assert entries[0]["n_seeds"] == 3 and entries[0]["n_items"] == 18 and entries[0]["diff"] == pytest.approx(0.5)
+    assert "Skill-Entropy RL vs GRPO" in out and "mean over 3 runs" in out
+    assert nulls["spread"]["p"] == pytest.approx(1 / 201) and nulls["spread"]["observed"] == 2.0
+    lo, hi = nulls["spread"]["band"]
+    assert 0.1 < lo < hi < 0.9 and hi - lo < 0.8     # the mean of 3 uniforms is narrower than one's [0.025, 0.975]
+    assert "single_minus_cross" not in nulls
 
 
 def test_pipeline_mechanics_on_a_tiny_random_model(tiny_model_dir, tmp_path, capsys):
@@ -696,7 +836,7 @@ def test_pipeline_mechanics_on_a_tiny_random_model(tiny_model_dir, tmp_path, cap
     run = tmp_path / "run"
     argv = ["--preset", "tiny", "--model", tiny_model_dir, "--sampler", "hf", "--run-dir", str(run),
             "--domains", "math,logic,creative_writing", "--acc-samples", "1", "--direct-pairs", "2", "--n-train", "4",
-            "--n-sft", "2", "--n-test", "3", "--train-len", "2,3", "--test-len", "2,3", "--max-new-tokens", "8",
+            "--n-sft", "2", "--n-test", "3", "--train-len", "2,3", "--test-len", "2,3", "--max-new-tokens", "128",
             "--acc-max-new-tokens", "4", "--propose-max-new-tokens", "8", "--rl-steps", "1", "--prompts-per-step", "2",
             "--G", "2", "--label-seeds", "1", "--n-label", "1", "--sft-epochs", "1", "--max-model-len", "512",
             "--baselines", "base,grpo,format_only"]
@@ -712,3 +852,89 @@ def test_pipeline_mechanics_on_a_tiny_random_model(tiny_model_dir, tmp_path, cap
     se.main(argv + ["--lambda-ans", "0.8", "--lambda-ent", "0.2"])   # only format_only uses the flags' λ
     out = capsys.readouterr().out
     assert out.count("GRPO steps") == 1 and "format_only (λ_ans=0.8" in out and "SFT →" not in out
+
+
+# ----- issue #25 §1: instruments -----
+
+
+def _tiny_args(*extra):
+    from grpo import parse_with_preset
+    return parse_with_preset(se.build_parser(), se.PRESETS, argv=["--preset", "tiny", "--run-dir", "/tmp/x", *extra])
+
+
+def test_cache_keys_derive_from_every_flag_that_changes_a_stage():
+    """The train key once omitted scale_rewards, passes, top_p, grad_clip, adv_eps, precision; the SFT
+    key --model under --ref-model; the ske key --judge, the frozen dtype and --sampler."""
+    base = _tiny_args("--ref-model", "embedded")
+    key = lambda a, st: json.dumps(se.stage_key(a, st), sort_keys=True, default=str)
+    for flag, value, stages in [("--no-scale-rewards", None, ["row"]), ("--passes", "2", ["row"]), ("--top-p", "0.9", ["row"]),
+                                ("--grad-clip", "0.5", ["row", "sft"]), ("--adv-eps", "0.01", ["row"]),
+                                ("--precision", "bf16", ["row", "sft"]), ("--model", "other", ["row", "sft", "bench"]),
+                                ("--judge", "other", ["ske", "synth", "bench", "sft", "row", "label"]),
+                                ("--frozen-dtype", "bfloat16", ["ske", "synth", "bench", "sft", "row", "label"]),
+                                ("--sampler", "hf", ["ske", "synth", "bench", "sft", "row", "label"]),
+                                ("--acc-samples", "3", ["ske", "synth", "bench", "sft", "row", "label"])]:
+        other = _tiny_args("--ref-model", "embedded", flag, *([value] if value else []))
+        for st in stages:
+            assert key(base, st) != key(other, st), (flag, st)
+    # bookkeeping and the flags of later stages do not key earlier ones
+    assert key(base, "ske") == key(_tiny_args("--ref-model", "embedded", "--rl-steps", "9", "--run-dir", "/tmp/y", "--resume"), "ske")
+    assert key(base, "synth") == key(_tiny_args("--ref-model", "embedded", "--null-perms", "7"), "synth")
+    # a flag nobody listed keys every stage (derived, not listed)
+    base.some_new_flag = 1
+    assert all("some_new_flag" in se.stage_key(base, st) for st in se.STAGE_EXCLUDE)
+
+
+def test_row_seeds_differ_per_row_and_follow_seed():
+    seeds = {se.row_seed(0, r) for r in ("grpo", "format_only", "shuffled_ske", "ske_rl")}
+    assert len(seeds) == 4 and se.row_seed(0, "grpo") != se.row_seed(1, "grpo") and se.row_seed(0, "grpo") == se.row_seed(0, "grpo")
+
+
+def test_screen_script_imports():
+    """data/skill_entropy/screen.py imported HFSampler from grpo (ImportError since the plumbing split)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("screen", se.DATA / "screen.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert callable(mod.main) and mod.se.score_replies is se.score_replies
+
+
+def test_frozen_model_help_names_the_real_fallback():
+    helps = {a.dest: a.help for a in se.build_parser()._actions}
+    for dest in ("teacher", "proposer", "judge"):
+        assert "--ref-model, else --model" in helps[dest], dest
+
+
+def test_rl_without_rl_tasks_is_an_error(tmp_path):
+    with pytest.raises(SystemExit, match="no RL tasks"):
+        se.main(["--preset", "tiny", "--n-train", "4", "--n-sft", "4", "--run-dir", str(tmp_path)])
+    with pytest.raises(SystemExit, match="no RL tasks"):   # the λ sweep is RL too
+        se.main(["--preset", "tiny", "--n-train", "4", "--n-sft", "4", "--baselines", "sft", "--lambda-sweep", "0.5",
+                 "--run-dir", str(tmp_path)])
+
+
+def test_lambda_ent_effect_counts_changed_advantages():
+    from grpo import Rollout
+    args = argparse.Namespace(dynamic_sampling=True, scale_rewards=True, adv_eps=1e-4)
+    mk = lambda g, ra, ren, la=0.7, le=0.3: Rollout([1], [2], [1], reward=la * ra + le * ren, group=g, info=dict(r_ans=ra))
+    rs = [mk(0, 1, 0.5), mk(0, 0, 0.5),          # r_ent constant within the group: Â unchanged
+          mk(1, 1, 0.0), mk(1, 0, 1.0),          # r_ent flips the order: changed
+          mk(2, 0, 0.0), mk(2, 0, 0.0),          # all equal: dropped by dynamic sampling
+          mk(3, 0, 0.2), mk(3, 0, 0.9)]          # r_ans equal, r_ent not: kept only for r_ent, changed
+    assert se.lambda_ent_effect(rs, args, 0.7) == (2, 3)
+    grpo_only = [mk(0, 1, 0.3, 1.0, 0.0), mk(0, 0, 0.9, 1.0, 0.0)]
+    assert se.lambda_ent_effect(grpo_only, args, 1.0) == (0, 1)
+    assert "cannot differ" in se.lambda_ent_note(dict(changed=0, kept=5), 0.3)
+    assert "cannot differ" not in se.lambda_ent_note(dict(changed=0, kept=5), 0.0)
+
+
+def test_response_budget_fits_the_gold_traces(tiny_model_dir):
+    """--max-new-tokens 24 fit no D.2 response with L ≥ 2: every RL group was dropped and the smoke test passed."""
+    bank, keys, table = _small_world()
+    tasks = se.synthesize(bank, table, None, SynArgsRules(), "train", 4, (2, 3), ("verifiable",), 0)
+    for t in tasks:
+        t["steps"] = [dict(st) for st in t["steps"]]
+    with pytest.raises(SystemExit, match="fits no D.2 response"):
+        se.check_response_budget(argparse.Namespace(model=tiny_model_dir, max_new_tokens=24), tasks)
+    need = se.check_response_budget(argparse.Namespace(model=tiny_model_dir, max_new_tokens=4000), tasks)
+    assert 24 < need < 4000

@@ -5,7 +5,7 @@
 Each candidate (a reasoning-gym generator with a small config, a group of HumanEval problems,
 a science multiple-choice skill) is asked --n single questions from its train pool, one per
 prompt, greedily, with skill_entropy.step_question and scored with the lenient per-scorer
-readout (skill_entropy.score_lenient) that the `ske` stage uses. The result goes to
+readout (skill_entropy.score_replies: the marked answer only, echoes score 0) that the `ske` stage uses. The result goes to
 data/skill_entropy/screen.json; bank.json keeps the skills whose accuracy lies in
 [0.2, 0.7] (a seed the reference model partly solves gives Acc cells room to move).
 HumanEval is screened per problem: a greedy reference model solves a fixed problem or not.
@@ -19,7 +19,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 import skill_entropy as se  # noqa: E402
-from grpo import HFSampler, load_model, setup_distributed  # noqa: E402
+from grpo import setup_distributed  # noqa: E402
+from plumbing import HFSampler, load_model  # noqa: E402
 
 RG = {  # domain → [(dataset, config)], small configs a 135M model may partly solve
     "math": [("basic_arithmetic", dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1, operators=["+", "-"], allow_parentheses=False)),
@@ -83,7 +84,7 @@ def main():
     t0 = time.time()
     outs = gen([[{"role": "user", "content": se.step_question(st, 0)}] for _, _, st in rows], a.max_new_tokens)
     args = argparse.Namespace(code_timeout=5.0, code_mem_mb=512)
-    scores = se.score_lenient([st for _, _, st in rows], outs, args)
+    scores = se.score_replies([st for _, _, st in rows], outs, args)
     res = {}
     for (d, s, st), sc, o in zip(rows, scores, outs):
         r = res.setdefault(f"{d}/{s}", dict(domain=d, spec=bank[d]["skills"][s], scores=[], n_answers=set(), example=o[:200]))
