@@ -90,7 +90,7 @@ PRESETS = {
     # 2-core CPU, embedded SmolLM2-135M, a small world: a few tasks per stage (README: measured wall time);
     # rollouts on vLLM (`auto`: HF generate if vLLM cannot start)
     "tiny": dict(n_people=40, n_places=16, n_orgs=10, n_events=10, n_hamlets=12, n_shared=6, n_train=60, n_test=10,
-                 topk_docs=2, sim_threshold=0.0, K=3, sft_tasks=80, sft_n=1, sft_batch=4, sft_lr=1e-4,
+                 sim_threshold=0.0, K=3, sft_tasks=80, sft_n=1, sft_batch=4, sft_lr=1e-4,
                  sft_epochs=1, route_epochs=3, exec_epochs=1, talent_sft_init="skillrl-sft", zero_shot=True,
                  arms=["talentrl"], rl_steps=2, tasks_per_step=2, G=4, train_controls=False, lr=1e-5,
                  max_new_tokens=64, route_max_tokens=64, micro_batch=4,

@@ -515,7 +515,7 @@ def test_skillrl_sft_sees_the_original_rows_only_and_route_rows_get_their_epochs
 
 def test_eq8_scripted_teacher_can_choose_every_talent(tiny_world, tok):
     args, W = tiny_world
-    tasks = [q for s in T.SPLITS for q in W.questions[s]["test"]]
+    tasks = [q for s in T.SPLITS for q in W.questions[s]["test"] + W.questions[s]["train"][:15]]
     _, st = T.build_sft_data(None, tok, W, tasks, args)
     assert set(st["chosen"]) == set(W.by_id)
     # each question type goes mostly to the talent meant for it
