@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install bubblewrap demo test bench clean skill-rm-seeds selfplay-compare
+.PHONY: install bubblewrap demo test bench clean skill-rm-seeds selfplay-compare precision-compare
 
 install: $(STAMP) bubblewrap
 
@@ -57,8 +57,9 @@ demo: install
 	@echo "report: runs/demo/REPORT.md"
 
 # Skill-SP against unguided self-play (the no-library ablation) on zebra at tiny scale, one run per seed and
-# arm (each its own process), then mean ± sd over seeds (skill_selfplay.compare_runs). One seed:
-# `make selfplay-compare COMPARE_SEEDS=1`; the summary reads every run folder present in runs/compare.
+# arm (each its own process), then the pooled headline (skill_selfplay.py --aggregate: each arm vs the better
+# trivial answer, Skill-SP vs unguided paired over puzzles × seeds, CI and p). One seed:
+# `make selfplay-compare COMPARE_SEEDS=0`; the summary reads every run folder present in runs/compare.
 COMPARE_SEEDS ?= 0 1 2
 selfplay-compare: install
 	set -e; for s in $(COMPARE_SEEDS); do for arm in skill unguided; do \
@@ -66,15 +67,20 @@ selfplay-compare: install
 	  $(BIN)/python skill_selfplay.py --family zebra --preset tiny --seed $$s --data-seed $$s --no-plots $$flag \
 	    --run-dir runs/compare/zebra-$$arm-s$$s; \
 	done; done
-	$(BIN)/python -c "import skill_selfplay as S; S.compare_runs('runs/compare')"
+	$(BIN)/python skill_selfplay.py --aggregate $$(ls -d runs/compare/zebra-*-s*)
 
 test: install
 	$(BIN)/python -m pytest -q -o tmp_path_retention_policy=failed tests
 
 bench: install
+	@$(BIN)/python -c "import plumbing; print('machine:', plumbing.choose_precision('auto', plumbing.bf16_capability())[1])"
 	$(BIN)/python -m pip install -q trl
 	$(BIN)/python bench/bench_sampler.py
 	$(BIN)/python bench/bench_step.py
+
+# fp32 and bf16 alike (issue #22): grpo.py --preset tiny at both precisions over SEEDS, mean ± sd of held-out accuracy.
+precision-compare: install
+	$(BIN)/python bench/precision_compare.py --seeds $(SEEDS)
 
 # Skill-RM vs. the LLM-judge baseline over seeds: one process per seed (run them one at a time, or
 # separately with `make skill-rm-seeds SEEDS=1`), then mean ± sd over every runs/skill_rm-seed*/.
