@@ -51,8 +51,8 @@ import torch.distributed as torch_dist
 from torch.distributed.fsdp import FSDPModule
 from tqdm import tqdm
 
-from plumbing import (dtype_flag, load_checkpoint, load_model, load_policy, log_metrics, make_sampler, plot_curves,
-                      precision_flag, save_checkpoint, unwrap)
+from plumbing import (dtype_flag, load_model, load_policy, log_metrics, make_sampler, plot_curves, precision_flag,
+                      resume_checkpoint, save_checkpoint, unwrap)
 
 # ----- config -----
 
@@ -598,7 +598,7 @@ def main(argv=None):
     ref = load_model(args.model, dist, args.dtype, trainable=False)[0] if args.beta > 0 else None
     opt = make_optimizer(model, args)
     start, extra = 0, {}
-    if args.resume and (ck := load_checkpoint(args.run_dir, model, opt, dist)):
+    if args.resume and (ck := resume_checkpoint(args.run_dir, model, opt, dist)):
         start, extra = ck[0] + 1, ck[1]
         print(f"resumed from {args.run_dir}/ckpt at step {ck[0]}", file=sys.stderr)
     sampler = make_sampler(args, model, tok, dist)

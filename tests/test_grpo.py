@@ -358,9 +358,8 @@ def test_missing_model_path_is_one_clear_error(tmp_path):
 def test_ddp_two_gloo_ranks_equal_one_process(tiny_model_dir, tmp_path, agg):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     script = os.path.join(ROOT, "tests", "ddp_check.py")
-    subprocess.run([sys.executable, script, tiny_model_dir, str(tmp_path / "one.pt"), agg], check=True, env=env)
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29517", script,
-                    tiny_model_dir, str(tmp_path / "two.pt"), agg], check=True, env=env)
+    subprocess.run([sys.executable, script, tiny_model_dir, str(tmp_path / "one.pt"), agg], check=True, env=env, timeout=300)
+    _torchrun(script, tiny_model_dir, str(tmp_path / "two.pt"), agg)
     one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
     for k in one["state"]:
         assert torch.allclose(one["state"][k], two["state"][k], atol=1e-6), k
@@ -371,7 +370,7 @@ def test_ddp_two_gloo_ranks_equal_one_process(tiny_model_dir, tmp_path, agg):
 def test_gather_and_broadcast_objects_two_gloo_ranks(tmp_path):
     """grpo.gather_objects: rank 0's list then rank 1's, on both ranks; grpo.broadcast_object: rank 0's object on both."""
     out = tmp_path / "objs"
-    _torchrun(29531, os.path.join(ROOT, "tests", "objects_check.py"), str(out))
+    _torchrun(os.path.join(ROOT, "tests", "objects_check.py"), str(out))
     for rank in (0, 1):
         got = json.loads((tmp_path / f"objs.{rank}").read_text())
         assert got["gather"] == [{"rank": 0, "k": 0}, {"rank": 1, "k": 0}, {"rank": 1, "k": 1}]
@@ -382,9 +381,10 @@ def test_gather_and_broadcast_objects_two_gloo_ranks(tmp_path):
     assert grpo.broadcast_object(items, dist) is items
 
 
-def _torchrun(port, *argv):
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}", *argv],
-                   check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+def _torchrun(*argv, timeout=900):
+    """2 gloo ranks; --standalone: the rendezvous binds a free port the OS picks, never a fixed number."""
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *argv],
+                   check=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=timeout)
 
 
 @pytest.mark.parametrize("agg", ["token", "seq"])
@@ -392,8 +392,8 @@ def test_fsdp_two_gloo_ranks_equal_one_process(tiny_model_dir, tmp_path, agg):
     # --grad-clip 0.05 is below this batch's gradient norm (about 0.1): clip_grad_norm_ over DTensor shards is checked too
     script = os.path.join(ROOT, "tests", "ddp_check.py")
     subprocess.run([sys.executable, script, tiny_model_dir, str(tmp_path / "one.pt"), agg, "--grad-clip", "0.05"],
-                   check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    _torchrun(29527, script, tiny_model_dir, str(tmp_path / "two.pt"), agg, "--grad-clip", "0.05", "--fsdp")
+                   check=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+    _torchrun(script, tiny_model_dir, str(tmp_path / "two.pt"), agg, "--grad-clip", "0.05", "--fsdp")
     one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
     assert set(one["state"]) == set(two["state"])
     for k in one["state"]:
@@ -411,11 +411,11 @@ def test_fsdp_resume_and_checkpoints(tiny_model_dir, tmp_path):
     script = os.path.join(ROOT, "tests", "fsdp_check.py")
     common = ["--model", tiny_model_dir, "--sampler", "hf", "--G", "3", "--prompts-per-step", "2", "--max-new-tokens", "6",
               "--eval-n", "0", "--lr", "1e-3", "--save-every", "2", "--beta", "0.1", "--precision", precision]
-    _torchrun(29528, script, "main", *common, "--fsdp", "--steps", "4", "--run-dir", str(tmp_path / "a"))
-    _torchrun(29528, script, "main", *common, "--fsdp", "--steps", "2", "--run-dir", str(tmp_path / "b"))
-    _torchrun(29528, script, "main", *common, "--fsdp", "--steps", "4", "--run-dir", str(tmp_path / "b"), "--resume")
-    _torchrun(29528, script, "main", *common, "--steps", "2", "--run-dir", str(tmp_path / "ddp"))  # DDP
-    _torchrun(29528, script, "roundtrip", tiny_model_dir, str(tmp_path / "ddp"), str(tmp_path / "back"))
+    _torchrun(script, "main", *common, "--fsdp", "--steps", "4", "--run-dir", str(tmp_path / "a"))
+    _torchrun(script, "main", *common, "--fsdp", "--steps", "2", "--run-dir", str(tmp_path / "b"))
+    _torchrun(script, "main", *common, "--fsdp", "--steps", "4", "--run-dir", str(tmp_path / "b"), "--resume")
+    _torchrun(script, "main", *common, "--steps", "2", "--run-dir", str(tmp_path / "ddp"))  # DDP
+    _torchrun(script, "roundtrip", tiny_model_dir, str(tmp_path / "ddp"), str(tmp_path / "back"))
 
     def weights(run):
         return load_file(tmp_path / run / "ckpt" / "model" / "model.safetensors")
@@ -445,7 +445,7 @@ def test_fsdp_vllm_greedy_equals_hf_greedy_after_sync(tmp_path):
     torch.manual_seed(0)
     LlamaForCausalLM(cfg).save_pretrained(tmp_path / "m")
     tok.save_pretrained(tmp_path / "m")
-    _torchrun(29529, os.path.join(ROOT, "tests", "fsdp_check.py"), "vllm", str(tmp_path / "m"), str(tmp_path / "out"))
+    _torchrun(os.path.join(ROOT, "tests", "fsdp_check.py"), "vllm", str(tmp_path / "m"), str(tmp_path / "out"))
     for rank in range(2):
         r = json.loads((tmp_path / f"out.{rank}").read_text())
         assert "banana split" in r["hf"] and r["hf"] == r["vllm"] and r["same_ids"], r
