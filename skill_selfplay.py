@@ -84,7 +84,7 @@ import numpy as np
 
 from grpo import (Rollout, add_grpo_args, barrier, broadcast_object, chat_ids, gather_objects, grpo_update,
                   make_optimizer, parse_with_preset, reduce_metrics, sample_group_rollouts, seed_everything,
-                  setup_distributed, sft_update)
+                  setup_distributed, sft_loop)
 from plumbing import (HFSampler, load_checkpoint, load_embedder, load_model, load_policy, log_metrics, make_sampler,
                       plot_curves, save_checkpoint)
 
@@ -876,7 +876,7 @@ def propose(tag, n_prompts, proposer_sampler, probe_sampler, tok, pkgs, stats, a
             rec = check_proposal(args.family, text, pkg, random.Random(f"{args.data_seed}-{tag}-{g}-{j}"))
             if rec is not None:
                 rec.update(stream=stream, skill=pkg["name"] if pkg else None, proposal=text)
-            rollouts.append(Rollout(prompt, s.ids, [1] * len(s.ids), s.text, group=g))
+            rollouts.append(Rollout(prompt, s.ids, [1] * len(s.ids), s.text, group=g, sample_logp=s.logprobs, forced=s.forced))
             local.append({"g": g, "j": j, "stream": stream, "skill": pkg["name"] if pkg else None, "rec": rec})
     probe_records(args.family, [x["rec"] for x in local if x["rec"] is not None], probe_sampler, tok, args)
     batch = sorted(gather_objects(local, dist), key=lambda x: (x["g"], x["j"]))
@@ -940,7 +940,7 @@ def prime_proposer(proposer, tok, pkgs, args, dist, grammar):
     """--proposer-sft-steps (difference 13): SFT warm-up of the proposer on the worked examples of S(0), before
     iteration 0. Each package's skill-stream prompt is paired with its own example, the exploration prompt with
     every example; the target is the example as the proposer would write it (compact JSON under the grammar,
-    else spaced JSON after the prefilled opening). Returns the last step's metrics."""
+    else spaced JSON after the prefilled opening). Returns grpo.sft_loop's summary."""
     prefix = "" if grammar else PROPOSER_PREFIX[args.family]
     examples = []
     for pkg in pkgs:
@@ -950,35 +950,23 @@ def prime_proposer(proposer, tok, pkgs, args, dist, grammar):
         target = tok.encode(text[len(prefix):], add_special_tokens=False) + [tok.eos_token_id]
         for stream_pkg in ([pkg, None] if not args.skill_only else [pkg]):
             examples.append((prefilled_prompt(tok, proposer_messages(args.family, stream_pkg), prefix), target))
-    return sft_warmup(proposer, examples, args.proposer_sft_steps, args.proposer_sft_batch, args.proposer_sft_lr,
-                      random.Random(f"{args.seed}-proposer-sft"), "proposer_sft", args, dist)
+    # grpo.sft_loop: L_SFT = − Σ log π(y_t | x, y_<t) / Σ 1 over the target tokens of each step's examples
+    return sft_loop(proposer, examples, args, dist, args.proposer_sft_lr, args.proposer_sft_batch, args.proposer_sft_steps,
+                    seed=f"{args.seed}-proposer-sft", log_dir=os.path.join(args.run_dir, "proposer_sft"))
 
 
 def prime_solver(solver, tok, args, dist):
     """--solver-sft-steps (difference 14, tool family): SFT warm-up of the solver on scripted tool tasks
     (scripted_tool_tasks, a bank disjoint from S(0) and BFCL) with their reference calls as targets, written
-    after the answer prefix exactly as tool_reward parses them. Returns the last step's metrics."""
+    after the answer prefix exactly as tool_reward parses them. Returns grpo.sft_loop's summary."""
     prefix, _ = answer_prefix(args)
     rng, examples = random.Random(f"{args.seed}-solver-sft"), []
     for task in scripted_tool_tasks(rng, args.solver_sft_tasks):
         answer = "<tool_call>" + json.dumps(task["call"]) + "</tool_call>"
         target = tok.encode(answer[len(prefix):], add_special_tokens=False) + [tok.eos_token_id]
         examples.append((prefilled_prompt(tok, solver_messages("tool", task), prefix), target))
-    return sft_warmup(solver, examples, args.solver_sft_steps, args.solver_sft_batch, args.solver_sft_lr, rng,
-                      "solver_sft", args, dist)
-
-
-def sft_warmup(model, examples, steps, batch, lr, rng, name, args, dist):
-    """`steps` SFT steps with their own optimizer (bf16 weights: MasterAdamW's fp32 masters), each on `batch`
-    examples drawn with rng (the same draw on every rank; each takes its share; 0 = all of them), logged to
-    <run-dir>/<name>. Returns the last step's metrics."""
-    opt, m = make_optimizer(model, args, lr=lr), {}
-    for step in range(steps):
-        chosen = rng.sample(examples, min(batch, len(examples))) if batch else examples
-        # grpo.sft_update: L_SFT = − Σ log π(y_t | x, y_<t) / Σ 1 over the target tokens of the chosen examples
-        m = sft_update(model, opt, chosen[dist.rank::dist.world], args, dist)
-        log_metrics(os.path.join(args.run_dir, name), step, m, dist, keys=("sft_loss", "grad_norm"))
-    return m
+    return sft_loop(solver, examples, args, dist, args.solver_sft_lr, args.solver_sft_batch, args.solver_sft_steps,
+                    seed=f"{args.seed}-solver-sft-draw", log_dir=os.path.join(args.run_dir, "solver_sft"))
 
 
 def proposer_phase(t, proposer, ref, opt_p, p_sampler, probe_sampler, tok, pkgs, stats, args, rng, dist):

@@ -52,7 +52,6 @@ Differences from the paper:
 import argparse
 import copy
 import json
-import math
 import random
 import re
 import string
@@ -65,9 +64,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from grpo import (Rollout, add_grpo_args, all_reduce_sum, broadcast_object, chat_ids, gather_objects, group_advantages,
+from grpo import (Rollout, add_grpo_args, broadcast_object, chat_ids, gather_objects, group_advantages,
                   grpo_update, make_optimizer, multi_turn_rollouts, parse_with_preset, reduce_metrics, seed_everything,
-                  setup_distributed, sft_update)
+                  setup_distributed, sft_loop)
 from plumbing import (HFSampler, frozen_copy, load_checkpoint, load_embedder, load_model, load_policy, log_metrics,
                       make_sampler, plot_curves, save_checkpoint, unwrap)
 
@@ -392,23 +391,13 @@ def build_sft_data(sampler, tok, W, tasks, args):
     return talent_rows, ref_rows, stats
 
 
-def run_sft(model, rows, args, dist, rng):
-    """Alg. 1 l.13 on rows (prompt, target, mask); every rank runs the same number of steps."""
-    opt = make_optimizer(model, args, lr=args.sft_lr)
-    n_global = int(all_reduce_sum([len(rows)], dist)[0])
-    per_rank = max(1, math.ceil(args.sft_batch / dist.world))
-    steps = args.sft_epochs * math.ceil(n_global / args.sft_batch) if n_global else 0
-    order, losses = [], []
-    for s in range(steps):
-        if len(order) < per_rank:
-            order += rng.sample(range(len(rows)), len(rows))
-        batch, order = [rows[i] for i in order[:per_rank]], order[per_rank:]
-        # Eq. (9): L_sft = −Σ_{t ∈ ℐ_asst} log π_θ(y_t | ξ, y_<t); grpo.sft_update divides by the
-        # number of response tokens in the batch (token mean; context and observations masked)
-        losses.append(sft_update(model, opt, batch, args, dist)["sft_loss"])
-        if dist.is_main and (s + 1) % 10 == 0:
-            print(f"  sft step {s + 1}/{steps}: loss {np.mean(losses[-10:]):.3f}", file=sys.stderr, flush=True)
-    return dict(sft_steps=steps, sft_rows=n_global, sft_loss=float(np.mean(losses)) if losses else float("nan"))
+def run_sft(model, rows, args, dist, seed, log_dir):
+    """Alg. 1 l.13 on every rank's rows (prompt, target, mask), gathered: grpo.sft_loop's steps and batches."""
+    rows = gather_objects(rows, dist)
+    # Eq. (9): L_sft = −Σ_{t ∈ ℐ_asst} log π_θ(y_t | ξ, y_<t); grpo.sft_update divides by the
+    # number of response tokens in the batch (token mean; context and observations masked)
+    m = sft_loop(model, rows, args, dist, args.sft_lr, args.sft_batch, epochs=args.sft_epochs, seed=seed, log_dir=log_dir)
+    return dict(sft_steps=m["sft_steps"], sft_rows=len(rows), sft_loss=m["sft_loss"])
 
 
 def split_pools(train, n_sft):
@@ -450,7 +439,7 @@ def phase1_sft(model, sampler, tok, init, rows, sft_dir, args, dist):
         sampler.sync(model)
         return dict(sft_steps=0, sft_rows=len(rows), sft_loss=float("nan"), resumed=True)
     unwrap(model).load_state_dict(init)
-    sft = run_sft(model, rows, args, dist, random.Random(args.seed + dist.rank))
+    sft = run_sft(model, rows, args, dist, args.seed, sft_dir)
     save_checkpoint(sft_dir, model, tok, None, -1, {}, dist)
     sampler.sync(model)
     return sft
