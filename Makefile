@@ -57,8 +57,9 @@ demo: install
 	@echo "report: runs/demo/REPORT.md"
 
 # Skill-SP against unguided self-play (the no-library ablation) on zebra at tiny scale, one run per seed and
-# arm (each its own process), then mean ± sd over seeds (skill_selfplay.compare_runs). One seed:
-# `make selfplay-compare COMPARE_SEEDS=1`; the summary reads every run folder present in runs/compare.
+# arm (each its own process), then the pooled headline (skill_selfplay.py --aggregate: each arm vs the better
+# trivial answer, Skill-SP vs unguided paired over puzzles × seeds, CI and p). One seed:
+# `make selfplay-compare COMPARE_SEEDS=0`; the summary reads every run folder present in runs/compare.
 COMPARE_SEEDS ?= 0 1 2
 selfplay-compare: install
 	set -e; for s in $(COMPARE_SEEDS); do for arm in skill unguided; do \
@@ -66,7 +67,7 @@ selfplay-compare: install
 	  $(BIN)/python skill_selfplay.py --family zebra --preset tiny --seed $$s --data-seed $$s --no-plots $$flag \
 	    --run-dir runs/compare/zebra-$$arm-s$$s; \
 	done; done
-	$(BIN)/python -c "import skill_selfplay as S; S.compare_runs('runs/compare')"
+	$(BIN)/python skill_selfplay.py --aggregate $$(ls -d runs/compare/zebra-*-s*)
 
 test: install
 	$(BIN)/python -m pytest -q -o tmp_path_retention_policy=failed tests

@@ -1491,9 +1491,14 @@ def stage_bench(args, dist, run, bank, test, gen_of, judge, embed, key_emb, cfg)
         single = bench_eval(gen, judge, test, args, doms, embed, keys, key_emb, "single")
         cross = bench_eval(gen, judge, test, args, doms, embed, keys, key_emb, "cross")
         return dict(model=args.model, single=summarize(single, doms), cross=summarize(cross, doms, same_as=single),
-                    cross_all=summarize(cross, doms), seconds=time.time() - t0)
+                    cross_all=summarize(cross, doms), seconds=time.time() - t0,
+                    steps=[[r["task"], r["step"], r["score"]] for r in single],
+                    cross_steps=[[r["task"], r["step"], r["score"]] for r in cross])
     bj = cached_stage(run / "bench.json", cfg, compute, dist)
     if dist.is_main:
+        entry = bench_headline(bj)
+        if entry:
+            print(format_headline([entry]))
         print_table(f"Skill²-Bench (Table 2 shape), model {bj['model']}, % per-step score over the same verifiable steps",
                     {"single-skill": bj["single"], "cross-skill": bj["cross"]}, ["overall"] + LEVELS + doms)
         c = bj["cross_all"]
@@ -1501,6 +1506,16 @@ def stage_bench(args, dist, run, bank, test, gen_of, judge, embed, key_emb, cfg)
               f"with the right predicted domain {c['acc_right_domain']:.3f} (n={c['n_right']}), wrong domain "
               f"{c['acc_wrong_domain']:.3f} (n={c['n_wrong']}); strict format {c['format_ok']:.3f}")
     return bj
+
+
+def bench_headline(bj):
+    """Skill²-Bench single- vs cross-skill per-step score, paired over the verifiable steps both modes scored."""
+    if not bj or not bj.get("steps"):
+        return None
+    cross = {(t, i): x for t, i, x in bj["cross_steps"]}
+    pairs = [(x, cross[(t, i)]) for t, i, x in bj["steps"] if (t, i) in cross]
+    return compare("Skill²-Bench: single-skill vs cross-skill per-step score (same verifiable steps)", "single", "cross",
+                   [a for a, _ in pairs], [b for _, b in pairs])
 
 
 def weakest_first(tasks, acc, seed):
@@ -1625,7 +1640,7 @@ def stage_label(args, dist, run, bank, table, gen_of, embed, key_emb, cfg):
               f"{ {lv: sum(x['level'] == lv for x in r) for lv in LEVELS} } → {run / 'offshelf_labelled.json'}")
 
 
-def write_headline(args, run, bank, acc, table, t3):
+def write_headline(args, run, bank, acc, table, t3, bj=None):
     """results.json: the SkE null (observed, band, p, draws), Table 3 and the λ_ent shares, and the
     headline entries (stats.compare) that --aggregate pools over seeds."""
     results, headline = {}, []
@@ -1636,6 +1651,8 @@ def write_headline(args, run, bank, acc, table, t3):
             si, cr = single_vs_cross_items([(k, tuple(a), tuple(b)) for k, a, b in ch["jobs"]], ch["q2"], ch["scores"])
             headline.append(compare("Acc: step-2 accuracy single-skill vs cross-skill chains (paired over second steps)",
                                     "single", "cross", si, cr))
+    if bench_headline(bj):
+        headline.append(bench_headline(bj))
     if t3:
         results["table3"] = {k: {c: v for c, v in r.items() if c != "per_task"} for k, r in t3.items()}
         headline += table3_headline(t3, [dict(id=i) for i in next(iter(t3.values())).get("per_task", {})], args.seed)
@@ -1693,7 +1710,7 @@ def main(argv=None):
         stage_bank(args, dist, run, bank, gen_of, embed, stage_key(args, "bank"))
     if args.stages == ["bank"]:
         return
-    t3 = None
+    t3 = bj = None
     acc, table = stage_ske(args, dist, run, bank, gen_of, judge, stage_key(args, "ske"),
                            needed=bool(set(args.stages) - {"bank", "bench"}))
     if "label" in args.stages:
@@ -1705,11 +1722,11 @@ def main(argv=None):
     if "train" in args.stages:
         check_response_budget(args, train)
     if "bench" in args.stages:
-        stage_bench(args, dist, run, bank, test, gen_of, judge, embed, key_emb, stage_key(args, "bench"))
+        bj = stage_bench(args, dist, run, bank, test, gen_of, judge, embed, key_emb, stage_key(args, "bench"))
     if "train" in args.stages:
         t3 = stage_train(args, dist, run, bank, acc, table, train, test, (gen_of, frozen), judge, embed, key_emb)
     if dist.is_main and args.stages != ["bank"]:
-        write_headline(args, run, bank, acc, table, t3 if "train" in args.stages else None)
+        write_headline(args, run, bank, acc, table, t3 if "train" in args.stages else None, bj)
     if dist.is_main:
         print(f"\ndone in {time.time() - t_start:.0f}s; everything is in {run}/")
 

@@ -39,7 +39,8 @@ Differences from the paper:
     BFCL's own AST checker; answers use our <tool_call>{json}</tool_call> format and function names
     must match exactly. API-Bank is not available offline and is not evaluated.
  3. ZebraLogic is not available offline: held-out puzzles come from our runtime (fixed seed, never used
-    in training) in its four scales, plus reasoning-gym's zebra puzzles as an external check.
+    in training) in its four scales, plus reasoning-gym's zebra puzzles as an external check. Trivial answers
+    (one constant value per attribute; values in listed order) are scored by the same checker beside every row.
  4. Zebra proposals are blueprints; the runtime compiles clues, guided by the package's compiler spec,
     until the puzzle is unique (App. I.2); exploration proposals must be unique on their own. Zebra
     validity is the deterministic checker, not probe consistency (Table 5).
@@ -57,26 +58,30 @@ Differences from the paper:
 10. Aids for a small model: the solver's format instruction shows a filled-in call; the proposer's reply is
     prefilled with the JSON opening (PROPOSER_PREFIX). Tiny preset only: --proposer-grammar on (TASK_SCHEMA),
     --solver-aid on (tool-call prefill, zebra grid schema), temperature 0.7; its held-out numbers are not the paper's.
-11. Sampling: held-out evaluation does not apply Table 5's top-k 40. Rollouts decoded under a grammar get
-    their GRPO log-probs from the unconstrained π_θ (off-policy, not corrected); the paper preset uses no grammar.
+11. Sampling: held-out evaluation does not apply Table 5's top-k 40; every row (base included) is decoded by the
+    solver's own sampler, schema and budget. Rollouts decoded under a grammar get their GRPO log-probs from the
+    unconstrained π_θ (off-policy, not corrected; forced tokens still trained); the paper preset uses no grammar.
 12. Tool answers: a reply's answer is its first well-formed <tool_call>; ExactCall (Eq. 14) and the probe
     vote (Eq. 4) compare it with the reference by call_key (argument order ignored, 1 ≡ 1.0, True ≢ 1).
 13. --proposer-sft-steps N (paper 0): SFT warm-up of the proposer on S(0)'s worked examples before
-    iteration 0 (not with --unguided); the paper's proposer starts from the backbone.
-14. --solver-sft-steps N (paper 0, tool family): SFT warm-up of the solver on scripted tool tasks
-    (SCRIPTED_TOOLS, disjoint from S(0) and BFCL) before iteration 0, in both arms; the 135M base solver
-    solves no S(0) example in a majority of its probes, so no tool task could pass Eq. 4 without it.
+    iteration 0, in every arm (--unguided too); the paper's proposer starts from the backbone.
+14. --solver-sft-steps N (paper 0): SFT warm-up of the solver before iteration 0, in every arm, on scripted
+    tool tasks (SCRIPTED_TOOLS, disjoint from S(0) and BFCL) or runtime zebra puzzles (not held-out ones); the
+    135M base solver solves no S(0) tool example in a majority of its probes, so no tool task could pass Eq. 4
+    without it (tiny tool: 12 steps; tiny zebra: none).
     The tiny tool run also starts from S(0)'s 5 simplest packages (data/selfplay/tool_tiny) and uses K = 8.
     π_ref stays the backbone π^(0) after either warm-up (it is not saved, so a resume could not rebuild it).
 """
 import argparse
 import collections
 import copy
+import dataclasses
 import json
 import math
 import os
 import random
 import re
+import shutil
 import sys
 import time
 
@@ -85,8 +90,9 @@ import numpy as np
 from grpo import (Rollout, add_grpo_args, barrier, broadcast_object, chat_ids, gather_objects, grpo_update,
                   make_optimizer, parse_with_preset, reduce_metrics, sample_group_rollouts, seed_everything,
                   setup_distributed, sft_loop)
-from plumbing import (HFSampler, load_checkpoint, load_embedder, load_model, load_policy, log_metrics, make_sampler,
-                      plot_curves, save_checkpoint)
+from plumbing import (HFSampler, frozen_copy, load_checkpoint, load_embedder, load_model, load_policy, log_metrics,
+                      make_sampler, plot_curves, save_checkpoint)
+from stats import aggregate as aggregate_headlines, compare, format_headline, vs_chance, wilson_ci, write_results
 
 # ----- config -----
 
@@ -95,11 +101,13 @@ PRESETS = {
     # collection pass of 16 prompts × G is cheap there); temperature 0.7 because SmolLM2-135M at 1.0
     # (top-k off) rarely writes well-formed JSON; micro_batch 2 bounds the memory of the backward pass over
     # ~900-token proposer sequences (a run with 8 peaked at 16.6 GB RSS, with 2 at 6.3); the aids of
-    # difference 10 (grammar, solver aid) are what lets the 135M model close the loop for zebra
+    # difference 10 (grammar, solver aid) are what lets the 135M model close the loop for zebra; held-out zebra:
+    # 100 puzzles of the small and medium scales, greedy (eval_temperature 0), the answer budget fitted to
+    # the longest gold grid (answer_budget; --max-new-tokens 96 is the floor and the tool answers' budget)
     "tiny": dict(T=2, M=8, proposer_prompts=2, proposer_G=2, proposer_steps=1, collect_prompts=16,
                  solver_G=4, solver_steps=2, solver_batch=4, eval_n=4, eval_samples=1,
                  eval_temperature=0.0, max_new_tokens=96,
-                 controller_max_new_tokens=96, induce_min=1, zebra_eval_per_scale=2,
+                 controller_max_new_tokens=96, induce_min=1, zebra_eval_per_scale=50,
                  zebra_eval_scales="small,medium", rg_eval_n=2, lr=1e-5, sampler="auto", micro_batch=2,
                  temperature=0.7, proposer_grammar="on", solver_aid="on"),
     # Table 5: the flag defaults (the family-dependent ones from BY_FAMILY["paper"])
@@ -157,9 +165,9 @@ def build_parser():
     g.add_argument("--proposer-sft-batch", type=int, default=None,
                    help="examples per SFT step, drawn at random; 0 = all of them every step (default: 0; tiny tool: 6)")
     g.add_argument("--solver-sft-steps", type=int, default=None,
-                   help="tool family: SFT steps of the solver on scripted tool tasks before iteration 0 (difference 14); "
-                        "paper 0 (default: 0; tiny tool: 12)")
-    g.add_argument("--solver-sft-tasks", type=int, default=64, help="scripted tool tasks of that warm-up")
+                   help="SFT steps of the solver on scripted tool tasks / runtime zebra puzzles before iteration 0 "
+                        "(difference 14); paper 0 (default: 0; tiny tool: 12)")
+    g.add_argument("--solver-sft-tasks", type=int, default=64, help="scripted tasks (puzzles) of that warm-up")
     g.add_argument("--solver-sft-batch", type=int, default=8, help="tasks per solver SFT step, drawn at random")
     g.add_argument("--solver-sft-lr", type=float, default=1e-4, help="learning rate of the solver SFT warm-up")
     g.add_argument("--proposer-max-new-tokens", type=int, default=None,
@@ -192,7 +200,7 @@ def build_parser():
     g.add_argument("--uniform-routing", action="store_true", help="Uniform routing: P(s) = 1/|S| instead of Eq. 13")
     g.add_argument("--frozen-skills", action="store_true", help="Frozen skills: no refinement, pruning or induction")
     g.add_argument("--frozen-proposer", action="store_true", help="Frozen proposer: no proposer GRPO")
-    g.add_argument("--frozen-feedback-solver", action="store_true", help="probes use the initial solver, not π_solve^(t)")
+    g.add_argument("--frozen-feedback-solver", action="store_true", help="probes use the solver as it enters self-play (after its warm-up), frozen, not π_solve^(t)")
     g = p.add_argument_group("evaluation (Table 5: avg@8, temperature 1.0; its top-k 40 is not applied, difference 11)")
     g.add_argument("--eval-n", type=int, default=0, help="held-out items per BFCL category (0 = all); paper all")
     g.add_argument("--eval-samples", type=int, default=8, help="samples per held-out item (avg@k); paper 8")
@@ -214,9 +222,7 @@ def parse_args(argv=None):
             if getattr(args, k) is None:
                 setattr(args, k, v)
     if args.run_dir == f"runs/skill_selfplay-{args.preset}":  # no --run-dir given
-        args.run_dir += "-" + args.family + "".join(
-            "-" + f for f in ("unguided", "skill_only", "uniform_routing", "frozen_skills", "frozen_proposer",
-                              "frozen_feedback_solver") if getattr(args, f))
+        args.run_dir += "-" + args.family + "".join("-" + f for f in ARMS if getattr(args, f))
     if args.unguided and args.skill_only:
         raise SystemExit("--unguided and --skill-only exclude each other")
     return args
@@ -749,6 +755,18 @@ def answer_schemas(args, puzzles):
     return [grid_schema(p) for p in puzzles] if args.family == "zebra" and args.solver_aid == "on" else None
 
 
+def answer_budget(args, tok, solutions):
+    """Token budget of a solver answer. Zebra: --max-new-tokens, raised until the longest gold grid among
+    `solutions` fits, written with ", " and ": " (what xgrammar decodes without optional whitespace) plus a
+    quarter for other tokenisations and EOS; under the grammar a reply ends when its grid closes, so the room costs nothing.
+    Derived from the largest grid in play (the held-out set; a batch of probes or solver tasks), never fixed: a
+    budget below the answer scores a grid 0 by truncation and steers the proposer towards small puzzles."""
+    if args.family != "zebra" or not solutions:
+        return args.max_new_tokens
+    longest = max(len(tok.encode(json.dumps(sol), add_special_tokens=False)) for sol in solutions)
+    return max(args.max_new_tokens, math.ceil(1.25 * longest) + 1)
+
+
 def prefilled_prompt(tok, messages, prefix):
     """Chat prompt ids followed by the reply's prefilled opening (part of the prompt, never trained on)."""
     return chat_ids(tok, messages) + (tok.encode(prefix, add_special_tokens=False) if prefix else [])
@@ -823,7 +841,8 @@ def probe_records(family, recs, probe_sampler, tok, args):
     todo = [r for r in recs if r["ok_schema"] and r["ok_contract"]]
     prefix, stop = answer_prefix(args)
     prompts = [prefilled_prompt(tok, solver_messages(family, r["task"]), prefix) for r in todo]
-    outs = probe_sampler.generate(prompts, args.K, args.max_new_tokens, args.temperature, stop=stop,
+    outs = probe_sampler.generate(prompts, args.K, answer_budget(args, tok, [r["contract"] for r in todo]),
+                                  args.temperature, stop=stop,
                                   json_schema=answer_schemas(args, [r["task"] for r in todo])) if prompts else []
     for r, samples in zip(todo, outs):
         scored = [solve_reward(family, prefix + s.text, r) for s in samples]
@@ -939,12 +958,12 @@ def collection_pass(t, proposer_sampler, probe_sampler, tok, pkgs, stats, args, 
 def prime_proposer(proposer, tok, pkgs, args, dist, grammar):
     """--proposer-sft-steps (difference 13): SFT warm-up of the proposer on the worked examples of S(0), before
     iteration 0. Each package's skill-stream prompt is paired with its own example, the exploration prompt with
-    every example; the target is the example as the proposer would write it (compact JSON under the grammar,
-    else spaced JSON after the prefilled opening). Returns grpo.sft_loop's summary."""
+    every example; the target is the example as the proposer would write it (JSON with ", " and ": ", as the
+    grammar decodes it; without the grammar, after the prefilled opening). Returns grpo.sft_loop's summary."""
     prefix = "" if grammar else PROPOSER_PREFIX[args.family]
     examples = []
     for pkg in pkgs:
-        text = json.dumps(pkg["example"], separators=(",", ":") if grammar else None)
+        text = json.dumps(pkg["example"])  # ", " and ": ": what xgrammar decodes without optional whitespace
         if not text.startswith(prefix):
             continue
         target = tok.encode(text[len(prefix):], add_special_tokens=False) + [tok.eos_token_id]
@@ -956,23 +975,52 @@ def prime_proposer(proposer, tok, pkgs, args, dist, grammar):
 
 
 def prime_solver(solver, tok, args, dist):
-    """--solver-sft-steps (difference 14, tool family): SFT warm-up of the solver on scripted tool tasks
-    (scripted_tool_tasks, a bank disjoint from S(0) and BFCL) with their reference calls as targets, written
-    after the answer prefix exactly as tool_reward parses them. Returns grpo.sft_loop's summary."""
+    """--solver-sft-steps (difference 14): SFT warm-up of the solver before iteration 0 on tasks disjoint from
+    S(0) and the held-out sets, the reference answers as targets, written as the reward parses them. Tool:
+    scripted tool tasks (scripted_tool_tasks), the call after the answer prefix. Zebra: runtime puzzles of the
+    held-out scales from a training-side seed (a puzzle equal to a held-out one is skipped), the grid as JSON
+    with ", " and ": " (as xgrammar decodes the grid schema). Returns grpo.sft_loop's summary."""
     prefix, _ = answer_prefix(args)
     rng, examples = random.Random(f"{args.seed}-solver-sft"), []
-    for task in scripted_tool_tasks(rng, args.solver_sft_tasks):
-        answer = "<tool_call>" + json.dumps(task["call"]) + "</tool_call>"
-        target = tok.encode(answer[len(prefix):], add_special_tokens=False) + [tok.eos_token_id]
-        examples.append((prefilled_prompt(tok, solver_messages("tool", task), prefix), target))
+    if args.family == "tool":
+        for task in scripted_tool_tasks(rng, args.solver_sft_tasks):
+            answer = "<tool_call>" + json.dumps(task["call"]) + "</tool_call>"
+            target = tok.encode(answer[len(prefix):], add_special_tokens=False) + [tok.eos_token_id]
+            examples.append((prefilled_prompt(tok, solver_messages("tool", task), prefix), target))
+    else:
+        heldout, scales = zebra_heldout(args)
+        seen = {render_zebra_prompt(p) for _, p, _ in heldout}
+        per_scale = -(-args.solver_sft_tasks // len(scales))
+        for _, p, sol in make_zebra_puzzles(f"{args.data_seed}-solver-sft", scales, per_scale):
+            if render_zebra_prompt(p) in seen:
+                continue
+            answer = json.dumps(sol)  # ", " and ": ", as the grid schema decodes it under xgrammar
+            target = tok.encode(answer, add_special_tokens=False) + [tok.eos_token_id]
+            examples.append((prefilled_prompt(tok, solver_messages("zebra", p), ""), target))
     return sft_loop(solver, examples, args, dist, args.solver_sft_lr, args.solver_sft_batch, args.solver_sft_steps,
                     seed=f"{args.seed}-solver-sft-draw", log_dir=os.path.join(args.run_dir, "solver_sft"))
 
 
-def proposer_phase(t, proposer, ref, opt_p, p_sampler, probe_sampler, tok, pkgs, stats, args, rng, dist):
+@dataclasses.dataclass
+class Players:
+    """The models of the loop and the samplers that read them (one record instead of a dozen parameters)."""
+    proposer: object       # π_propose, trained by proposer GRPO (Eq. 5)
+    solver: object         # π_solve, trained by solver GRPO (Eq. 7)
+    ref: object            # π^(0), frozen: KL reference of both (None when β = 0)
+    opt_p: object          # the proposer's optimizer
+    opt_s: object          # the solver's optimizer
+    p_sampler: object      # proposals, synced with the proposer
+    s_sampler: object      # solver rollouts and every held-out row, synced with the solver
+    probe_sampler: object  # the K probes of Eq. 1/4: s_sampler, or a frozen solver's under --frozen-feedback-solver
+    controller: object     # π_control: π^(0) on HF generate (free text, no schema)
+    tok: object
+
+
+def proposer_phase(t, P, pkgs, stats, args, rng, dist):
     """Algorithm 2, lines 3-20: --proposer-steps GRPO steps of the proposer (Eq. 5) on skill- and
     exploration-stream batches probed by the solver, then the collection pass of the updated proposer.
     Updates σ in place. Returns (every parsed record of the iteration, the number unparsed, timings)."""
+    proposer, ref, opt_p, p_sampler, probe_sampler, tok = P.proposer, P.ref, P.opt_p, P.p_sampler, P.probe_sampler, P.tok
     for st in stats.values():
         st.update(a_t=0, R_t=0.0, failed_t=[])
     t0, recs, n_unparsed_all, times = time.time(), [], 0, {}
@@ -1008,7 +1056,9 @@ def solver_round(D, solver_sampler, tok, args, rng, dist):
     batch = rng.sample(D, min(args.solver_batch, len(D)))[dist.rank::dist.world]
     prefix, stop = answer_prefix(args)
     prompts = [prefilled_prompt(tok, solver_messages(args.family, r["task"]), prefix) for r in batch]
-    rollouts = sample_group_rollouts(solver_sampler, prompts, args.solver_G, args, stop,
+    budget = copy.copy(args)  # the zebra budget fits the batch's longest gold grid (answer_budget)
+    budget.max_new_tokens = answer_budget(args, tok, [r["contract"] for r in batch])
+    rollouts = sample_group_rollouts(solver_sampler, prompts, args.solver_G, budget, stop,
                                      json_schema=answer_schemas(args, [r["task"] for r in batch])) if batch else []
     for ro in rollouts:
         ro.reward = solve_reward(args.family, prefix + ro.text, batch[ro.group])[0]
@@ -1172,43 +1222,89 @@ def evolve_library(t, pkgs, stats, recs, controller, tok, args, dist):
 
 # ----- evaluation -----
 
-def eval_tool(sampler, tok, args, dist):
+def reset_prefix_cache(sampler):
+    """Before each evaluation: vLLM's prefix cache dropped, so no row reuses KV blocks of another (HF keeps none)."""
+    llm = getattr(sampler, "llm", None)
+    if llm is not None:
+        llm.reset_prefix_cache()
+
+
+def save_generations(args, name, items, dist):
+    """Every held-out generation of one table row, scored: <run-dir>/eval/<row>.jsonl (rank 0)."""
+    if not dist.is_main:
+        return
+    os.makedirs(os.path.join(args.run_dir, "eval"), exist_ok=True)
+    with open(os.path.join(args.run_dir, "eval", re.sub(r"\W+", "_", name) + ".jsonl"), "w") as f:
+        f.writelines(json.dumps(it) + "\n" for it in items)
+
+
+def eval_tool(sampler, tok, args, dist, name="eval"):
     """BFCL accuracy per category (avg@k over --eval-samples) and the unweighted BFCL average.
-    Items are sharded over ranks; the per-sample hits are gathered, so every rank gets the same totals."""
-    res, (prefix, stop) = {}, answer_prefix(args)
+    Items are sharded over ranks; their replies are gathered, so every rank gets the same totals."""
+    res, items, (prefix, stop) = {}, [], answer_prefix(args)
+    reset_prefix_cache(sampler)
     for cat in BFCL_CATEGORIES:
-        items = load_bfcl(cat, args.eval_n)[dist.rank::dist.world]
-        prompts = [prefilled_prompt(tok, bfcl_messages(e, cat), prefix) for e, _ in items]
+        data = load_bfcl(cat, args.eval_n)
+        mine = list(range(dist.rank, len(data), dist.world))
+        prompts = [prefilled_prompt(tok, bfcl_messages(data[i][0], cat), prefix) for i in mine]
         outs = sampler.generate(prompts, args.eval_samples, args.max_new_tokens, args.eval_temperature,
-                                stop=stop) if items else []
+                                stop=stop) if prompts else []
+        replies = dict(gather_objects([(i, [prefix + s.text for s in samples]) for i, samples in zip(mine, outs)], dist))
         hits = []
-        for (e, gt), samples in zip(items, outs):
-            for s in samples:
-                hits.append(bfcl_check(bfcl_decode(prefix + s.text), e["function"][0], gt, cat)[0])
-        hits = gather_objects(hits, dist)
+        for i, (e, gt) in enumerate(data):
+            ok = [bfcl_check(bfcl_decode(text), e["function"][0], gt, cat)[0] for text in replies[i]]
+            items.append({"category": cat, "id": e["id"], "hits": sum(ok), "n": len(ok), "answers": replies[i]})
+            hits += ok
         res[f"bfcl_{cat}"] = float(np.mean(hits)) if hits else 0.0
     res["bfcl_avg"] = float(np.mean([res[f"bfcl_{c}"] for c in BFCL_CATEGORIES]))
+    save_generations(args, name, items, dist)
     return res
 
 
-def eval_zebra(sampler, tok, args, dist):
-    """Grid accuracy per scale, overall grid and cell accuracy (avg@k), plus reasoning-gym's zebra puzzles.
-    Puzzles are sharded over ranks; the per-sample scores are gathered."""
+def trivial_grids(p):
+    """The two trivial answers of a puzzle: one constant value per attribute (its first listed value in every
+    house: 1/N of the cells by construction) and every attribute's values in listed order (house h the h-th)."""
+    houses = range(1, p["houses"] + 1)
+    return {"constant": {f"House {h}": {a: v[0] for a, v in p["attributes"].items()} for h in houses},
+            "listed order": {f"House {h}": {a: v[h - 1] for a, v in p["attributes"].items()} for h in houses}}
+
+
+def score_zebra(puzzles, answers, scales):
+    """Eq. 15's checker on held-out answers (answers[i]: the replies to puzzle i): per-puzzle items (cell
+    accuracy and full-grid rate, each the mean over its replies = avg@k) and the table's numbers, means over
+    puzzles: grid accuracy per scale, overall grid and cell accuracy. Returns (res, items)."""
+    items = []
+    for i, ((scale, p, sol), texts) in enumerate(zip(puzzles, answers)):
+        scored = [zebra_reward(t, p, sol) for t in texts]
+        items.append({"i": i, "scale": scale, "cells": p["houses"] * len(p["attributes"]),
+                      "cell": float(np.mean([x[3] for x in scored])) if scored else 0.0,
+                      "grid": float(np.mean([x[2] for x in scored])) if scored else 0.0,
+                      "valid": float(np.mean([x[1] for x in scored])) if scored else 0.0, "answers": texts})
+    mean = lambda xs: float(np.mean(xs)) if xs else 0.0
+    res = {f"zebra_{s}": mean([it["grid"] for it in items if it["scale"] == s]) for s in scales}
+    res.update(zebra_grid=mean([it["grid"] for it in items]), zebra_cell=mean([it["cell"] for it in items]))
+    return res, items
+
+
+def zebra_heldout(args):
+    """The held-out puzzles ([(scale, puzzle, solution)], fixed --eval-seed, never used in training) and scales."""
     scales = [s for s in args.zebra_eval_scales.split(",") if s]
-    puzzles = make_zebra_puzzles(args.eval_seed, scales, args.zebra_eval_per_scale)[dist.rank::dist.world]
-    prompts = [chat_ids(tok, solver_messages("zebra", p)) for _, p, _ in puzzles]
-    outs = sampler.generate(prompts, args.eval_samples, args.max_new_tokens, args.eval_temperature,
-                            json_schema=answer_schemas(args, [p for _, p, _ in puzzles])) if prompts else []
-    scored = []  # (scale, full grid correct, cell accuracy) per sample
-    for (scale, p, sol), samples in zip(puzzles, outs):
-        for s in samples:
-            _, _, full, acc, _ = zebra_reward(s.text, p, sol)
-            scored.append((scale, float(full), float(acc)))
-    grid, cell, by_scale = [], [], collections.defaultdict(list)
-    for scale, full, acc in gather_objects(scored, dist):
-        grid.append(full), cell.append(acc), by_scale[scale].append(full)
-    res = {f"zebra_{s}": float(np.mean(by_scale[s])) for s in scales}
-    res.update(zebra_grid=float(np.mean(grid)) if grid else 0.0, zebra_cell=float(np.mean(cell)) if cell else 0.0)
+    return make_zebra_puzzles(args.eval_seed, scales, args.zebra_eval_per_scale), scales
+
+
+def eval_zebra(sampler, tok, args, dist, name="eval"):
+    """Held-out zebra (score_zebra), plus reasoning-gym's zebra puzzles. Puzzles are sharded over ranks and
+    their replies gathered; the token budget fits the longest held-out gold grid (the same in every row)."""
+    puzzles, scales = zebra_heldout(args)
+    reset_prefix_cache(sampler)
+    mine = list(range(dist.rank, len(puzzles), dist.world))
+    prompts = [chat_ids(tok, solver_messages("zebra", puzzles[i][1])) for i in mine]
+    outs = sampler.generate(prompts, args.eval_samples, answer_budget(args, tok, [sol for _, _, sol in puzzles]),
+                            args.eval_temperature,
+                            json_schema=answer_schemas(args, [puzzles[i][1] for i in mine])) if prompts else []
+    replies = dict(gather_objects([(i, [s.text for s in samples]) for i, samples in zip(mine, outs)], dist))
+    res, items = score_zebra(puzzles, [replies[i] for i in range(len(puzzles))], scales)
+    save_generations(args, name, items, dist)
     if args.rg_eval_n:
         import reasoning_gym
         ds = reasoning_gym.create_dataset("zebra_puzzles", seed=args.eval_seed, size=args.rg_eval_n)
@@ -1225,55 +1321,140 @@ def eval_zebra(sampler, tok, args, dist):
     return res
 
 
-def evaluate(sampler, tok, args, dist):
-    return eval_tool(sampler, tok, args, dist) if args.family == "tool" else eval_zebra(sampler, tok, args, dist)
+def trivial_baselines(args, dist):
+    """Table rows of the trivial answers (trivial_grids) on the held-out zebra set, scored by the same checker
+    (score_zebra) and saved like a solver's row; the tool family has none (BFCL has no constant answer)."""
+    if args.family != "zebra":
+        return []
+    puzzles, scales = zebra_heldout(args)
+    rows = []
+    for kind in ("constant", "listed order"):
+        res, items = score_zebra(puzzles, [[json.dumps(trivial_grids(p)[kind])] for _, p, _ in puzzles], scales)
+        save_generations(args, "trivial " + kind, items, dist)
+        rows.append((kind, res))
+    return rows
 
 
-def print_table(history, family):
-    """The paper's main-table shape: BFCL columns (Table 1) or ZebraLogic scales (Table 2)."""
+def evaluate(sampler, tok, args, dist, name="eval"):
+    """One table row: the held-out set of the family, generations saved to <run-dir>/eval/<name>.jsonl."""
+    fn = eval_tool if args.family == "tool" else eval_zebra
+    return fn(sampler, tok, args, dist, name)
+
+
+def print_table(history, family, baselines=()):
+    """The paper's main-table shape: BFCL columns (Table 1) or ZebraLogic scales (Table 2); the trivial answers'
+    rows (trivial_baselines) under every table."""
     cols = ([("JS", "bfcl_simple_javascript"), ("Py", "bfcl_simple_python"), ("Java", "bfcl_simple_java"),
              ("Live", "bfcl_live_simple"), ("Avg.", "bfcl_avg")] if family == "tool" else
             [("Small", "zebra_small"), ("Medium", "zebra_medium"), ("Large", "zebra_large"),
              ("X-Large", "zebra_xlarge"), ("Grid", "zebra_grid"), ("Cell", "zebra_cell"), ("RG", "rg_zebra")])
     print("solver".ljust(12) + "".join(c.rjust(9) for c, _ in cols))
-    for name, res in history:
+    for name, res in list(history) + [(f"[{n}]", r) for n, r in baselines]:
         print(name.ljust(12) + "".join((f"{100 * res[k]:9.1f}" if k in res else "        -") for _, k in cols))
+    if baselines:
+        print("[trivial answers, same checker: one constant value per attribute; values in listed order]")
 
 
-def compare_runs(root):
-    """Skill-SP against its ablations over seeds (`make selfplay-compare`): root holds one run folder per arm
-    and seed, named <name>-s<seed>. Per arm, mean ± sd over seeds of: held-out zebra cell and grid accuracy
-    after the last iteration; the valid-proposal rate (valid / all proposals, unparseable ones included, over
-    all iterations); mean v_solve of the valid records by stream. Returns {arm: {metric: (mean, sd, n)}}."""
-    by_arm = collections.defaultdict(list)
-    for name in sorted(os.listdir(root)):
-        path = os.path.join(root, name, "metrics.jsonl")
-        if re.search(r"-s\d+$", name) and os.path.exists(path):
-            by_arm[re.sub(r"-s\d+$", "", name)].append(os.path.join(root, name))
-    out = {}
-    for arm, folders in by_arm.items():
-        per_seed = collections.defaultdict(list)
-        for d in folders:
-            rows = [json.loads(line) for line in open(os.path.join(d, "metrics.jsonl"))]
-            last = rows[-1]
-            per_seed["cell"].append(last["zebra_cell"])
-            per_seed["grid"].append(last["zebra_grid"])
-            n_all = sum(r["n_proposals_parsed"] + r["n_proposals_unparsed"] for r in rows)
-            recs = [json.loads(line) for t in range(len(rows))
-                    for line in open(os.path.join(d, "records", f"iter_{t}.jsonl"))]
-            per_seed["valid_rate"].append(sum(r["valid"] for r in recs) / n_all if n_all else 0.0)
-            for stream in ("skill", "explore"):
-                vs = [r["v_solve"] for r in recs if r["stream"] == stream and r["valid"]]
-                if vs:
-                    per_seed[f"v_solve_{stream}"].append(float(np.mean(vs)))
-        out[arm] = {k: (float(np.mean(v)), float(np.std(v, ddof=1)) if len(v) > 1 else 0.0, len(v))
-                    for k, v in per_seed.items()}
-    keys = ["cell", "grid", "valid_rate", "v_solve_skill", "v_solve_explore"]
-    print("arm".ljust(24) + "".join(k.rjust(20) for k in keys))
-    for arm, res in out.items():
-        print(arm.ljust(24) + "".join((f"{res[k][0]:.3f} ± {res[k][1]:.3f} ({res[k][2]})" if k in res else "-").rjust(20)
-                                      for k in keys))
-    return out
+ARMS = ("unguided", "skill_only", "uniform_routing", "frozen_skills", "frozen_proposer", "frozen_feedback_solver")
+
+
+def arm_name(args):
+    """The run's arm: "skill-sp" (the full method) or its ablation flags joined by "+"."""
+    return "+".join(f for f in ARMS if getattr(args, f)) or "skill-sp"
+
+
+def read_items(run_dir, row):
+    """The per-item lines of a table row (save_generations); [] when that row was not saved."""
+    path = os.path.join(run_dir, "eval", re.sub(r"\W+", "_", row) + ".jsonl")
+    return [json.loads(line) for line in open(path)] if os.path.exists(path) else []
+
+
+def run_results(args, history, baselines, rows):
+    """(results, headline) of a finished run (stats.py's results.json convention). Zebra: the last row's per-
+    puzzle cell and grid accuracy against the better trivial answer and against the base row (paired over the
+    same held-out puzzles, same decoding); tool: each BFCL category, the last row and the warm-up against the
+    base row, paired over items, with every row's Wilson interval in results["bfcl"]. Both: the valid-proposal
+    rate and the v_solve of valid proposals by stream, over every iteration's records."""
+    arm, last = arm_name(args), history[-1][0]
+    results = {"family": args.family, "arm": arm, "seed": args.seed, "data_seed": args.data_seed,
+               "history": [list(h) for h in history], "trivial": [list(b) for b in baselines], "rows": rows}
+    headline = []
+    if args.family == "zebra":
+        final, base = read_items(args.run_dir, last), read_items(args.run_dir, "base")
+        results["final_items"] = {m: [it[m] for it in final] for m in ("cell", "grid")}
+        for m in ("cell", "grid"):
+            trivial = {kind: [it[m] for it in read_items(args.run_dir, "trivial " + kind)] for kind, _ in baselines}
+            kind = max(trivial, key=lambda k: np.mean(trivial[k]))  # the better trivial answer on this metric
+            headline.append(compare(f"held-out zebra {m} accuracy, {arm} after the last iteration vs the better "
+                                          f"trivial answer", arm, f"trivial: {kind}", results["final_items"][m],
+                                          trivial[kind]))
+            if last != "base":
+                headline.append(compare(f"held-out zebra {m} accuracy, {arm}: last iteration vs base",
+                                              f"{arm} {last}", "base", results["final_items"][m],
+                                              [it[m] for it in base]))
+    else:
+        results["bfcl"] = {}
+        for name, _ in history:
+            items = read_items(args.run_dir, name)
+            results["bfcl"][name] = {}
+            for cat in BFCL_CATEGORIES:
+                k, n = sum(it["hits"] for it in items if it["category"] == cat), sum(
+                    it["n"] for it in items if it["category"] == cat)
+                results["bfcl"][name][cat] = {"acc": k / n if n else None, "hits": k, "n": n,
+                                              "ci95": wilson_ci(k, n) if n else None}
+        base = read_items(args.run_dir, "base")
+        for name in [h for h, _ in history[1:] if h in ("solver SFT", last)]:
+            items = read_items(args.run_dir, name)
+            for cat in BFCL_CATEGORIES:
+                pick = lambda its: [it["hits"] / it["n"] for it in its if it["category"] == cat and it["n"]]
+                headline.append(compare(f"BFCL {cat}, {arm}: {'warm-up' if name == 'solver SFT' else 'last iteration'}"
+                                              f" vs base", f"{arm} {name}", "base", pick(items), pick(base)))
+    recs = [json.loads(line) for t in range(args.T)
+            for line in (open(os.path.join(args.run_dir, "records", f"iter_{t}.jsonl"))
+                         if os.path.exists(os.path.join(args.run_dir, "records", f"iter_{t}.jsonl")) else [])]
+    for stream in ("skill", "explore"):
+        rs = [r for r in recs if r["stream"] == stream]
+        if not rs:
+            continue
+        note = ("; zebra exploration proposals get no runtime clue completion, so near 0 by construction"
+                if args.family == "zebra" and stream == "explore" else "")
+        headline.append(vs_chance(f"valid-proposal rate, {stream} stream, {arm} (of parsed proposals{note})",
+                                        arm, [float(r["valid"]) for r in rs], 0.0))
+        vs = [r["v_solve"] for r in rs if r["valid"]]
+        if vs:
+            headline.append(vs_chance(f"v_solve of valid proposals, {stream} stream, {arm} (vs the frontier "
+                                            f"midpoint 1/2 of Eq. 2)", arm, vs, 0.5))
+    return results, headline
+
+
+def print_bfcl_intervals(results):
+    """BFCL accuracy per category and row with its binomial (Wilson) 95 % interval: 16 items step by 6.25 points."""
+    if results.get("bfcl"):
+        print("BFCL per category, % [Wilson 95 % CI] (hits/n)")
+    for name, cats in results.get("bfcl", {}).items():
+        print(name.ljust(12) + "  ".join(
+            f"{c.replace('simple_', '')}: {100 * v['acc']:.1f} [{100 * v['ci95'][0]:.1f}, {100 * v['ci95'][1]:.1f}] "
+            f"({v['hits']}/{v['n']})" for c, v in cats.items() if v["n"]))
+
+
+def aggregate_runs(run_dirs):
+    """--aggregate RUN_DIR...: stats.aggregate's pooled headline of the runs (each claim over its seeds), plus
+    Skill-SP against every other arm present, paired over held-out puzzles × the seeds both arms ran (zebra)."""
+    entries = aggregate_headlines(run_dirs)
+    by = {}
+    for d in run_dirs:
+        with open(os.path.join(d, "results.json")) as f:
+            r = json.load(f)
+        if "final_items" in r:
+            by[(r["arm"], r["seed"])] = r["final_items"]
+    for arm in sorted({a for a, _ in by} - {"skill-sp"}):
+        seeds = sorted(s for a, s in by if a == arm and ("skill-sp", s) in by)
+        for m in ("cell", "grid") if seeds else ():
+            entries.append(compare(f"held-out zebra {m} accuracy: skill-sp vs {arm} (paired over puzzles × seeds)",
+                                         "skill-sp", arm, sum((by[("skill-sp", s)][m] for s in seeds), []),
+                                         sum((by[(arm, s)][m] for s in seeds), []), n_seeds=len(seeds)))
+    print(format_headline(entries))
+    return entries
 
 
 def plot_diagnostics(run_dir, rows, recs_by_iter):
@@ -1317,33 +1498,74 @@ def plot_diagnostics(run_dir, rows, recs_by_iter):
 
 # ----- main -----
 
-def checkpoint_extra(folder):
-    """The `extra` dict of a checkpoint (iteration, history, rows, library), read without loading weights; or None."""
-    import torch
-    path = os.path.join(folder, "ckpt", "state.pt")
-    return torch.load(path, map_location="cpu", weights_only=False)["extra"] if os.path.exists(path) else None
+# Checkpoints: iteration t's pair lies in <run-dir>/checkpoints/iter_<t+1>/{proposer,solver}/ckpt; the pointer
+# <run-dir>/checkpoints/last.json (the iteration, history, table rows and library folder) is written after both,
+# atomically, so it commits the pair: a crash before it leaves the previous pair, still whole, as the last one.
+
+def checkpoint_dir(run_dir, iteration):
+    return os.path.join(run_dir, "checkpoints", f"iter_{iteration}")
+
+
+def checkpoint_extra(run_dir):
+    """The committed `extra` (iteration, history, rows, library) from its own JSON file, or None; no weight or
+    optimizer state is read."""
+    path = os.path.join(run_dir, "checkpoints", "last.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def commit_checkpoints(run_dir, extra, dist):
+    """Rank 0, after both checkpoints of an iteration are written: the pointer (tmp file, fsync, rename), then the
+    older pairs are deleted."""
+    if dist.is_main:
+        path = os.path.join(run_dir, "checkpoints", "last.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(extra, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(path + ".tmp", path)
+        keep = os.path.basename(checkpoint_dir(run_dir, extra["iteration"]))
+        for name in os.listdir(os.path.join(run_dir, "checkpoints")):
+            if name.startswith("iter_") and name != keep:
+                shutil.rmtree(os.path.join(run_dir, "checkpoints", name), ignore_errors=True)
+    barrier(dist)
 
 
 def resume(run_dir, proposer, solver, opt_p, opt_s, dist):
-    """--resume: the extra dict of the last saved iteration, or None for a fresh start. Both checkpoints must
-    be of the same iteration, checked before any weight or optimizer state is loaded (a crash between the two
-    saves would otherwise pair one iteration's proposer with another's solver)."""
-    ext = {k: checkpoint_extra(os.path.join(run_dir, k)) for k in ("proposer", "solver")}
-    if ext["proposer"] is None and ext["solver"] is None:
+    """--resume: the extra dict of the last committed iteration, whose proposer and solver (weights, optimizer,
+    RNG) are loaded; None for a fresh start (nothing committed)."""
+    extra = checkpoint_extra(run_dir)
+    if extra is None:
         return None
-    its = {k: e and e["iteration"] for k, e in ext.items()}
-    if its["proposer"] != its["solver"]:
-        raise SystemExit(f"cannot resume {run_dir}: the proposer checkpoint is after iteration {its['proposer']}, the "
-                         f"solver's after {its['solver']} (a crash between the two saves); use a new --run-dir")
-    load_checkpoint(os.path.join(run_dir, "proposer"), proposer, opt_p, dist)
-    load_checkpoint(os.path.join(run_dir, "solver"), solver, opt_s, dist)
-    return ext["solver"]
+    folder = checkpoint_dir(run_dir, extra["iteration"])
+    load_checkpoint(os.path.join(folder, "proposer"), proposer, opt_p, dist)
+    load_checkpoint(os.path.join(folder, "solver"), solver, opt_s, dist)
+    return extra
 
 
-def save_iteration(t, pkgs, stats, changes, recs, rows, history, proposer, solver, opt_p, opt_s, tok, args, dist):
+def trim_logs(args, start, dist):
+    """Before iteration `start` runs (0: a fresh start): the metrics rows written after the last commit (a crash
+    between log_metrics and the commit) are dropped, so the rerun of an iteration does not log it twice."""
+    if not dist.is_main:
+        return
+    keep = {"": lambda k: k <= start, "proposer": lambda k: k < start * args.proposer_steps,
+            "solver": lambda k: k < start * args.solver_steps,
+            "proposer_sft": lambda k: start > 0, "solver_sft": lambda k: start > 0}
+    for sub, ok in keep.items():
+        path = os.path.join(args.run_dir, sub, "metrics.jsonl")
+        if os.path.exists(path):
+            rows = [line for line in open(path) if line.strip() and ok(json.loads(line)["step"])]
+            with open(path + ".tmp", "w") as f:
+                f.writelines(rows)
+            os.replace(path + ".tmp", path)
+
+
+def save_iteration(t, P, pkgs, stats, changes, recs, rows, history, args, dist):
     """Files of iteration t (rank 0): the library S(t+1), its change log, the records and the metrics row
-    (rows[-1]); then both checkpoints. A rerun of iteration t (a resume after a crash before its checkpoints)
-    replaces the iteration's lines of library_changes.jsonl instead of adding a second copy."""
+    (rows[-1]); then both checkpoints, committed together (commit_checkpoints). A rerun of iteration t (a resume
+    after a crash before the commit) replaces the iteration's lines of library_changes.jsonl."""
     run_dir, lib_t = args.run_dir, os.path.join(args.run_dir, "library", f"iter_{t + 1}")
     if dist.is_main:
         save_library(lib_t, pkgs, stats)
@@ -1361,20 +1583,23 @@ def save_iteration(t, pkgs, stats, changes, recs, rows, history, proposer, solve
     log_metrics(run_dir, t + 1, rows[-1], dist, keys=("pool_size", "valid_rate_skill", "valid_rate_explore",
                                                       "v_solve_skill", "v_solve_explore", "lib_size", "active_skills",
                                                       "n_eff", "bfcl_avg" if args.family == "tool" else "zebra_grid"))
-    extra = {"iteration": t + 1, "history": history, "rows": rows, "library": lib_t}
-    save_checkpoint(os.path.join(run_dir, "proposer"), proposer, tok, opt_p, t, extra, dist)
-    save_checkpoint(os.path.join(run_dir, "solver"), solver, tok, opt_s, t, extra, dist)
+    folder = checkpoint_dir(run_dir, t + 1)
+    save_checkpoint(os.path.join(folder, "proposer"), P.proposer, P.tok, P.opt_p, t, None, dist)
+    save_checkpoint(os.path.join(folder, "solver"), P.solver, P.tok, P.opt_s, t, None, dist)
+    commit_checkpoints(run_dir, {"iteration": t + 1, "history": history, "rows": rows, "library": lib_t}, dist)
 
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.aggregate:  # pool finished runs (one per seed and arm) and exit
+        return aggregate_runs(args.aggregate)
     dist = setup_distributed()  # python: rank 0 of 1; torchrun: gloo on CPU, NCCL on GPUs
     seed_everything(args.seed + dist.rank)  # rank-specific samples; shared choices use rng seeded without the rank
     say = print if dist.is_main else (lambda *a, **k: None)
     os.makedirs(args.run_dir, exist_ok=True)
     proposer, tok = load_policy(args, dist)  # DDP-wrapped when world > 1: gradients are averaged over ranks
     solver, _ = load_policy(args, dist)
-    # π^(0), frozen: KL reference of both policies, the controller π_control, the frozen feedback solver, the base row
+    # π^(0), frozen: KL reference of both policies and the controller π_control
     base, _ = load_model(args.model, dist, args.dtype, trainable=False)
     ref = base if args.beta > 0 else None
     opt_p, opt_s = make_optimizer(proposer, args), make_optimizer(solver, args)
@@ -1388,53 +1613,65 @@ def main(argv=None):
         start, history, rows = extra["iteration"], extra["history"], extra["rows"]
         pkgs, stats = load_library(extra["library"], args.family)
         say(f"resumed {args.run_dir} after iteration {start} (library {extra['library']})")
+    trim_logs(args, start, dist)
     p_sampler, s_sampler = make_sampler(args, proposer, tok, dist), make_sampler(args, solver, tok, dist)
-    if not extra and args.proposer_sft_steps and pkgs and not args.unguided:  # difference 13 (unguided: no library)
+    # One decoding regime for every row of the table: the solver's own sampler (schema, temperature, budget),
+    # the base row included, taken before any warm-up while the solver is still π^(0).
+    if not history:
+        t0 = time.time()
+        history.append(("base", evaluate(s_sampler, tok, args, dist, "base")))
+        say(f"held-out eval of the base model: {time.time() - t0:.0f}s")
+    if not extra and args.proposer_sft_steps and pkgs:  # difference 13, in every arm (the ablations differ only in what they name)
         t0, grammar = time.time(), proposal_decoding(args, p_sampler)[1] is not None
         m = prime_proposer(proposer, tok, pkgs, args, dist, grammar)
         opt_p = make_optimizer(proposer, args)  # MasterAdamW's fp32 masters must start from the primed weights
         p_sampler.sync(proposer)
         say(f"proposer SFT warm-up on {len(pkgs)} worked examples: loss {m.get('sft_loss', 0):.3f}, {time.time() - t0:.0f}s")
-    if not extra and args.solver_sft_steps and args.family == "tool":  # difference 14 (both arms, also --unguided)
+    if not extra and args.solver_sft_steps:  # difference 14 (every arm, also --unguided)
         t0 = time.time()
         m = prime_solver(solver, tok, args, dist)
         opt_s = make_optimizer(solver, args)  # as for the proposer: masters from the primed weights
         s_sampler.sync(solver)
-        say(f"solver SFT warm-up on {args.solver_sft_tasks} scripted tool tasks: loss {m.get('sft_loss', 0):.3f}, "
+        say(f"solver SFT warm-up on {args.solver_sft_tasks} scripted {args.family} tasks: loss {m.get('sft_loss', 0):.3f}, "
             f"{time.time() - t0:.0f}s")
-    base_sampler = HFSampler(base, tok)
-    probe_sampler = base_sampler if args.frozen_feedback_solver else s_sampler
-    if not history:
-        t0 = time.time()
-        history.append(("base", evaluate(base_sampler, tok, args, dist)))
-        say(f"held-out eval of the base model: {time.time() - t0:.0f}s")
-        if args.solver_sft_steps and args.family == "tool":  # the warm-up alone, before any self-play
-            history.append(("solver SFT", evaluate(s_sampler, tok, args, dist)))
+        history.append(("solver SFT", evaluate(s_sampler, tok, args, dist, "solver SFT")))  # the warm-up alone
+    # --frozen-feedback-solver: the probes use the solver as it enters self-play (after its warm-up), frozen, with
+    # the solver's own decoding; it differs from the full method only in that π_solve^(t) stops following training
+    probe_sampler = make_sampler(args, frozen_copy(solver), tok, dist) if args.frozen_feedback_solver else s_sampler
+    P = Players(proposer, solver, ref, opt_p, opt_s, p_sampler, s_sampler, probe_sampler, HFSampler(base, tok), tok)
+    if args.unguided and args.family == "zebra":
+        say("unguided: zebra proposals are valid only if the proposer's own clues make the puzzle unique (no runtime "
+            "clue completion, which only the skill stream gets), so a valid rate near 0 is by construction")
+    baselines = trivial_baselines(args, dist)
     if dist.is_main:
-        print_table(history, args.family)
+        print_table(history, args.family, baselines)
     for t in range(start, args.T):  # Algorithm 2
         rng = random.Random(f"{args.seed}-{t}")  # shared choices (routing, solver batches): same on every rank
         # 1. proposer: skill + exploration streams, probes, GRPO (Eq. 5), collection pass
-        recs, n_unparsed, times = proposer_phase(t, proposer, ref, opt_p, p_sampler, probe_sampler, tok, pkgs, stats,
-                                                 args, rng, dist)
+        recs, n_unparsed, times = proposer_phase(t, P, pkgs, stats, args, rng, dist)
         # 2. curriculum D(t) (Eq. 6) and solver GRPO (Eq. 7)
         t0 = time.time()
-        D, _ = solver_phase(recs, t, solver, ref, opt_s, s_sampler, tok, args, rng, dist)
+        D, _ = solver_phase(recs, t, P.solver, P.ref, P.opt_s, P.s_sampler, P.tok, args, rng, dist)
         times["time_solve"] = time.time() - t0
         # 3. library evolution (§3.4): refine, prune (Eq. 8), induce (Eq. 9-10)
         t0 = time.time()
-        pkgs, stats, changes = evolve_library(t, pkgs, stats, recs, base_sampler, tok, args, dist)
+        pkgs, stats, changes = evolve_library(t, pkgs, stats, recs, P.controller, P.tok, args, dist)
         times["time_evolve"] = time.time() - t0
         # 4. held-out evaluation of π_solve^(t+1)
         t0 = time.time()
-        res = evaluate(s_sampler, tok, args, dist)
+        res = evaluate(s_sampler, tok, args, dist, f"iter {t + 1}")
         history.append((f"iter {t + 1}", res))
         times["time_eval"] = time.time() - t0
         rows.append({**iteration_metrics(recs, D, pkgs, stats, changes, t + 1), "n_proposals_unparsed": n_unparsed,
                      **res, **times})
-        save_iteration(t, pkgs, stats, changes, recs, rows, history, proposer, solver, opt_p, opt_s, tok, args, dist)
+        save_iteration(t, P, pkgs, stats, changes, recs, rows, history, args, dist)
         if dist.is_main:
-            print_table(history, args.family)
+            print_table(history, args.family, baselines)
+    if dist.is_main:  # results.json: the table, the trivial rows and the headline (stats.py)
+        results, headline = run_results(args, history, baselines, rows)
+        write_results(args.run_dir, results, headline)
+        print_bfcl_intervals(results)
+        print(format_headline(headline))
     if not args.no_plots and rows and dist.is_main:
         recs_by_iter = []
         for t in range(args.T):

@@ -347,7 +347,7 @@ def test_tiny_preset_smoke(tmp_path):
     assert any(t3[r]["lam_ent"]["updates"] > 0 for r in t3), "no RL row made an update (every group dropped or cut off)"
     assert "Table 3 shape" in out.stdout and "kept groups" in out.stdout
     res = json.loads((run / "results.json").read_text())
-    assert {e["claim"].split(":")[0] for e in res["headline"]} == {"Acc", "Table 3"}
+    assert {e["claim"].split(":")[0] for e in res["headline"]} == {"Acc", "Skill²-Bench", "Table 3"}
     tasks = json.loads((run / "tasks.json").read_text())["tasks"]
     assert all(t["proposer"] in ("llm", "template") for t in tasks)
     # a re-run reuses every stage's output and every checkpoint
@@ -938,3 +938,11 @@ def test_response_budget_fits_the_gold_traces(tiny_model_dir):
         se.check_response_budget(argparse.Namespace(model=tiny_model_dir, max_new_tokens=24), tasks)
     need = se.check_response_budget(argparse.Namespace(model=tiny_model_dir, max_new_tokens=4000), tasks)
     assert 24 < need < 4000
+
+
+def test_bench_headline_pairs_single_and_cross_over_the_same_steps():
+    bj = dict(steps=[["t0", 0, 1.0], ["t0", 1, 1.0], ["t1", 0, 0.0], ["t2", 0, 1.0]],
+              cross_steps=[["t0", 0, 0.0], ["t0", 1, 1.0], ["t0", 2, 1.0], ["t1", 0, 0.0], ["t2", 0, 0.0]])
+    e = se.bench_headline(bj)
+    assert e["n_items"] == 4 and e["mean_a"] == 0.75 and e["mean_b"] == 0.25 and e["diff"] == pytest.approx(0.5)
+    assert se.bench_headline({"single": {}}) is None and se.bench_headline(None) is None

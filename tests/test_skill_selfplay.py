@@ -662,7 +662,9 @@ def test_smoke_tiny(tmp_path, tiny_model_dir):
     """The tiny preset, shrunk further, on the tiny random model: one iteration of zebra self-play end to end,
     then a resume with nothing left to do. The random model is SFT-primed (--proposer-sft-steps, difference 13)
     on the worked example of a one-package library, the smallest puzzle the runtime accepts; the test fails
-    unless proposals pass every gate (valid), D(t) is not empty and the solver takes its GRPO step on it."""
+    unless proposals pass every gate (valid), D(t) is not empty and the solver takes its GRPO step on it with a
+    non-zero gradient (here the KL term's: the solver's short warm-up moved it away from π^(0); the advantage
+    term needs varying rewards, test_eq7_solver_phase_trains_on_curriculum)."""
     (tmp_path / "lib").mkdir()
     (tmp_path / "lib" / "zebra_tiny.md").write_text(TINY_ZEBRA_PACKAGE)
     run = tmp_path / "run"
@@ -670,10 +672,11 @@ def test_smoke_tiny(tmp_path, tiny_model_dir):
              "--library", str(tmp_path / "lib"), "--proposer-sft-steps", "150", "--proposer-sft-lr", "1e-2",
              "--proposer-prompts", "2", "--proposer-G", "2", "--proposer-max-new-tokens", "100", "--max-new-tokens", "48",
              "--solver-steps", "1", "--K", "2", "--zebra-eval-per-scale", "1", "--zebra-eval-scales", "small",
+             "--solver-sft-steps", "2", "--solver-sft-tasks", "2", "--solver-sft-lr", "1e-2",
              "--rg-eval-n", "1", "--induce-min", "1", "--controller-max-new-tokens", "32", "--collect-prompts", "1",
              "--sampler", "hf", "--no-plots", "--run-dir", str(run)]
     out = S.main(flags)
-    assert [name for name, _ in out["history"]] == ["base", "iter 1"]
+    assert [name for name, _ in out["history"]] == ["base", "solver SFT", "iter 1"]
     assert 0.0 <= out["history"][-1][1]["zebra_grid"] <= 1.0
     row = out["rows"][0]
     assert row["n_proposals_parsed"] + row["n_proposals_unparsed"] == 2 * 2 + 1 * 2
@@ -684,20 +687,23 @@ def test_smoke_tiny(tmp_path, tiny_model_dir):
     # fp32 masters of the base weights and write them back (the warm-up undone at the first step)
     from safetensors.torch import load_file
     base = load_file(os.path.join(tiny_model_dir, "model.safetensors"))
-    primed = load_file(str(run / "proposer" / "ckpt" / "model" / "model.safetensors"))
+    primed = load_file(str(run / "checkpoints" / "iter_1" / "proposer" / "ckpt" / "model" / "model.safetensors"))
     assert max((primed[k].float() - base[k].float()).abs().max().item() for k in base if k in primed) > 0.05
     (step,) = [json.loads(line) for line in open(run / "solver" / "metrics.jsonl")]
-    assert step["n_tokens"] > 0 and step["skipped"] == 0.0                  # the solver trained on D(t)
+    assert step["grad_norm"] > 0 and step["skipped"] == 0.0                 # the solver trained on D(t)
     recs = [json.loads(line) for line in open(run / "records" / "iter_0.jsonl")]
     assert len(recs) == row["n_proposals_parsed"]
     assert sum(r["valid"] for r in recs) == row["n_accepted_skill"] + row["n_accepted_explore"]
     assert all(r["reject"] in (None,) + S.REJECT_TYPES and (r["valid"] or r["why"]) for r in recs)
-    assert os.path.exists(run / "solver" / "ckpt" / "state.pt")
+    assert os.path.exists(run / "checkpoints" / "iter_1" / "solver" / "ckpt" / "state.pt")
+    assert S.checkpoint_extra(str(run))["iteration"] == 1
     assert os.path.exists(run / "library" / "iter_1" / "stats.json")
     with open(run / "metrics.jsonl") as f:
         assert json.loads(f.readline())["iteration"] == 1
     again = S.main(flags + ["--resume"])  # nothing left to do: the saved history comes back
-    assert [name for name, _ in again["history"]] == ["base", "iter 1"]
+    assert [name for name, _ in again["history"]] == ["base", "solver SFT", "iter 1"]
+    assert sorted(os.listdir(run / "eval")) == ["base.jsonl", "iter_1.jsonl", "solver_SFT.jsonl",
+                                                 "trivial_constant.jsonl", "trivial_listed_order.jsonl"]
 
 
 def test_smoke_two_rank_gloo_and_resume(tmp_path, tiny_model_dir):
@@ -740,8 +746,9 @@ def test_smoke_two_rank_gloo_and_resume(tmp_path, tiny_model_dir):
         stats = json.load(open(tmp_path / "library" / f"iter_{t}" / "stats.json"))
         assert sum(st["a"] for st in stats.values()) == 6 * t
         assert len(stats) == rows[t - 1]["lib_size"]
-    assert os.path.exists(tmp_path / "proposer" / "ckpt" / "state.pt") and os.path.exists(tmp_path / "solver" / "ckpt" / "model")
-    assert os.path.exists(tmp_path / "proposer" / "ckpt" / "rng_1.pt")
+    ck = tmp_path / "checkpoints" / "iter_2"
+    assert os.path.exists(ck / "proposer" / "ckpt" / "state.pt") and os.path.exists(ck / "solver" / "ckpt" / "model")
+    assert os.path.exists(ck / "proposer" / "ckpt" / "rng_1.pt") and not os.path.exists(tmp_path / "checkpoints" / "iter_1")
     stdout = run([sys.executable] + flags + ["--T", "2", "--resume"])  # the other launcher: nothing left to do
     assert "resumed" in stdout and stdout.count("Avg.") == 1
     assert len(open(tmp_path / "metrics.jsonl").readlines()) == 2
@@ -971,27 +978,104 @@ def _tiny_args(tiny_model_dir, run_dir, *extra):
                          "--run-dir", str(run_dir), *extra])
 
 
-def test_resume_refuses_mismatched_checkpoints_before_loading(tiny_model_dir, tmp_path, monkeypatch):
-    """A crash between the proposer's and the solver's checkpoint leaves them one iteration apart. Resume used
-    to load both (weights, optimizer), see the mismatch, and silently start at t = 0 with trained weights and
-    S(0). Now the iterations are compared first, and the run stops with an explanation."""
+def _players(model, opt, tok):
+    return S.Players(model, model, None, opt, opt, None, None, None, None, tok)
+
+
+class Killed(Exception):
+    """The process dies here (raised at a named point of save_iteration)."""
+
+
+def _kill_at(monkeypatch, point):
+    """Kill the run at a named point of an iteration's save: "proposer" or "solver" = in that checkpoint's write
+    (after the metrics row was logged), "commit" = after both checkpoints, before the pointer is renamed."""
+    real_save, real_replace = S.save_checkpoint, os.replace
+
+    def save(folder, *a, **k):
+        if os.path.basename(folder) == point:
+            raise Killed(point)
+        return real_save(folder, *a, **k)
+
+    def replace(src, dst):
+        if point == "commit" and str(dst).endswith("last.json"):
+            raise Killed(point)
+        return real_replace(src, dst)
+    monkeypatch.setattr(S, "save_checkpoint", save)
+    monkeypatch.setattr(S.os, "replace", replace)
+
+
+@pytest.mark.parametrize("point", ["proposer", "solver", "commit"])
+def test_resume_after_a_kill_in_an_iterations_save_uses_the_last_complete_pair(point, tiny_model_dir, tmp_path,
+                                                                               monkeypatch):
+    """Iteration 1 commits; the run is killed while saving iteration 2 (after its metrics row was logged). It
+    used to leave the proposer one iteration ahead of the solver, the old pair deleted: no resume possible, and a
+    rerun logged iteration 2's row twice. Now the pair of iteration 1 is still whole and is what resume loads
+    (weights of both), and the rerun of iteration 2 leaves one metrics row per iteration."""
+    import torch
     from grpo import Dist, make_optimizer
-    from plumbing import load_model, save_checkpoint
-    args = _tiny_args(tiny_model_dir, tmp_path)
+    from plumbing import load_model, read_metrics
+    args = _tiny_args(tiny_model_dir, tmp_path, "--family", "zebra")
     model, tok = load_model(tiny_model_dir, Dist(), args.dtype)
     opt = make_optimizer(model, args)
-    for who, it in (("proposer", 2), ("solver", 1)):
-        save_checkpoint(str(tmp_path / who), model, tok, opt, it - 1, {"iteration": it, "history": [], "rows": [],
-                                                                      "library": ""}, Dist())
-    loaded = []
-    monkeypatch.setattr(S, "load_checkpoint", lambda *a: loaded.append(a))
-    with pytest.raises(SystemExit, match="proposer checkpoint is after iteration 2, the solver's after 1"):
-        S.resume(str(tmp_path), model, model, opt, opt, Dist())
-    assert loaded == []                                           # nothing was loaded
-    save_checkpoint(str(tmp_path / "proposer"), model, tok, opt, 0, {"iteration": 1, "history": [], "rows": [],
-                                                                     "library": ""}, Dist())
-    assert S.resume(str(tmp_path), model, model, opt, opt, Dist())["iteration"] == 1 and len(loaded) == 2
-    assert S.resume(str(tmp_path / "fresh"), model, model, opt, opt, Dist()) is None
+    pkgs = _library("zebra")[:1]
+    stats = {p["name"]: S.new_stats() for p in pkgs}
+    S.save_iteration(0, _players(model, opt, tok), pkgs, stats, [], [], [{"pool_size": 1}], [["base", {}]], args, Dist())
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        for v in model.parameters():
+            v.add_(1.0)                                                     # iteration 2 trained the weights
+    with monkeypatch.context() as m:
+        _kill_at(m, point)
+        with pytest.raises(Killed):
+            S.save_iteration(1, _players(model, opt, tok), pkgs, stats, [], [], [{"pool_size": 1}, {"pool_size": 2}],
+                             [], args, Dist())
+    assert len(open(tmp_path / "metrics.jsonl").readlines()) == 2          # iteration 2's row was logged
+    fresh, _ = load_model(tiny_model_dir, Dist(), args.dtype)
+    fresh2, _ = load_model(tiny_model_dir, Dist(), args.dtype)
+    extra = S.resume(str(tmp_path), fresh, fresh2, make_optimizer(fresh, args), make_optimizer(fresh2, args), Dist())
+    assert extra["iteration"] == 1 and extra["rows"] == [{"pool_size": 1}]
+    for m_ in (fresh, fresh2):                                              # both from iteration 1's pair
+        assert all(torch.equal(saved[k], v) for k, v in m_.state_dict().items())
+    S.trim_logs(args, extra["iteration"], Dist())
+    S.save_iteration(1, _players(model, opt, tok), pkgs, stats, [], [], [{"pool_size": 1}, {"pool_size": 2}], [],
+                     args, Dist())
+    assert [json.loads(line)["step"] for line in open(tmp_path / "metrics.jsonl")] == [1, 2]
+    assert sorted(read_metrics(tmp_path)) == [1, 2] and S.checkpoint_extra(str(tmp_path))["iteration"] == 2
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["iter_2", "last.json"]  # the older pair is gone
+
+
+def test_checkpoint_extra_reads_no_pickle(tiny_model_dir, tmp_path, monkeypatch):
+    """`extra` lives in its own JSON file: reading it never unpickles an optimizer state (≈ 48 GB at 4B)."""
+    from grpo import Dist, make_optimizer
+    from plumbing import load_model
+    args = _tiny_args(tiny_model_dir, tmp_path, "--family", "zebra")
+    model, tok = load_model(tiny_model_dir, Dist(), args.dtype)
+    S.save_iteration(0, _players(model, make_optimizer(model, args), tok), [], {}, [], [], [{"pool_size": 0}],
+                     [["base", {"zebra_cell": 0.5}]], args, Dist())
+    import torch
+
+    def no_load(*a, **k):
+        raise AssertionError("torch.load called")
+    monkeypatch.setattr(torch, "load", no_load)
+    extra = S.checkpoint_extra(str(tmp_path))
+    assert extra["iteration"] == 1 and extra["history"] == [["base", {"zebra_cell": 0.5}]]
+    assert S.checkpoint_extra(str(tmp_path / "fresh")) is None
+
+
+def test_trim_logs_drops_rows_after_the_last_commit(tmp_path):
+    """Resume from iteration 1: the loop's rows after it (main, proposer and solver logs) are dropped; a fresh
+    start (0) drops every row, the warm-ups' too (they run again)."""
+    from grpo import Dist
+    args = S.parse_args(["--family", "zebra", "--preset", "tiny", "--proposer-steps", "2", "--solver-steps", "3",
+                         "--run-dir", str(tmp_path)])
+    for sub, steps in (("", [1, 2]), ("proposer", [0, 1, 2, 3]), ("solver", [0, 1, 2, 3, 4, 5]), ("proposer_sft", [0])):
+        (tmp_path / sub).mkdir(exist_ok=True)
+        (tmp_path / sub / "metrics.jsonl").write_text("".join(json.dumps({"step": k}) + "\n" for k in steps))
+    S.trim_logs(args, 1, Dist())
+    steps = lambda sub: [json.loads(x)["step"] for x in open(tmp_path / sub / "metrics.jsonl")]
+    assert (steps(""), steps("proposer"), steps("solver"), steps("proposer_sft")) == ([1], [0, 1], [0, 1, 2], [0])
+    S.trim_logs(args, 0, Dist())
+    assert (steps(""), steps("proposer"), steps("solver"), steps("proposer_sft")) == ([], [], [], [])
 
 
 def test_save_iteration_rerun_does_not_duplicate_library_changes(tiny_model_dir, tmp_path):
@@ -1008,10 +1092,10 @@ def test_save_iteration_rerun_does_not_duplicate_library_changes(tiny_model_dir,
     for t, changes in ((0, [{"iteration": 0, "op": "prune", "skill": "a", "reason": "r"}]),
                        (1, [{"iteration": 1, "op": "refine", "skill": "b", "reason": "r"}]),
                        (1, [{"iteration": 1, "op": "refine", "skill": "b", "reason": "r"}])):  # iteration 1 again
-        S.save_iteration(t, pkgs, stats, changes, [], [row], [], model, model, opt, opt, tok, args, Dist())
+        S.save_iteration(t, _players(model, opt, tok), pkgs, stats, changes, [], [row], [], args, Dist())
     lines = [json.loads(line) for line in open(tmp_path / "library_changes.jsonl")]
     assert [(c["iteration"], c["skill"]) for c in lines] == [(0, "a"), (1, "b")]
-    assert S.checkpoint_extra(str(tmp_path / "solver"))["iteration"] == 2
+    assert S.checkpoint_extra(str(tmp_path))["iteration"] == 2
     assert (tmp_path / "library" / "iter_2" / "stats.json").exists()
 
 
@@ -1101,35 +1185,56 @@ def test_proposer_rewards_are_R_minus_rho_and_minus_one(tmp_path):
     assert [ro.reward for ro in rollouts] == pytest.approx([0.5, -1.0, 0.5, -1.0])
 
 
-def test_compare_runs_mean_sd_over_seeds(tmp_path):
-    """make selfplay-compare's summary: per arm, mean ± sd over seed folders of held-out cell/grid accuracy (last
-    iteration), valid-proposal rate (unparseable proposals count) and v_solve of valid records by stream."""
-    def run(name, cells, recs, unparsed):
-        d = tmp_path / name
-        (d / "records").mkdir(parents=True)
-        rows = [{"zebra_cell": c, "zebra_grid": 0.0, "n_proposals_parsed": len(recs), "n_proposals_unparsed": unparsed}
-                for c in cells]
-        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        for t in range(len(rows)):
-            (d / "records" / f"iter_{t}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+def _finished_run(root, arm_flags, seed, cells, recs):
+    """A run folder as main leaves it (eval rows, records), its results.json written by run_results."""
+    import stats
+    args = S.parse_args(["--family", "zebra", "--preset", "tiny", "--T", "1", "--seed", str(seed),
+                         "--run-dir", str(root / f"{'-'.join(arm_flags) or 'skill'}-s{seed}"), *arm_flags])
+    from grpo import Dist
+    baselines = S.trivial_baselines(args, Dist())
+    n = len(S.zebra_heldout(args)[0])
+    for row, c in (("base", 0.0), ("iter 1", cells)):
+        S.save_generations(args, row, [{"i": i, "cell": c, "grid": 0.0} for i in range(n)], Dist())
+    os.makedirs(os.path.join(args.run_dir, "records"))
+    with open(os.path.join(args.run_dir, "records", "iter_0.jsonl"), "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in recs)
+    with open(os.path.join(args.run_dir, "metrics.jsonl"), "w") as f:  # a row logged twice: never read for results
+        f.writelines([json.dumps({"step": 1, "zebra_cell": cells})] * 2)
+    results, headline = S.run_results(args, [("base", {}), ("iter 1", {})], baselines, [{}])
+    stats.write_results(args.run_dir, results, headline)
+    return args.run_dir, n
+
+
+def test_aggregate_pools_seeds_and_pairs_skill_sp_with_unguided_over_puzzles(tmp_path, capsys):
+    """results.json per run (each arm vs the better trivial answer, valid rate and v_solve by stream), then
+    --aggregate: each claim pooled over seeds, and Skill-SP vs unguided paired over puzzles × seeds."""
     v = lambda stream, ok, vs: {"stream": stream, "valid": ok, "v_solve": vs}
-    run("zebra-skill-s0", [0.1, 0.2], [v("skill", True, 0.5), v("explore", False, 0.0)], 2)   # 2 valid of 8
-    run("zebra-skill-s1", [0.3, 0.4], [v("skill", True, 0.1), v("explore", True, 0.3)], 0)     # 4 valid of 4
-    run("zebra-unguided-s0", [0.0], [v("explore", False, 0.0)], 1)
-    (tmp_path / "notes").mkdir()
-    out = S.compare_runs(str(tmp_path))
-    assert set(out) == {"zebra-skill", "zebra-unguided"}
-    sk = out["zebra-skill"]
-    assert sk["cell"][:2] == pytest.approx((0.3, math.sqrt(0.02))) and sk["cell"][2] == 2
-    assert sk["valid_rate"][:2] == pytest.approx((0.625, math.sqrt(((0.25 - 0.625) ** 2 + (1 - 0.625) ** 2) / 1)))
-    assert sk["v_solve_skill"][:2] == pytest.approx((0.3, math.sqrt(0.08)))
-    assert sk["v_solve_explore"] == pytest.approx((0.3, 0.0, 1))
-    assert out["zebra-unguided"]["valid_rate"] == (0.0, 0.0, 1) and "v_solve_explore" not in out["zebra-unguided"]
+    runs = [_finished_run(tmp_path, [], 0, 0.5, [v("skill", True, 0.5), v("explore", False, 0.0)]),
+            _finished_run(tmp_path, [], 1, 0.4, [v("skill", True, 0.25)]),
+            _finished_run(tmp_path, ["--unguided"], 0, 0.2, [v("explore", False, 0.0)]),
+            _finished_run(tmp_path, ["--unguided"], 1, 0.1, [v("explore", False, 0.0)])]
+    one = json.load(open(os.path.join(runs[0][0], "results.json")))
+    claims = [e["claim"] for e in one["headline"]]
+    assert any("vs the better trivial answer" in c and "cell" in c for c in claims)
+    explore = next(e for e in one["headline"] if e["claim"].startswith("valid-proposal rate, explore"))
+    assert "by construction" in explore["claim"] and explore["mean_a"] == 0.0 and explore["n_items"] == 1
+    trivial = next(e for e in one["headline"] if "cell" in e["claim"] and "trivial" in e["claim"])
+    better = max(one["trivial"], key=lambda kr: kr[1]["zebra_cell"])               # the better trivial answer
+    assert trivial["b"] == "trivial: " + better[0] and trivial["mean_b"] == pytest.approx(better[1]["zebra_cell"])
+    assert trivial["mean_a"] == pytest.approx(0.5)
+    entries = S.main(["--aggregate", *[d for d, _ in runs]])
+    n = runs[0][1]
+    (pair,) = [e for e in entries if e["claim"].startswith("held-out zebra cell accuracy: skill-sp vs unguided")]
+    assert pair["n_items"] == 2 * n and pair["n_seeds"] == 2
+    assert pair["diff"] == pytest.approx(((0.5 - 0.2) + (0.4 - 0.1)) / 2) and pair["p"] < 0.01
+    vskill = next(e for e in entries if e["claim"].startswith("v_solve of valid proposals, skill stream, skill-sp"))
+    assert vskill["n_seeds"] == 2 and vskill["mean_a"] == pytest.approx(0.375)
+    assert "skill-sp vs unguided" in capsys.readouterr().out
 
 
 def test_prime_proposer_targets_are_the_worked_examples(monkeypatch):
     """--proposer-sft-steps: each package's skill prompt and the exploration prompt, each followed by the example
-    as the proposer writes it (after the prefilled opening, or compact JSON under the grammar). grpo.sft_update
+    as the proposer writes it (after the prefilled opening, or whole under the grammar). grpo.sft_update
     (tested in test_grpo.py) is replaced by a recorder: what is checked here is the data it is given."""
     import torch
     import grpo
@@ -1146,7 +1251,7 @@ def test_prime_proposer_targets_are_the_worked_examples(monkeypatch):
                    and S.PROPOSER_PREFIX["zebra"] + tok.decode(t[:-1]) == json.dumps(pkg["example"]) for p, t in seen)
     seen.clear()
     S.prime_proposer(model, tok, pkgs, args, Dist(), grammar=True)
-    assert any(tok.decode(t[:-1]) == json.dumps(pkgs[0]["example"], separators=(",", ":")) for _, t in seen)
+    assert any(tok.decode(t[:-1]) == json.dumps(pkgs[0]["example"]) for _, t in seen)  # ", " and ": ", as xgrammar decodes
 
 
 def test_proposer_sft_batch_draws_that_many_examples(monkeypatch):
@@ -1177,7 +1282,7 @@ def test_scripted_tool_tasks_pass_the_gate_and_state_every_argument():
 
 def test_prime_solver_targets_are_the_reference_calls(monkeypatch):
     """--solver-sft-steps: the prompt is what the solver sees (with the answer prefix), and prefix + target is a
-    reply that tool_reward scores as the exact reference call (R = 1)."""
+    reply that tool_reward scores as the scripted task's own reference call (R = 1), not merely as its own parse."""
     import torch
     import grpo
     from grpo import Dist
@@ -1186,11 +1291,192 @@ def test_prime_solver_targets_are_the_reference_calls(monkeypatch):
     args = S.parse_args(["--family", "tool", "--preset", "tiny", "--solver-sft-steps", "2", "--solver-sft-tasks", "6",
                          "--solver-sft-batch", "3", "--run-dir", "/tmp/pt-13-prime-solver"])
     S.prime_solver(torch.nn.Linear(1, 1), tok, args, Dist())
+    tasks = S.scripted_tool_tasks(random.Random(f"{args.seed}-solver-sft"), 6)  # the warm-up's own draw
     assert len(seen) == 6
     prefix, _ = S.answer_prefix(args)
-    for prompt, target in seen:
+    for (prompt, target), task in zip(seen, tasks):
         assert target[-1] == tok.eos_token_id
         reply = prefix + tok.decode(target[:-1])
-        call = S.parse_tool_calls(reply)[0]
-        assert S.tool_reward(reply, call)[0] == 1.0
-        assert tok.decode(prompt).endswith(prefix) and call["name"] in tok.decode(prompt)
+        assert S.tool_reward(reply, task["call"])[:3] == (1.0, True, True)
+        assert tok.decode(prompt) == tok.decode(S.prefilled_prompt(tok, S.solver_messages("tool", task), prefix))
+
+
+def test_prime_solver_zebra_targets_are_the_grids_of_puzzles_outside_the_heldout_set(monkeypatch):
+    """Zebra warm-up: runtime puzzles of the held-out scales, none equal to a held-out puzzle; each target is
+    the JSON grid that Eq. 15 scores as the full solution (R = 1)."""
+    import torch
+    import grpo
+    from grpo import Dist
+    tok, seen = _tok(), []
+    monkeypatch.setattr(grpo, "sft_update", lambda model, opt, examples, *a: seen.extend(examples) or {"sft_loss": 0.0})
+    args = S.parse_args(["--family", "zebra", "--preset", "tiny", "--solver-sft-steps", "1", "--solver-sft-tasks", "8",
+                         "--run-dir", "/tmp/pt-13-prime-solver"])
+    S.prime_solver(torch.nn.Linear(1, 1), tok, args, Dist())
+    heldout = {S.render_zebra_prompt(p) for _, p, _ in S.zebra_heldout(args)[0]}
+    puzzles = {S.render_zebra_prompt(p): (p, sol) for _, p, sol in S.make_zebra_puzzles(
+        f"{args.data_seed}-solver-sft", ["small", "medium"], 4)}
+    assert 1 <= len(seen) <= 8
+    for prompt, target in seen:
+        text = tok.decode(prompt)
+        (key,) = [k for k in puzzles if k in text]
+        assert key not in heldout
+        p, sol = puzzles[key]
+        assert S.zebra_reward(tok.decode(target[:-1]), p, sol)[0] == pytest.approx(1.0) and target[-1] == tok.eos_token_id
+
+
+# ----- the held-out instrument (§1 of issue 27) -----
+
+def test_every_table_row_uses_one_sampler_schema_temperature_and_budget(tiny_model_dir, tmp_path, monkeypatch):
+    """Base and solver-SFT rows (tool family, --T 0): the base row used to be decoded by a separate HF sampler of
+    π^(0) (no schema under vLLM), the others by the solver's sampler. Now every held-out generate call goes to
+    the solver's own sampler with the same n, budget, temperature, stop and schema."""
+    import plumbing
+    calls, real = [], plumbing.HFSampler.generate
+
+    def recording(self, prompts, n, max_new_tokens, temperature, top_p=1.0, stop=None, json_schema=None):
+        calls.append((id(self), any(p.requires_grad for p in self.model.parameters()), n, max_new_tokens, temperature,
+                      str(stop), json.dumps(json_schema)))
+        return real(self, prompts, n, max_new_tokens, temperature, top_p, stop, json_schema)
+    monkeypatch.setattr(plumbing.HFSampler, "generate", recording)
+    out = S.main(["--family", "tool", "--preset", "tiny", "--model", tiny_model_dir, "--T", "0", "--eval-n", "1",
+                  "--proposer-sft-steps", "0", "--solver-sft-steps", "1", "--solver-sft-batch", "2",
+                  "--max-new-tokens", "4", "--sampler", "hf", "--no-plots", "--run-dir", str(tmp_path)])
+    assert [name for name, _ in out["history"]] == ["base", "solver SFT"]
+    assert len(calls) == 2 * len(S.BFCL_CATEGORIES)
+    assert len(set(calls)) == 1 and calls[0][1]                     # one sampler, the (trainable) solver's
+    assert sorted(os.listdir(tmp_path / "eval")) == ["base.jsonl", "solver_SFT.jsonl"]
+
+
+def _zebra_gold(args):
+    """Gold grids in play: the held-out set's and every S(0) worked example's."""
+    puzzles, _ = S.zebra_heldout(args)
+    sols = [sol for _, _, sol in puzzles]
+    for pkg in _library("zebra"):
+        n, pos = S.count_solutions(pkg["example"], 2)
+        sols.append(S.solution_grid(pkg["example"], pos))
+    return puzzles, sols
+
+
+def test_zebra_answer_budget_fits_every_heldout_and_library_gold_answer():
+    """--max-new-tokens 96 used to cut the 4×4 held-out solution (108 tokens): a quarter of the metric could never
+    be scored. The budget now fits the longest gold grid of the call (as xgrammar writes it, + EOS), for the held-out set
+    and for any S(0) example probed alone; the tiny held-out set has ≥ 100 puzzles."""
+    args, tok = S.parse_args(["--family", "zebra", "--preset", "tiny"]), _tok()
+    puzzles, sols = _zebra_gold(args)
+    assert len(puzzles) >= 100 and {s for s, _, _ in puzzles} == {"small", "medium"}
+    length = lambda sol: len(tok.encode(json.dumps(sol), add_special_tokens=False)) + 1  # as xgrammar decodes it, + EOS
+    assert max(length(sol) for sol in sols) > args.max_new_tokens          # the flag alone would truncate
+    budget = S.answer_budget(args, tok, sols)
+    assert all(length(sol) <= budget for sol in sols)
+    assert all(length(sol) <= S.answer_budget(args, tok, [sol]) for sol in sols)
+    assert S.answer_budget(S.parse_args(["--family", "tool", "--preset", "tiny"]), tok, sols) == args.max_new_tokens
+
+
+class _Engine:
+    """Stands in for vLLM's engine: counts prefix-cache resets."""
+
+    def __init__(self):
+        self.resets = 0
+
+    def reset_prefix_cache(self):
+        self.resets += 1
+
+
+def test_heldout_eval_resets_the_prefix_cache_fits_the_budget_and_saves_every_generation(tmp_path):
+    """eval_zebra: the prefix cache is reset before generating, the budget fits the longest held-out gold grid,
+    decoding is greedy in the tiny preset (stated in its help), and every reply is saved, scored, per puzzle."""
+    from grpo import Dist
+    args = S.parse_args(["--family", "zebra", "--preset", "tiny", "--rg-eval-n", "0", "--run-dir", str(tmp_path)])
+    tok = _tok()
+
+    class Recording(FixedReply):
+        def __init__(self):
+            super().__init__("no grid")
+            self.llm, self.seen = _Engine(), []
+
+        def generate(self, prompts, n, max_new_tokens, temperature, **k):
+            self.seen.append((len(prompts), n, max_new_tokens, temperature, self.llm.resets, len(k["json_schema"])))
+            return super().generate(prompts, n)
+    sampler = Recording()
+    res = S.eval_zebra(sampler, tok, args, Dist(), "iter 1")
+    puzzles, _ = S.zebra_heldout(args)
+    budget = S.answer_budget(args, tok, [sol for _, _, sol in puzzles])
+    assert sampler.seen == [(len(puzzles), args.eval_samples, budget, 0.0, 1, len(puzzles))]
+    items = [json.loads(line) for line in open(tmp_path / "eval" / "iter_1.jsonl")]
+    assert len(items) == len(puzzles) and all(it["answers"] == ["no grid"] and it["cell"] == 0.0 for it in items)
+    assert res["zebra_cell"] == 0.0 and res["zebra_grid"] == 0.0
+
+
+def test_trivial_baselines_are_scored_by_the_same_checker_and_printed(tmp_path, capsys):
+    """A constant value per attribute gets exactly 1/N of each puzzle's cells and no grid; listed order is a
+    valid grid, right only when the solution is the listed order. Both rows print under every table."""
+    from grpo import Dist
+    args = S.parse_args(["--family", "zebra", "--preset", "tiny", "--run-dir", str(tmp_path)])
+    rows = S.trivial_baselines(args, Dist())
+    assert [name for name, _ in rows] == ["constant", "listed order"]
+    puzzles, _ = S.zebra_heldout(args)
+    const = [json.loads(line) for line in open(tmp_path / "eval" / "trivial_constant.jsonl")]
+    listed = [json.loads(line) for line in open(tmp_path / "eval" / "trivial_listed_order.jsonl")]
+    for (_, p, sol), c, o in zip(puzzles, const, listed):
+        assert c["cell"] == pytest.approx(1 / p["houses"]) and c["grid"] == 0.0 and c["valid"] == 0.0
+        in_order = all(sol[f"House {h}"][a] == v[h - 1] for a, v in p["attributes"].items() for h in range(1, p["houses"] + 1))
+        assert o["valid"] == 1.0 and o["grid"] == float(in_order)
+    assert rows[0][1]["zebra_cell"] == pytest.approx(sum(1 / p["houses"] for _, p, _ in puzzles) / len(puzzles))
+    S.print_table([("base", {"zebra_cell": 0.1})], "zebra", rows)
+    out = capsys.readouterr().out
+    assert "[constant]" in out and "[listed order]" in out and "base" in out
+
+
+def test_task_and_grid_schemas_compile_under_xgrammar_and_admit_the_gold_grid():
+    """What vLLM gets (structured outputs, xgrammar, no optional whitespace): TASK_SCHEMA of both families and
+    every held-out puzzle's grid_schema compile with the embedded tokenizer, and the grid schema's matcher takes
+    the gold grid, token by token as JSON with ", " and ": " (what answer_budget and the warm-ups write; compact
+    JSON is refused), then EOS: the grammar admits the answer it scores as right."""
+    import xgrammar as xgr
+    tok = _tok()
+    compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tok))
+    for family in ("tool", "zebra"):
+        assert compiler.compile_json_schema(json.dumps(S.TASK_SCHEMA[family]), any_whitespace=False) is not None
+    args = S.parse_args(["--family", "zebra", "--preset", "tiny"])
+    puzzles, _ = S.zebra_heldout(args)
+    for _, p, sol in puzzles[::10] + puzzles[-1:]:
+        matcher = xgr.GrammarMatcher(compiler.compile_json_schema(json.dumps(S.grid_schema(p)), any_whitespace=False))
+        ids = tok.encode(json.dumps(sol), add_special_tokens=False)
+        assert all(matcher.accept_token(i) for i in ids) and matcher.accept_token(tok.eos_token_id)
+        assert matcher.is_terminated()
+        compact = xgr.GrammarMatcher(compiler.compile_json_schema(json.dumps(S.grid_schema(p)), any_whitespace=False))
+        assert not all(compact.accept_token(i) for i in tok.encode(json.dumps(sol, separators=(",", ":")),
+                                                                   add_special_tokens=False))
+
+
+class _StopBeforeIteration(Exception):
+    pass
+
+
+def test_ablations_differ_from_the_full_method_only_in_what_they_name(tiny_model_dir, tmp_path, monkeypatch):
+    """--unguided used to skip the proposer warm-up that Skill-SP gets; --frozen-feedback-solver probed with the
+    un-warmed π^(0) on HF generate (no schema under vLLM). Now the unguided proposer is primed like Skill-SP's,
+    and the frozen feedback solver is a frozen copy of the warmed solver on a sampler of the solver's kind."""
+    import torch
+    primed, seen = [], {}
+    monkeypatch.setattr(S, "prime_proposer", lambda proposer, tok, pkgs, args, *a: primed.append(args.unguided) or {})
+
+    def first_iteration(t, P, *a):
+        seen["P"] = P
+        raise _StopBeforeIteration
+    monkeypatch.setattr(S, "proposer_phase", first_iteration)
+    flags = ["--family", "tool", "--preset", "tiny", "--model", tiny_model_dir, "--eval-n", "1", "--proposer-sft-steps",
+             "1", "--solver-sft-steps", "2", "--solver-sft-batch", "4", "--solver-sft-lr", "1e-2", "--max-new-tokens",
+             "4", "--sampler", "hf", "--no-plots"]
+    for arm in ("--unguided", "--frozen-feedback-solver"):
+        with pytest.raises(_StopBeforeIteration):
+            S.main(flags + [arm, "--run-dir", str(tmp_path / arm)])
+    assert primed == [True, False]                                   # the warm-up runs in the unguided arm too
+    P = seen["P"]                                                    # the --frozen-feedback-solver run
+    assert P.probe_sampler is not P.s_sampler and P.probe_sampler is not P.controller
+    assert type(P.probe_sampler) is type(P.s_sampler)
+    probe, solver = P.probe_sampler.model.state_dict(), P.solver.state_dict()
+    assert all(torch.equal(probe[k], solver[k]) for k in solver)      # the warmed solver ...
+    assert not any(p.requires_grad for p in P.probe_sampler.model.parameters())  # ... frozen
+    base = P.controller.model.state_dict()
+    assert any(not torch.equal(base[k].float(), solver[k].float()) for k in solver)  # not π^(0)
