@@ -1294,11 +1294,12 @@ def test_prime_solver_targets_are_the_reference_calls(monkeypatch):
     tasks = S.scripted_tool_tasks(random.Random(f"{args.seed}-solver-sft"), 6)  # the warm-up's own draw
     assert len(seen) == 6
     prefix, _ = S.answer_prefix(args)
-    for (prompt, target), task in zip(seen, tasks):
+    by_prompt = {tok.decode(S.prefilled_prompt(tok, S.solver_messages("tool", t), prefix)): t for t in tasks}
+    assert len(by_prompt) == 6 and {tok.decode(p) for p, _ in seen} == set(by_prompt)
+    for prompt, target in seen:  # grpo.sft_loop shuffles: each example is matched to its task by the prompt
         assert target[-1] == tok.eos_token_id
         reply = prefix + tok.decode(target[:-1])
-        assert S.tool_reward(reply, task["call"])[:3] == (1.0, True, True)
-        assert tok.decode(prompt) == tok.decode(S.prefilled_prompt(tok, S.solver_messages("tool", task), prefix))
+        assert S.tool_reward(reply, by_prompt[tok.decode(prompt)]["call"])[:3] == (1.0, True, True)
 
 
 def test_prime_solver_zebra_targets_are_the_grids_of_puzzles_outside_the_heldout_set(monkeypatch):
