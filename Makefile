@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install bubblewrap demo test bench clean skill-rm-seeds selfplay-compare
+.PHONY: install bubblewrap demo test bench clean skill-rm-seeds selfplay-compare precision-compare
 
 install: $(STAMP) bubblewrap
 
@@ -73,9 +73,14 @@ test: install
 	$(BIN)/python -m pytest -q -o tmp_path_retention_policy=failed tests
 
 bench: install
+	@$(BIN)/python -c "import plumbing; print('machine:', plumbing.choose_precision('auto', plumbing.bf16_capability())[1])"
 	$(BIN)/python -m pip install -q trl
 	$(BIN)/python bench/bench_sampler.py
 	$(BIN)/python bench/bench_step.py
+
+# fp32 and bf16 alike (issue #22): grpo.py --preset tiny at both precisions over SEEDS, mean ± sd of held-out accuracy.
+precision-compare: install
+	$(BIN)/python bench/precision_compare.py --seeds $(SEEDS)
 
 # Skill-RM vs. the LLM-judge baseline over seeds: one process per seed (run them one at a time, or
 # separately with `make skill-rm-seeds SEEDS=1`), then mean ± sd over every runs/skill_rm-seed*/.

@@ -54,8 +54,8 @@ import torch.distributed as torch_dist
 from torch.distributed.fsdp import FSDPModule
 from tqdm import tqdm
 
-from plumbing import (dtype_flag, load_checkpoint, load_model, load_policy, log_metrics, make_sampler, plot_curves,
-                      precision_flag, save_checkpoint, unwrap)
+from plumbing import (dtype_flag, load_model, load_policy, log_metrics, make_sampler, plot_curves, precision_flag,
+                      resume_checkpoint, save_checkpoint, unwrap)
 
 # ----- config -----
 
@@ -374,10 +374,10 @@ def tis_weights(old_logp, sample_logp, cap):
 
 
 class MasterAdamW(torch.optim.AdamW):
-    """AdamW for a model with bf16 weights (Megatron / DeepSpeed mixed precision): it steps fp32 master
-    copies of the weights with fp32 moments, then writes them back rounded to bf16. The model computes in
-    bf16 without a cast per op (which autocast over fp32 weights pays), and updates of lr ~1e-6, far below
-    bf16's resolution, still accumulate in the masters. state_dict() carries the masters, so resume is exact.
+    """AdamW for a model with bf16 weights (Megatron / DeepSpeed mixed precision): it steps fp32 master copies of
+    the weights with fp32 moments, then writes them back to bf16 with stochastic rounding. The model computes in bf16
+    without a cast per op, and updates far below bf16's resolution (lr ~1e-6) accumulate in the masters and reach the
+    compute weights in expectation (round to nearest holds them still: README, "fp32 and bf16 alike").
     Weights written by anyone else (an SFT warm-up with its own optimizer, a checkpoint load) are taken up by
     the masters before the next step, which would otherwise write the stale masters back (the bug of 5d20b35)."""
 
@@ -416,7 +416,17 @@ class MasterAdamW(torch.optim.AdamW):
     def step(self, closure=None):
         self.take_grads()
         super().step()
-        torch._foreach_copy_(self.model_params, self.masters())                     # round to nearest bf16
+        self.write_back()
+
+    @torch.no_grad()
+    def write_back(self):
+        """bf16 ← fp32 master, rounded up with probability (m − m↓) / ulp, so E[bf16] = m: 16 random bits added below
+        bf16's mantissa, then cut off. The noise is seeded by the step count, so a resumed run rounds the same."""
+        step = int(self.state[self.masters()[0]].get("step", 0)) if self.state else 0
+        g = torch.Generator(self.masters()[0].device).manual_seed(step)
+        for p, m in zip(self.model_params, self.masters()):
+            noise = torch.randint(0, 1 << 16, m.shape, generator=g, dtype=torch.int32, device=m.device)
+            p.copy_((m.view(torch.int32) + noise).bitwise_and_(-(1 << 16)).view(torch.float32))  # exact in bf16
         self.mark_written()
 
     def zero_grad(self, set_to_none=True):
@@ -430,10 +440,10 @@ class MasterAdamW(torch.optim.AdamW):
     @torch.no_grad()
     def load_state_dict(self, state):
         state = dict(state)
-        for p, m, saved in zip(self.model_params, self.masters(), state.pop("master")):
-            m.copy_(saved), p.copy_(saved)
+        for m, saved in zip(self.masters(), state.pop("master")):
+            m.copy_(saved)
         super().load_state_dict(state)
-        self.mark_written()
+        self.write_back()
 
 
 def make_optimizer(model, args, lr=None):
@@ -708,7 +718,7 @@ def main(argv=None):
     ref = load_model(args.model, dist, args.dtype, trainable=False)[0] if args.beta > 0 else None
     opt = make_optimizer(model, args)
     start, extra = 0, {}
-    if args.resume and (ck := load_checkpoint(args.run_dir, model, opt, dist)):
+    if args.resume and (ck := resume_checkpoint(args.run_dir, model, opt, dist)):
         start, extra = ck[0] + 1, ck[1]
         print(f"resumed from {args.run_dir}/ckpt at step {ck[0]}", file=sys.stderr)
     sampler = make_sampler(args, model, tok, dist)

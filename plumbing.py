@@ -469,11 +469,14 @@ class VLLMSampler:
         from vllm import LLM
         self.tok, self.max_len = tok, max_model_len or args.max_model_len
         self.dtype = compute_dtype(args)  # the policy's: fp32 on a CPU without native bf16 (2.3x the tokens/s there)
+        rng = _rng_state()  # LLM(seed=) reseeds the global RNGs at every engine start: put them back after it,
+        # so a run resumed from a checkpoint (whose RNG state is restored before the engine starts) stays exact
         self.llm = LLM(model=unwrap(model).name_or_path, dtype=self.dtype, enforce_eager=True, seed=args.seed + dist.rank,
                        kv_cache_memory_bytes=int(args.vllm_kv_gib * 2**30), max_model_len=self.max_len,
                        distributed_executor_backend="external_launcher" if dist.world > 1 else None,
                        structured_outputs_config={"backend": "xgrammar", "disable_any_whitespace": True},
                        logprobs_mode="processed_logprobs")  # log-probs after temperature and top-p: what was sampled from
+        _set_rng_state(rng)
         self.grammar = GrammarReplay(tok, unwrap(model).config.vocab_size)
         self.sync(model)  # the policy may already differ from the folder (resume, SFT)
 
@@ -524,6 +527,23 @@ def make_sampler(args, model, tok, dist, max_model_len=None):
     return HFSampler(model, tok)
 
 # ----- checkpoints -----
+# A run killed anywhere (SIGKILL, the OOM killer, a pre-empted node) resumes to the same result:
+#   save: everything goes to ckpt.tmp/, each file fsynced, then COMPLETE (the step) last; then ckpt/ → ckpt.old/,
+#         ckpt.tmp/ → ckpt/, and only then ckpt.old/ is deleted. A kill at any point leaves one complete copy.
+#   load: the newest complete one of ckpt/, ckpt.tmp/, ckpt.old/ (saying which when it is not ckpt/); a
+#         corrupt one is one error line naming the file, never a fresh start.
+#   log:  metrics.jsonl is only appended to; the checkpoint records its size, and resume_checkpoint cuts the
+#         rows logged after it (they belong to steps that are about to run again), so no row is ever doubled.
+# Kill points: kill_point(name, step) SIGKILLs this process when NANOSKILL_KILL_AT is "name:step<step>"
+# (e.g. ckpt:after_tmp_rename:step2), so tests can crash a run at a named moment; any script may add its own.
+
+
+def kill_point(name, step=None):
+    """Test hook: die here (SIGKILL, no clean-up) when NANOSKILL_KILL_AT names this point and step."""
+    want = os.environ.get("NANOSKILL_KILL_AT")
+    if want and want == (name if step is None else f"{name}:step{step}"):
+        sys.stdout.flush(), sys.stderr.flush()
+        os.kill(os.getpid(), 9)
 
 
 def _rng_state():
@@ -531,6 +551,24 @@ def _rng_state():
     if torch.cuda.is_available():
         s["cuda"] = torch.cuda.get_rng_state_all()
     return s
+
+
+def _set_rng_state(s):
+    random.setstate(s["python"]), np.random.set_state(s["numpy"]), torch.set_rng_state(s["torch"])
+    if "cuda" in s and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(s["cuda"])
+
+
+def _fsync_tree(path):
+    """Flush a file, or every file under a folder and then the folders themselves, to disk."""
+    walk = os.walk(path) if os.path.isdir(path) else [(os.path.dirname(path), [], [os.path.basename(path)])]
+    for root, dirs, files in walk:
+        for name in files + dirs + (["."] if os.path.isdir(path) else []):
+            fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
 
 def _fsdp_options(**kw):
@@ -566,77 +604,218 @@ def _load_fsdp(model, optimizer, sd, osd, dist):
         set_optimizer_state_dict(model, optimizer, osd if dist.is_main else {}, options=_fsdp_options(broadcast_from_rank0=True))
 
 
+def _complete_step(folder):
+    """The step a checkpoint folder holds if it is complete, else None. A ckpt/ without COMPLETE is from before
+    the marker existed (it was only ever made by renaming a finished ckpt.tmp/): complete, newest."""
+    mark = folder / "COMPLETE"
+    if mark.exists():
+        try:
+            return int(mark.read_text())
+        except ValueError:
+            return None
+    return float("inf") if folder.name == "ckpt" and (folder / "state.pt").exists() else None
+
+
+def latest_checkpoint(run_dir):
+    """The newest complete checkpoint folder of run_dir (ckpt/, or what a kill during a save left: ckpt.tmp/ or
+    ckpt.old/), or None when there is none."""
+    found = [(s, -i, f) for i, f in enumerate(Path(run_dir) / n for n in ("ckpt", "ckpt.tmp", "ckpt.old"))
+             if (s := _complete_step(f)) is not None]
+    return max(found)[2] if found else None
+
+
 def save_checkpoint(run_dir, model, tok, optimizer, step, extra, dist):
-    """<run_dir>/ckpt: model/ (HF format), state.pt (optimizer, step, extra), rng_<rank>.pt.
-    Written to ckpt.tmp and renamed, so a crash never leaves a half-written checkpoint."""
+    """<run_dir>/ckpt: model/ (HF format), state.pt (optimizer, step, extra, the size of metrics.jsonl),
+    rng_<rank>.pt, COMPLETE (the step, written last). Committed atomically: see the banner above."""
     run_dir = Path(run_dir)
     tmp, final, old = run_dir / "ckpt.tmp", run_dir / "ckpt", run_dir / "ckpt.old"
     barrier = torch_dist.barrier if dist.world > 1 else lambda: None  # grpo.barrier (plumbing does not import grpo)
     if dist.is_main:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if not final.exists() and (last := latest_checkpoint(run_dir)) is not None:
+            os.replace(last, final)  # a save killed between its renames left the newest complete one elsewhere
+        shutil.rmtree(tmp, ignore_errors=True), shutil.rmtree(old, ignore_errors=True)
         tmp.mkdir(parents=True)
     barrier()
     torch.save(_rng_state(), tmp / f"rng_{dist.rank}.pt")
     model_sd, optim_sd = _gather_for_save(model, optimizer)
     barrier()
     if dist.is_main:
+        kill_point("ckpt:begin", step)
         unwrap(model).save_pretrained(tmp / "model", state_dict=model_sd)
         tok.save_pretrained(tmp / "model")
-        torch.save({"optimizer": optim_sd, "step": step, "extra": extra}, tmp / "state.pt")
+        kill_point("ckpt:after_model", step)
+        log = run_dir / "metrics.jsonl"
+        torch.save({"optimizer": optim_sd, "step": step, "extra": extra,
+                    "metrics_bytes": log.stat().st_size if log.exists() else 0}, tmp / "state.pt")
+        if log.exists():
+            _fsync_tree(log)
+        _fsync_tree(tmp)
+        kill_point("ckpt:before_complete", step)
+        (tmp / "COMPLETE").write_text(str(step))
+        _fsync_tree(tmp)
+        kill_point("ckpt:before_rename", step)
         if final.exists():
             os.replace(final, old)
+            kill_point("ckpt:between_renames", step)
         os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
+        os.fsync(fd := os.open(run_dir, os.O_RDONLY)), os.close(fd)  # the renames themselves
+        kill_point("ckpt:after_tmp_rename", step)
+        shutil.rmtree(old, ignore_errors=True)  # only now: the new checkpoint is in place
     barrier()
 
 
-def load_checkpoint(run_dir, model, optimizer, dist):
-    """Restore weights, optimizer, RNG; returns (step, extra) or None when there is no checkpoint."""
+def _unusable(path, why):
+    """A corrupt checkpoint is one clear line naming the file, never a traceback from deep inside torch."""
+    why = str(why).strip().splitlines()[0] if str(why).strip() else type(why).__name__
+    return SystemExit(f"nanoskill: cannot load the checkpoint {path}: {why[:300]}")
+
+
+def _check_fits(model, sd, path):
+    """The saved weights must be this model's: same names (a tied lm_head may be absent) and shapes."""
+    own = unwrap(model).state_dict()
+    tied = getattr(unwrap(model).config, "tie_word_embeddings", False)
+    missing = [k for k in own if k not in sd and not (tied and k == "lm_head.weight")]
+    extra = [k for k in sd if k not in own]
+    wrong = [k for k in sd if k in own and tuple(sd[k].shape) != tuple(own[k].shape)]
+    if missing or extra:
+        raise _unusable(path, f"the weights are another model's ({len(missing)} of this model's tensors missing, "
+                              f"e.g. {(missing or ['-'])[0]}; {len(extra)} unknown, e.g. {(extra or ['-'])[0]})")
+    if wrong:
+        k = wrong[0]
+        raise _unusable(path, f"the weights are another model's: {k} is {tuple(sd[k].shape)} in the file, "
+                              f"{tuple(own[k].shape)} in this model ({len(wrong)} tensors differ)")
+
+
+def _load(run_dir, model, optimizer, dist):
+    """load_checkpoint's work; returns (folder, state) or (None, None)."""
     from safetensors.torch import load_file
-    ck = Path(run_dir) / "ckpt"
-    if not (ck / "state.pt").exists():
-        return None
+    ck = latest_checkpoint(run_dir)
+    if ck is None:
+        return None, None
+    if ck.name != "ckpt":
+        print(f"nanoskill: {Path(run_dir) / 'ckpt'} is missing or incomplete (a run killed while saving); "
+              f"loading the last complete checkpoint, {ck}", file=sys.stderr)
     fsdp = isinstance(model, FSDPModule)
     sd = {}
-    for f in sorted((ck / "model").glob("*.safetensors")) if dist.is_main or not fsdp else []:
-        sd.update(load_file(f, device="cpu" if fsdp else str(dist.device)))
-    state = torch.load(ck / "state.pt", map_location="cpu" if fsdp else dist.device, weights_only=False)
+    files = sorted((ck / "model").glob("*.safetensors"))
+    if not files:
+        raise _unusable(ck / "model", "no *.safetensors weights in it")
+    for f in files if dist.is_main or not fsdp else []:
+        try:
+            sd.update(load_file(f, device="cpu" if fsdp else str(dist.device)))
+        except Exception as e:
+            raise _unusable(f, e)
+    if dist.is_main or not fsdp:
+        _check_fits(model, sd, files[0])
+    try:
+        state = torch.load(ck / "state.pt", map_location="cpu" if fsdp else dist.device, weights_only=False)
+        state["step"], state["extra"]
+    except Exception as e:
+        raise _unusable(ck / "state.pt", e)
     if fsdp:
         _load_fsdp(model, optimizer, sd, state["optimizer"], dist)
         state["optimizer"] = None
     else:
         unwrap(model).load_state_dict(sd, strict=False)  # strict=False: a tied lm_head is not saved twice
     if optimizer is not None and state["optimizer"] is not None:
-        optimizer.load_state_dict(state["optimizer"])
+        try:
+            own = [p for g in optimizer.param_groups for p in g["params"]]
+            for i, saved in state["optimizer"]["state"].items():  # torch checks counts, not shapes
+                bad = [k for k, v in saved.items() if torch.is_tensor(v) and v.dim() and v.shape != own[i].shape]
+                if bad:
+                    raise ValueError(f"{bad[0]} of parameter {i} is {tuple(saved[bad[0]].shape)}, the parameter "
+                                     f"{tuple(own[i].shape)}")
+            optimizer.load_state_dict(state["optimizer"])
+        except Exception as e:
+            raise _unusable(ck / "state.pt", f"its optimizer state does not fit this model's optimizer ({e})")
     rng_file = ck / f"rng_{dist.rank}.pt"
     if rng_file.exists():
-        rng = torch.load(rng_file, weights_only=False)
-        random.setstate(rng["python"]), np.random.set_state(rng["numpy"]), torch.set_rng_state(rng["torch"])
-        if "cuda" in rng and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda"])
+        try:
+            _set_rng_state(torch.load(rng_file, weights_only=False))
+        except Exception as e:
+            raise _unusable(rng_file, e)
+    return ck, state
+
+
+def load_checkpoint(run_dir, model, optimizer, dist):
+    """Restore weights, optimizer, RNG from the newest complete checkpoint of run_dir; returns (step, extra) or
+    None when there is none. A checkpoint that cannot be loaded stops the run with one line naming the file."""
+    ck, state = _load(run_dir, model, optimizer, dist)
+    return None if ck is None else (state["step"], state["extra"])
+
+
+def resume_checkpoint(run_dir, model, optimizer, dist):
+    """--resume: load_checkpoint, and cut metrics.jsonl back to the rows it held when that checkpoint was saved
+    (rows after it are of steps that run again: kept, they would appear twice). With no checkpoint it is a fresh
+    start, said so, and the killed attempt's rows go. Returns (step, extra) or None."""
+    ck, state = _load(run_dir, model, optimizer, dist)
+    keep = state.get("metrics_bytes") if ck is not None else 0
+    log = Path(run_dir) / "metrics.jsonl"
+    if dist.is_main and keep is not None and log.exists() and log.stat().st_size > keep:
+        with open(log, "rb+") as f:
+            tail = f.read()[keep:]
+            f.truncate(keep)
+        n, torn = tail.count(b"\n"), " and a torn last line" if not tail.endswith(b"\n") else ""
+        print(f"nanoskill: {log}: dropped {n} row(s){torn} logged after the checkpoint; those steps run again",
+              file=sys.stderr)
+    if ck is None:
+        print(f"nanoskill: --resume: no checkpoint in {run_dir}, starting from the beginning", file=sys.stderr)
+        return None
+    if dist.world > 1:
+        torch_dist.barrier()  # every rank has read the folder
+    if dist.is_main and ck.name == "ckpt":  # what an interrupted save left beside it is older or incomplete
+        for stale in ("ckpt.tmp", "ckpt.old"):
+            shutil.rmtree(Path(run_dir) / stale, ignore_errors=True)
     return state["step"], state["extra"]
 
 # ----- logging -----
 
 
+def _drop_torn_tail(path):
+    """A kill in the middle of a write leaves a last line without its newline: cut it off (with a warning)."""
+    with open(path, "rb+") as f:
+        data = f.read()
+        if data and not data.endswith(b"\n"):
+            cut = data.rfind(b"\n") + 1
+            f.truncate(cut)
+            print(f"nanoskill: {path}: dropped a torn last line ({len(data) - cut} bytes, a run killed mid-write)",
+                  file=sys.stderr)
+
+
 def log_metrics(run_dir, step, metrics, dist, keys=("reward", "kl", "loss", "clip_frac", "grad_norm", "completion_len")):
-    """One fixed-format line on stdout and one JSON line in <run_dir>/metrics.jsonl (rank 0 only)."""
+    """One fixed-format line on stdout and one JSON line appended to <run_dir>/metrics.jsonl (rank 0 only)."""
     if not dist.is_main:
         return
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     line = f"step {step:5d} | " + " | ".join(f"{k} {metrics[k]:8.4f}" for k in keys if k in metrics)
     tqdm.write(line)
-    with open(Path(run_dir) / "metrics.jsonl", "a") as f:
-        f.write(json.dumps({"step": step, "time": time.time(), **metrics}) + "\n")
+    path = Path(run_dir) / "metrics.jsonl"
+    if path.exists():
+        _drop_torn_tail(path)
+    row = json.dumps({"step": step, "time": time.time(), **metrics}) + "\n"
+    with open(path, "a") as f:
+        if os.environ.get("NANOSKILL_KILL_AT") == f"metrics:torn:step{step}":  # test hook: half a line, then die
+            f.write(row[:len(row) // 2]), f.flush()
+            kill_point("metrics:torn", step)
+        f.write(row)
+    kill_point("metrics:after_row", step)
 
 
 def read_metrics(run_dir):
-    """metrics.jsonl as {step: row}; a resumed run's repeated steps keep their last row."""
+    """metrics.jsonl as {step: row}; a torn last line (a run killed mid-write) is dropped with a warning, and a
+    step logged twice keeps its last row."""
     rows = {}
     path = Path(run_dir) / "metrics.jsonl"
-    for line in path.read_text().splitlines() if path.exists() else []:
-        row = json.loads(line)
-        rows[row["step"]] = row
+    lines = path.read_text(errors="replace").split("\n") if path.exists() else []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            rows[row["step"]] = row
+        except (ValueError, KeyError, TypeError):
+            where = "a torn last line (a run killed mid-write)" if i == len(lines) - 1 else f"line {i + 1}, not a JSON row"
+            print(f"nanoskill: {path}: dropped {where}", file=sys.stderr)
     return rows
 
 

@@ -23,7 +23,9 @@ Python layers switched off too):
        that uid is killed (kill by uid: nothing the snippet starts survives).
     3. rlimits (CPU seconds, address space, output size, open files, processes, no
        core), an empty environment, a temporary working folder, its own session.
-    4. a wall-clock timeout, then SIGKILL of the session and of the uid.
+    4. a wall-clock timeout, counted from the snippet's first line (start-up gets STARTUP_S of its own),
+       then SIGKILL of the session and of the uid. Calls from parallel threads are independent: no two
+       running calls share a uid, and a runner is reaped only after its session is killed.
   Python (defence in depth; its state is out of the snippet's reach)
     5. a static check: import allow-list, no dunder names, no eval/exec/open/...;
     6. restricted builtins: imports only from the allow-list, no eval/exec/compile/input;
@@ -46,6 +48,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -96,6 +99,8 @@ def sandbox_static_check(code, allowed_imports=SANDBOX_IMPORTS):
 
 USE_BWRAP = True  # False: the fallback without namespaces from bubblewrap (tests run both)
 UID_BASE = 0x40000000  # per-call uids are UID_BASE + 24 random bits: no account and no other process has one
+STARTUP_S = 30.0  # allowance for the runner's start-up (bwrap, interpreter, inputs) before timeout_s starts
+_UIDS_IN_USE, _UIDS_LOCK = set(), threading.Lock()  # concurrent calls (a judge's threads) never share a uid
 _BWRAP = {}  # cache: "path" -> a bwrap that passed its probe, or None
 _WARNED = set()
 # Layers the runner sets up itself (no bwrap) and reports in the file `missing` when it cannot.
@@ -163,6 +168,26 @@ def _bwrap():
             path = None
         _BWRAP["path"] = path
     return _BWRAP["path"]
+
+
+def _take_uid():
+    """A per-call uid no running call of this process holds, so one call's kill by uid never hits another's."""
+    with _UIDS_LOCK:
+        while (uid := UID_BASE + secrets.randbelow(1 << 24)) in _UIDS_IN_USE:
+            pass
+        _UIDS_IN_USE.add(uid)
+        return uid
+
+
+def _wait_exit(proc, until):
+    """Wait until proc has exited (True) or time.time() passes until (False), without reaping it: while it
+    is unreaped its pid, and so its process group id, cannot be given to another call's runner."""
+    while True:
+        if os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+            return True
+        if time.time() >= until:
+            return False
+        time.sleep(0.005)
 
 
 def _pids_of_uid(uid):
@@ -250,6 +275,8 @@ def _sandbox(cfg):
     if missing:
         with open("missing", "w") as f:
             f.write("\n".join(missing))
+    with open("started", "w"):  # the parent's timeout_s counts from here, not from the interpreter's start
+        pass
     token, stdout, stderr, excepthook = cfg["token"], sys.stdout, sys.stderr, sys.__excepthook__
     os_open, os_write, os_exit, StringIO = os.open, os.write, os._exit, io.StringIO
     done_flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
@@ -374,7 +401,7 @@ def _run_contained(res, code, timeout_s, mem_mb, variables, imports, max_output_
     root_user = os.geteuid() == 0
     if not root_user:
         _warn_once(f"not root: the snippet keeps uid {os.geteuid()} (no separate uid, no kill by uid)")
-    uid = UID_BASE + secrets.randbelow(1 << 24) if root_user else None
+    uid = _take_uid() if root_user else None
     token = secrets.token_hex(16)
     max_bytes = max_output_chars * 4 + 4096
     cpu = int(timeout_s + 0.999) + 1
@@ -400,15 +427,17 @@ def _run_contained(res, code, timeout_s, mem_mb, variables, imports, max_output_
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
             proc = subprocess.Popen(argv, cwd=work, env={}, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                                     start_new_session=True)
-            try:
-                proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
+            started, up_to = os.path.join(work, "started"), time.time() + STARTUP_S
+            while not os.path.exists(started) and not _wait_exit(proc, min(up_to, time.time() + 0.01)) \
+                    and time.time() < up_to:
+                pass  # start-up (slow on a loaded machine) is not the snippet's time
+            if not _wait_exit(proc, time.time() + timeout_s):
                 res["error"] = f"timeout after {timeout_s} s"
             try:
                 os.killpg(proc.pid, signal.SIGKILL)  # the runner and anything it started in its session
             except (ProcessLookupError, PermissionError):
                 pass
-            proc.wait()
+            proc.wait()  # reaped only now: the pgid above was still this call's
             if uid is not None:  # and anything that left the session (setsid); with bwrap too: its
                 _kill_uid(uid)  # pid namespace empties only after bwrap has reported the exit
             out.seek(0), err.seek(0)
@@ -420,6 +449,9 @@ def _run_contained(res, code, timeout_s, mem_mb, variables, imports, max_output_
                 _warn_once(f"{layer} unavailable -> the snippet runs without it")
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        if uid is not None:
+            with _UIDS_LOCK:
+                _UIDS_IN_USE.discard(uid)
     rc = proc.returncode
     if bwrap and rc is not None and rc > 128:  # bwrap reports a child killed by signal n as 128 + n
         rc = -(rc - 128)

@@ -88,8 +88,9 @@ import torch
 
 from grpo import (add_grpo_args, barrier, chat_ids, group_advantages, grpo_update, make_optimizer, parse_with_preset,
                   reduce_metrics, sample_group_rollouts, seed_everything, setup_distributed, sft_loop)
-from plumbing import (HFSampler, dtype_flag, load_checkpoint, load_embedder, load_model, load_policy, log_metrics,
-                      make_sampler, plot_curves, read_metrics, replica, resolve_model, save_checkpoint, unwrap)
+from plumbing import (HFSampler, dtype_flag, latest_checkpoint, load_checkpoint, load_embedder, load_model, load_policy,
+                      log_metrics, make_sampler, plot_curves, read_metrics, replica, resolve_model, resume_checkpoint,
+                      save_checkpoint, unwrap)
 from stats import aggregate_main, compare, format_headline, write_results
 from sandbox import CODE_IMPORTS, run_sandboxed
 
@@ -985,8 +986,9 @@ def checkpoint_state(run_dir, cfg, resume):
     """'done' when <run_dir>/ckpt is a finished checkpoint made with exactly these settings,
     'resume' when it is an unfinished one with these settings and --resume is on, else None:
     a checkpoint made with other settings (λ, --rl-steps, --n-train, …) is never reused."""
-    f = Path(run_dir) / "ckpt" / "state.pt"
-    if not f.exists():
+    ck = latest_checkpoint(run_dir)  # ckpt/, or the complete copy a save killed mid-commit left
+    f = ck / "state.pt" if ck is not None else None
+    if f is None or not f.exists():
         return None
     import torch
     extra = torch.load(f, map_location="cpu", weights_only=False)["extra"] or {}
@@ -1107,7 +1109,7 @@ def run_grpo(args, dist, tasks, init_dir, out_dir, reward_fn, doms, samplers, cf
     opt = make_optimizer(policy, args)
     start = 0
     if state == "resume":
-        start = load_checkpoint(out_dir, policy, opt, dist)[0] + 1
+        start = resume_checkpoint(out_dir, policy, opt, dist)[0] + 1  # and metrics.jsonl cut back to it
     elif dist.is_main:
         (Path(out_dir) / "metrics.jsonl").unlink(missing_ok=True)  # a fresh run: no rows of another run's settings
     sampler = rows_sampler(samplers, args, policy, tok, dist)

@@ -1112,6 +1112,8 @@ def main(argv=None):
     args = parse_with_preset(build_parser(), PRESETS, argv=argv, name="skill_rm")
     if args.aggregate:
         return aggregate_seeds(args.aggregate)
+    if args.resume:  # add_grpo_args' flag: this script saves no checkpoint, so there is nothing to continue from
+        raise SystemExit("skill_rm: --resume is not supported (its RL variants keep no checkpoint); rerun without it")
     check_args(args)
     dist = setup_distributed()
     seed_everything(args.seed)

@@ -68,7 +68,7 @@ from grpo import (Rollout, add_grpo_args, broadcast_object, chat_ids, gather_obj
                   grpo_update, make_optimizer, multi_turn_rollouts, parse_with_preset, reduce_metrics, seed_everything,
                   setup_distributed, sft_loop)
 from plumbing import (HFSampler, frozen_copy, load_checkpoint, load_embedder, load_model, load_policy, log_metrics,
-                      make_sampler, plot_curves, save_checkpoint, unwrap)
+                      make_sampler, plot_curves, resume_checkpoint, save_checkpoint, unwrap)
 
 # ----- config -----
 DATA = Path(__file__).resolve().parent / "data" / "talentrl"
@@ -452,7 +452,7 @@ def phase2_rl(routed, model, sampler, tok, W, rl_tasks, arm_dir, args, dist):
     ref = frozen_copy(model)
     opt = make_optimizer(model, args)
     start = 0
-    if args.resume and (ck := load_checkpoint(arm_dir, model, opt, dist)):  # policy, optimizer, SkillBank
+    if args.resume and (ck := resume_checkpoint(arm_dir, model, opt, dist)):  # policy, optimizer, SkillBank
         start = ck[0] + 1
         W.set_bank(ck[1]["bank"], ck[1]["bank_raw"])
         W.set_talents(ck[1]["talents"])

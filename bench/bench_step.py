@@ -10,12 +10,13 @@ reward, β, AdamW learning rate and loss aggregation (token mean = TRL "dapo"), 
 prompt batch per step, and the whole batch in one forward (micro-batch = P·G).
 TRL samples with HF `generate` (its colocated vLLM needs a GPU); grpo.py runs once with
 HF `generate` (the trainers compared on the same engine) and once with its vLLM sampler.
-Precision: each trainer's mixed precision with fp32 master weights — grpo.py's default
---precision bf16 (bf16 weights, fp32 master copy and AdamW moments), TRL's `bf16=True`
-(bf16 autocast over fp32 weights); --precision fp32 runs both in fp32.
+Precision: every trainer runs at each of --precisions (default both): bf16 = grpo.py's bf16 weights with
+fp32 masters and AdamW moments, TRL's `bf16=True` (bf16 autocast over fp32 weights); fp32 = both in fp32.
+The first line printed is this machine's bf16 capability and what --precision auto picks; the summary
+compares grpo.py at that choice with TRL at whichever of its precisions was faster here.
 
 Update phase: grpo_update's wall time against a bare forward+backward of the same
-micro-batches with bf16 weights (a mean of the same completion logits as the loss), plus one
+micro-batches in the same precision (a mean of all completion logits), plus one
 π_ref forward when β > 0, and no optimizer step; the ratio is bare time ÷ update time.
 
 Each (trainer, length) runs in a fresh child process: vLLM's in-process engine pins
@@ -43,6 +44,7 @@ p.add_argument("--reps", type=int, default=5, help="interleaved update/bare pair
 p.add_argument("--lengths", type=int, nargs="+", default=[32, 128], help="completion lengths (--max-new-tokens) to run")
 p.add_argument("--trainers", nargs="+", default=["trl", "hf", "vllm"], choices=["trl", "hf", "vllm"], help="which lines to run")
 p.add_argument("--only", choices=["trl", "hf", "vllm"], help="child mode: run this trainer at --max-new-tokens, print one RESULT line")
+p.add_argument("--precisions", nargs="+", default=["bf16", "fp32"], choices=["bf16", "fp32"], help="precisions to run every trainer at")
 p.set_defaults(G=4, temperature=0.7, lr=1e-5, beta=0.04)
 args = p.parse_args()
 args.micro_batch = args.prompts * args.G
@@ -54,7 +56,7 @@ def problems():
 
 
 def bare_update(model, ref, rollouts, dist):
-    """The floor for an update: forward+backward of the same micro-batches (bf16 weights), π_ref forward if β > 0."""
+    """The floor for an update: forward+backward of the same micro-batches (all completion logits), π_ref forward if β > 0."""
     rows = [(r.prompt_ids, r.ids, r.mask, [0.0] * len(r.ids)) for r in rollouts if sum(r.mask) > 0]
     t0 = time.perf_counter()
     for i in range(0, len(rows), args.micro_batch):
@@ -83,9 +85,7 @@ def ours(sampler_name):
     model, tok = plumbing.load_policy(args, dist)
     ref = plumbing.load_model(args.model, dist, args.dtype, trainable=False)[0]
     opt = grpo.make_optimizer(model, args)
-    # the bare reference always has bf16 weights (the policy itself under --precision bf16)
-    bare_model = model if args.precision == "bf16" else plumbing.load_model(args.model, dist, "bfloat16")[0]
-    bare_ref = ref if args.dtype == "bfloat16" else plumbing.load_model(args.model, dist, "bfloat16", trainable=False)[0]
+    bare_model, bare_ref = model, ref  # the floor in the same precision as the update
     args.sampler = sampler_name
     sampler = plumbing.make_sampler(args, model, tok, dist)
     probs = problems()
@@ -146,7 +146,7 @@ def trl():
     cfg = GRPOConfig(output_dir="/tmp/nanoskill-bench-trl", per_device_train_batch_size=args.prompts * args.G,
                      num_generations=args.G, max_completion_length=args.max_new_tokens, temperature=args.temperature,
                      top_k=0, beta=args.beta, learning_rate=args.lr, loss_type="dapo", epsilon=args.eps_low,
-                     max_steps=args.steps + 1, gradient_accumulation_steps=1, use_cpu=True, bf16=args.precision != "fp32",
+                     max_steps=args.steps + 1, gradient_accumulation_steps=1, use_cpu=True, bf16=args.precision == "bf16",
                      logging_steps=1, save_strategy="no", report_to=[], shuffle_dataset=False, seed=args.seed,
                      lr_scheduler_type="constant", weight_decay=args.weight_decay, max_grad_norm=args.grad_clip)
     model = AutoModelForCausalLM.from_pretrained(path, dtype="float32")
@@ -161,21 +161,28 @@ if args.only:  # child: one configuration
     print("RESULT " + json.dumps(res), flush=True)
     sys.exit(0)
 
+auto, why = plumbing.choose_precision("auto", plumbing.bf16_capability())
+print(f"machine: {why}", flush=True)  # the CPU class every time below belongs to
 results = {}
-for n in args.lengths:
-    for t in args.trainers:
-        t0 = time.perf_counter()
-        out = subprocess.run([sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--only", t, "--max-new-tokens", str(n)],
-                             capture_output=True, text=True)
-        line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
-        results[n, t] = json.loads(line[-1][len("RESULT "):]) if line else None
-        status = "ok" if line else "failed: " + (out.stderr.strip().splitlines() or ["?"])[-1][:200]
-        print(f"  ran {t:4s} at {n:3d} new tokens in {time.perf_counter() - t0:5.0f} s: {status}", file=sys.stderr, flush=True)
+for prec in args.precisions:
+    for n in args.lengths:
+        for t in args.trainers:
+            t0 = time.perf_counter()
+            out = subprocess.run([sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--only", t, "--max-new-tokens", str(n),
+                                  "--precision", prec, "--dtype", "bfloat16" if prec == "bf16" else "float32"], capture_output=True, text=True)
+            line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
+            results[prec, n, t] = json.loads(line[-1][len("RESULT "):]) if line else None
+            status = "ok" if line else "failed: " + (out.stderr.strip().splitlines() or ["?"])[-1][:200]
+            print(f"  ran {t:4s} at {n:3d} new tokens, {prec} in {time.perf_counter() - t0:5.0f} s: {status}", file=sys.stderr, flush=True)
 
 
-def cell(n, t, key="step"):
-    r = results.get((n, t))
-    return f"{r[key]:6.2f}" if r else "     –"
+def get(prec, n, t, key="step"):
+    return (results.get((prec, n, t)) or {}).get(key)
+
+
+def cell(prec, n, t, key="step"):
+    v = get(prec, n, t, key)
+    return f"{v:6.2f}" if v else "     –"
 
 
 def ratio(a, b):
@@ -183,17 +190,24 @@ def ratio(a, b):
 
 
 print(f"{args.prompts} prompts x G={args.G}, T={args.temperature}, beta={args.beta}, lr={args.lr}, token-mean loss, "
-      f"--precision {args.precision} (TRL bf16={args.precision != 'fp32'}), {args.steps} timed steps after one warm-up")
-print("new tok | TRL s/step | ours HF s/step  vs TRL | ours vLLM s/step  vs TRL | update s  bare s  bare/update (vLLM run)")
-for n in args.lengths:
-    trl_s = (results.get((n, "trl")) or {}).get("step")
-    hf, vl = results.get((n, "hf")) or {}, results.get((n, "vllm")) or {}
-    print(f"{n:7d} | {cell(n, 'trl'):>10s} | {cell(n, 'hf'):>14s}  {ratio(trl_s, hf.get('step')):>6s} | "
-          f"{cell(n, 'vllm'):>16s}  {ratio(trl_s, vl.get('step')):>6s} | {cell(n, 'vllm', 'update'):>8s}  "
-          f"{cell(n, 'vllm', 'bare'):>6s}  {ratio(vl.get('bare'), vl.get('update')):>6s}")
-for n in args.lengths:
-    if vl := results.get((n, "vllm")):
-        print(f"{n} new tokens, vLLM run: {vl['tokens']:.0f} completion tokens/step; padding in 2 micro-batches: "
-              f"{vl['pad_in_order']:.0%} of positions in rollout order, {vl['pad_sorted']:.0%} sorted by length")
-        print(f"{n} new tokens, one batch, {args.reps} interleaved pairs (medians): update {vl['update_rep']:.2f} s, "
-              f"bare {vl['bare_rep']:.2f} s, bare/update {ratio(vl['bare_rep'], vl['update_rep'])}")
+      f"{args.steps} timed steps after one warm-up; TRL bf16=True in the bf16 rows")
+print("precision new tok | TRL s/step | ours HF s/step  vs TRL | ours vLLM s/step  vs TRL | update s  bare s  bare/update (vLLM run)")
+for prec in args.precisions:
+    for n in args.lengths:
+        trl_s, hf_s, vl_s = get(prec, n, "trl"), get(prec, n, "hf"), get(prec, n, "vllm")
+        print(f"{prec:>9s} {n:7d} | {cell(prec, n, 'trl'):>10s} | {cell(prec, n, 'hf'):>14s}  {ratio(trl_s, hf_s):>6s} | "
+              f"{cell(prec, n, 'vllm'):>16s}  {ratio(trl_s, vl_s):>6s} | {cell(prec, n, 'vllm', 'update'):>8s}  "
+              f"{cell(prec, n, 'vllm', 'bare'):>6s}  {ratio(get(prec, n, 'vllm', 'bare'), get(prec, n, 'vllm', 'update')):>6s}")
+for n in args.lengths:  # each trainer in its best precision here: ours at --precision auto, TRL at its faster one
+    trl_best = min(((get(p, n, "trl"), p) for p in args.precisions if get(p, n, "trl")), default=(None, None))
+    ours = get(auto, n, "vllm") or get(auto, n, "hf")
+    if ours and trl_best[0]:
+        print(f"{n} new tokens, best precision each: ours (auto = {auto}) {ours:.2f} s/step vs TRL ({trl_best[1]}) "
+              f"{trl_best[0]:.2f} s/step: {ratio(trl_best[0], ours).strip()}")
+for prec in args.precisions:
+    for n in args.lengths:
+        if vl := results.get((prec, n, "vllm")):
+            print(f"{prec}, {n} new tokens, vLLM run: {vl['tokens']:.0f} completion tokens/step; padding in 2 micro-batches: "
+                  f"{vl['pad_in_order']:.0%} of positions in rollout order, {vl['pad_sorted']:.0%} sorted by length")
+            print(f"{prec}, {n} new tokens, one batch, {args.reps} interleaved pairs (medians): update {vl['update_rep']:.2f} s, "
+                  f"bare {vl['bare_rep']:.2f} s, bare/update {ratio(vl['bare_rep'], vl['update_rep'])}")

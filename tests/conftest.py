@@ -26,3 +26,9 @@ def tiny_model_dir(tmp_path_factory):
     model.save_pretrained(out)
     tok.save_pretrained(out)
     return str(out)
+
+
+def pytest_configure(config):
+    """Skipped tests say why in the summary line (e.g. the sandbox's kernel layers without root or bubblewrap)."""
+    if not set("sA") & set(config.option.reportchars):
+        config.option.reportchars += "s"

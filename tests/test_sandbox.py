@@ -289,3 +289,82 @@ def test_errors_are_one_line_and_never_raise():
     assert sandbox.run_sandboxed(code, timeout_s=TIMEOUT)["error"].startswith("refused: cannot parse")
     res = sandbox.run_sandboxed(code, timeout_s=TIMEOUT, static_check=False)
     assert res["ok"] and res["stdout"] == "1\n", res
+
+
+# ----- concurrency: a judge batch calls the sandbox from parallel threads -----
+
+_THREADS_DRIVER = r"""
+import itertools, json, sys, threading
+sys.path.insert(0, sys.argv[1])
+import sandbox
+a = json.loads(sys.argv[2])
+if a.get("few_uids"):  # uids drawn from a few values, each twice in a row: calls would share one by chance
+    draws = itertools.cycle([k // 2 for k in range(16)])
+    sandbox.secrets.randbelow = lambda n: next(draws)
+def one(j):
+    return sandbox.run_sandboxed(j["code"], timeout_s=j["timeout"], static_check=j.get("static", True))
+serial = [one(j) for j in a["jobs"]] if a["serial"] else None
+parallel = [None] * len(a["jobs"])
+def work(i):
+    parallel[i] = one(a["jobs"][i])
+for start in range(0, len(a["jobs"]), 8):
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(start, min(start + 8, len(a["jobs"])))]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+print(json.dumps(dict(serial=serial, parallel=parallel)))
+"""
+
+
+def run_threads(jobs, serial=True, few_uids=False):
+    p = subprocess.run([sys.executable, "-c", _THREADS_DRIVER, str(ROOT),
+                        json.dumps(dict(jobs=jobs, serial=serial, few_uids=few_uids))],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def verdict(res):
+    """What a judge reads of a call: pass or not, and the error without its numbers (pids, sizes)."""
+    return res["ok"], "".join("#" if c.isdigit() else c for c in str(res["error"]))
+
+
+def test_eight_parallel_calls_keep_every_single_call_verdict(outside, listener):
+    """Every case of the single-call suite (static check and audit hook on, the default) run one at a time and then
+    8 at a time from threads: the same verdict for each, nothing escapes, nothing of any call's uid is left."""
+    folder, secret = outside
+    marker = folder / "marker"
+    jobs = [dict(code=CASES[c].format(marker=str(marker), secret_file=str(folder / "secret.txt"),
+                                      port=listener.getsockname()[1]), timeout=TIMEOUT) for c in sorted(CASES)]
+    jobs += [dict(code="import math\nprint(math.isqrt(10 ** 6))", timeout=TIMEOUT)] * 6
+    out = run_threads(jobs)
+    for case, one, par in zip(sorted(CASES) + ["legit"] * 6, out["serial"], out["parallel"]):
+        assert verdict(par) == verdict(one), (case, one, par)
+        if case in RESOURCE_ERRORS:
+            assert RESOURCE_ERRORS[case] in par["error"], (case, par)
+    assert all(r["ok"] and r["stdout"] == "1000\n" for r in out["parallel"][-6:])
+    assert not marker.exists() and not select.select([listener], [], [], 0)[0]
+    if IS_ROOT:
+        uids = [r["uid"] for r in out["parallel"] if r["uid"] is not None]
+        assert len(set(uids)) == len(uids) and not any(live_pids_of_uid(u) for u in uids)
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="needs root (per-call uids and the kill by uid)")
+def test_no_call_kills_another_calls_processes():
+    """Long legitimate calls beside short ones, 8 at a time, uids drawn from few values: the kill by uid after a
+    short call never reaches a long one (before the fix two calls could draw one uid, and the first to end killed
+    the other: 'killed (signal 9)')."""
+    long = dict(code="t = 0\nfor i in range(2_000_000):\n    t += i\nprint(t)", timeout=20)
+    short = dict(code=OS + "os.getpid()\n", timeout=20, static=False)
+    out = run_threads([long, short] * 8, serial=False, few_uids=True)
+    for r in out["parallel"][::2]:
+        assert r["ok"] and r["stdout"] == f"{sum(range(2_000_000))}\n", r
+    uids = [r["uid"] for r in out["parallel"]]
+    assert all(len(set(uids[k:k + 8])) == 8 for k in range(0, 16, 8))  # no two running calls shared a uid
+
+
+def test_interpreter_start_up_is_not_the_snippets_time():
+    """A slow start-up (here 3 M input values to load; on a loaded machine, the interpreter itself) does not count
+    against timeout_s: before the fix this trivial snippet timed out."""
+    res = sandbox.run_sandboxed("print(len(blob))", timeout_s=0.3, variables={"blob": list(range(3_000_000))})
+    assert res["ok"] and res["stdout"] == "3000000\n", res
+    assert sandbox.run_sandboxed("while True:\n    pass\n", timeout_s=0.3)["error"] == "timeout after 0.3 s"

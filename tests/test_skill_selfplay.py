@@ -715,7 +715,7 @@ def test_smoke_two_rank_gloo_and_resume(tmp_path, tiny_model_dir):
              "--max-new-tokens", "8", "--solver-steps", "1", "--eval-n", "3", "--controller-max-new-tokens", "8",
              "--prune-min-attempts", "99", "--collect-prompts", "2", "--sampler", "hf", "--no-autocast", "--no-plots",
              "--run-dir", str(tmp_path)]
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29547"]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
 
     def run(cmd):

@@ -561,9 +561,9 @@ def test_eq8_phase1_picks_argmax_utility_among_positive(embedder, tok):
 def test_one_rl_step_two_gloo_ranks_equal_one_process(tiny_model_dir, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     script = str(ROOT / "tests" / "talentrl_ddp_check.py")
-    subprocess.run([sys.executable, script, tiny_model_dir, str(tmp_path / "one.pt")], check=True, env=env)
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29541", script,
-                    tiny_model_dir, str(tmp_path / "two.pt")], check=True, env=env)
+    subprocess.run([sys.executable, script, tiny_model_dir, str(tmp_path / "one.pt")], check=True, env=env, timeout=300)
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", script,
+                    tiny_model_dir, str(tmp_path / "two.pt")], check=True, env=env, timeout=600)
     one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
     for k in one["state"]:
         assert torch.allclose(one["state"][k], two["state"][k], atol=1e-6), k
@@ -602,7 +602,7 @@ def _run(cmd, tmp_path):
 
 
 def test_smoke_tiny_two_rank_gloo_and_resume(tmp_path):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29533",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            "talentrl.py", *SMOKE, "--run-dir", str(tmp_path)]
     res, stdout = _run(cmd, tmp_path)
     rows = ("skillrl-sft", "talentrl-sft", "talentrl")
