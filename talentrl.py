@@ -10,7 +10,7 @@ paired rollouts (Eq. 8–9); phase II trains routing with matched-intervention
 contrasts (Eq. 11–13) and execution with group-relative advantages (Eq. 10),
 token by token (Eq. 14), through the clipped, KL-regularised loss (Eq. 15).
 
-    python talentrl.py --preset tiny                             # 2-core CPU, ~8 min
+    python talentrl.py --preset tiny                             # 2-core CPU (README: measured wall time)
     python talentrl.py --aggregate runs/talentrl-s0 runs/talentrl-s1 runs/talentrl-s2   # Table 1, mean ± sd
     torchrun --nproc_per_node=2 talentrl.py --preset tiny         # the same on 2 CPU ranks (gloo)
     torchrun --nproc_per_node=8 talentrl.py --preset paper        # Table 4 settings (GPUs)
@@ -23,7 +23,8 @@ skill budget, k reduced budget, τ trajectory, R(τ) return, u_{c,r} utility,
 
 Differences from the paper:
 1. Search7 and its Wikipedia corpus are not offline: a seeded fictional encyclopedia with seven question
-   types in seven splits named after Search7's (`SPLITS`). RL trains on `nq` + `hotpotqa` (paper: NQ + HotpotQA).
+   types in seven splits named after Search7's (`SPLITS`). RL trains on `nq` + `hotpotqa` (paper: NQ + HotpotQA);
+   phase I draws round-robin over the seven question types of all splits' train questions (paper: SkillRL's SFT split).
 2. Retriever and skill embedder: all-MiniLM-L6-v2 (paper: E5-style retrieval, Qwen3-Embedding-0.6B).
 3. Table 5's guidance texts and talent–skill links and Table 6's skills are rewritten for this world
    (data/talentrl/); the 26 skill ids and the eight talents are the paper's.
@@ -34,8 +35,9 @@ Differences from the paper:
    the batch with zero advantage (KL, N of Eq. 15); `--no-train-controls` drops them.
 6. The no-skill and reduced-context controls repeat the anchor's routing response; the no-prior control has
    no routing turn (SkillRL's prompt). An invalid anchor route gets Â_talent = 0.
-7. SkillBank evolution follows SkillRL (NOTES §4), validated on a slice of the RL pool on rank 0; the policy
-   proposes the skills (at 135M almost none parse), each tied to the talent its failures were routed to.
+7. SkillBank evolution follows SkillRL (NOTES §4), validated on a slice of the RL pool (every rank's share,
+   gathered); rank 0's policy proposes the skills (at 135M almost none parse), each tied to the talent its
+   failures were routed to.
 8. KL and aggregation are grpo.py's: k3 estimator, token mean over the batch (N = Σ m_{i,t}, Eq. 15); the ε of
    Eq. (10) is --adv-eps.
 9. Tables 1–2 compare this script's five methods only (no CoSkill, SAGE, Skill1, ReSkill); SFT sets are small.
@@ -47,7 +49,15 @@ Differences from the paper:
    closest to the question (MiniLM cosine).
 13. Table 1's SFT rows: SkillRL-SFT on the successful reference rollouts from π_0; TalentRL-SFT on those + 𝒟_talent
    from π_0 (Search7, default) or, in `tiny`, on 𝒟_talent from SkillRL-SFT (ALFWorld, `--talent-sft-init`).
-   `tiny` skips the zero-shot row and the SkillRL RL arm.
+   `tiny` skips the SkillRL RL arm.
+14. App. C's rows: a talent-selection row per kept task and one multi-turn execution row (paper: one ReAct row per
+   action), each with its own epochs (`--route-epochs`, `--exec-epochs`; `tiny`: 3 and 1, original rows 1).
+   Rationales: a template naming what the question asks in its own words (`GISTS`), then the talent's move
+   (paper: written by the teacher LLM).
+15. Routing is scored against c* of held-out questions, labelled by the same teacher and Eq. (8), beside the
+   majority-class router (the most frequent c* of phase I); the SFT tasks are routed greedily too (underfitting).
+16. `--route-temperature` other than `--temperature` is refused while RL trains: grpo_update log-probes every token
+   at one temperature. An over-long prompt is an error; a context full before an answer ends the episode (logged).
 """
 import argparse
 import copy
@@ -64,7 +74,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from grpo import (Rollout, add_grpo_args, broadcast_object, chat_ids, gather_objects, group_advantages,
+import stats
+
+from grpo import (Rollout, add_grpo_args, all_reduce_sum, broadcast_object, chat_ids, gather_objects, group_advantages,
                   grpo_update, make_optimizer, multi_turn_rollouts, parse_with_preset, reduce_metrics, seed_everything,
                   setup_distributed, sft_loop)
 from plumbing import (HFSampler, frozen_copy, load_checkpoint, load_embedder, load_model, load_policy, log_metrics,
@@ -74,16 +86,16 @@ from plumbing import (HFSampler, frozen_copy, load_checkpoint, load_embedder, lo
 DATA = Path(__file__).resolve().parent / "data" / "talentrl"
 
 PRESETS = {
-    # 2-core CPU, embedded SmolLM2-135M, a small world: a few tasks per stage, about five minutes; rollouts on
-    # vLLM (`auto`: HF generate if vLLM cannot start), 2x faster end to end than HF here
-    "tiny": dict(n_people=40, n_places=16, n_orgs=10, n_events=10, n_hamlets=12, n_shared=6, n_train=60, n_test=20,
-                 sim_threshold=0.0, K=3, sft_tasks=100, sft_n=1, sft_batch=4, sft_lr=1e-4,
-                 talent_sft_init="skillrl-sft", zero_shot=False, arms=["talentrl"],
-                 rl_steps=3, tasks_per_step=4, G=4, train_controls=False, lr=1e-5,
+    # 2-core CPU, embedded SmolLM2-135M, a small world: a few tasks per stage (README: measured wall time);
+    # rollouts on vLLM (`auto`: HF generate if vLLM cannot start)
+    "tiny": dict(n_people=40, n_places=16, n_orgs=10, n_events=10, n_hamlets=12, n_shared=6, n_train=60, n_test=10,
+                 sim_threshold=0.0, K=3, sft_tasks=80, sft_n=1, sft_batch=4, sft_lr=1e-4,
+                 sft_epochs=1, route_epochs=3, exec_epochs=1, talent_sft_init="skillrl-sft", zero_shot=True,
+                 arms=["talentrl"], rl_steps=2, tasks_per_step=2, G=4, train_controls=False, lr=1e-5,
                  max_new_tokens=64, route_max_tokens=64, micro_batch=4,
                  evolve_every=0, val_tasks=4, evolve_max_tokens=48, sampler="auto"),
     # Table 4 (the flag defaults) on GPUs, rollouts on vLLM
-    "paper": dict(sampler="vllm"),
+    "paper": dict(sampler="vllm", max_model_len=8192),  # Table 4: maximum sequence length 8,192
 }
 
 
@@ -98,7 +110,8 @@ def build_parser():
     g.add_argument("--n-events", type=int, default=300, help="events (paper scale: 300)")
     g.add_argument("--n-hamlets", type=int, default=600, help="long-tail entities (hamlets) (paper scale: 600)")
     g.add_argument("--n-shared", type=int, default=150, help="deliberate name collisions (disambiguation) (paper scale: 150)")
-    g.add_argument("--n-train", type=int, default=3000, help="train questions per training split (nq, hotpotqa) (paper scale: 3000)")
+    g.add_argument("--n-train", type=int, default=3000,
+                   help="train questions per split; RL draws from nq + hotpotqa's, phase I from all seven (paper scale: 3000)")
     g.add_argument("--n-test", type=int, default=500, help="held-out test questions per split (7 splits) (paper scale: 500)")
     g.add_argument("--topk-docs", type=int, default=3, help="passages per search (Search-R1: 3)")
     g.add_argument("--max-steps", type=int, default=4, help="maximum interaction steps (Table 4: 4)")
@@ -112,13 +125,19 @@ def build_parser():
     g.add_argument("--sim-threshold", type=float, default=0.2, help="similarity threshold of ℛ(x) (Table 4: 0.2)")
     g.add_argument("--lam", type=float, default=0.3, help="λ, talent-prior bonus, Eq. (5) (Table 4: 0.3)")
     g.add_argument("--route-max-tokens", type=int, default=256, help="tokens of the routing response (paper scale: 256)")
-    g.add_argument("--route-temperature", type=float, default=None, help="routing temperature in training (default: --temperature)")
+    g.add_argument("--route-temperature", type=float, default=None,
+                   help="routing temperature in RL (default: --temperature; another value is refused while RL trains, "
+                        "since grpo_update log-probes every token at --temperature)")
     g.add_argument("--eval-temperature", type=float, default=0.0, help="routing and execution temperature at evaluation (Table 4 note: deterministic)")
     g = p.add_argument_group("phase I: talent-aware SFT (§3.3)")
     g.add_argument("--teacher", default="scripted", help="who rolls out SFT trajectories: scripted | policy | model path")
     g.add_argument("--sft-tasks", type=int, default=2000, help="|𝒟_sft|, tasks taken from the train splits (paper scale: 2000)")
     g.add_argument("--sft-n", type=int, default=3, help="n, rollouts per talent and reference rollouts per task (App. A: 3)")
-    g.add_argument("--sft-epochs", type=int, default=2, help="SFT epochs (Table 4: 2)")
+    g.add_argument("--sft-epochs", type=int, default=2, help="SFT epochs over the original (SkillRL) rows (Table 4: 2)")
+    g.add_argument("--route-epochs", type=int, default=2,
+                   help="SFT epochs over App. C's talent-selection rows (paper: the SFT epochs, 2)")
+    g.add_argument("--exec-epochs", type=int, default=2,
+                   help="SFT epochs over App. C's talent-conditioned execution rows (paper: the SFT epochs, 2)")
     g.add_argument("--sft-batch", type=int, default=16, help="SFT effective batch size (Table 4: 16)")
     g.add_argument("--sft-lr", type=float, default=1e-5, help="SFT learning rate (Table 4: 1e-5)")
     g.add_argument("--talent-sft-init", choices=["pi0", "skillrl-sft"], default="pi0",
@@ -225,9 +244,43 @@ def execution_context(task, talent, skills, route_given):
     return "\n\n".join(lines)
 
 
-def route_target(talent):
-    """SFT routing target: a short rationale in <think> and the talent id."""
-    return f"<think>{talent['rationale']}</think><talent>{talent['talent_id']}</talent>"
+GISTS = (  # (question pattern, what the routing rationale says the question asks), first match wins
+    (r"In what year was (.+?), the (\w+), born\?", "asks when {0}, the {1}, was born: a name several people may share"),
+    (r"Where was (.+?), the (\w+), born\?", "asks where {0}, the {1}, was born: a name several people may share"),
+    (r"Whose creator was born first, (.+) or (.+)\?", "compares the creators of {0} and {1}"),
+    (r"In what year was the founder of the (.+) born\?", "asks about the founder of the {0}, not about the {0} itself"),
+    (r"Where was the creator of the [\w ]+? (The .+) born\?", "asks about the creator of {0}, not about {0} itself"),
+    (r"In which country did the (.+) take place\?", "asks about the town where the {0} took place"),
+    (r"How old was the creator of (.+) in the year it was released\?", "asks for an age: the year of {0} minus its creator's birth year"),
+    (r"How many years after .+ was the (.+) founded\?", "asks for a difference of two founding years, of the {0} and its town"),
+    (r"Who was born first, (.+) or (.+)\?", "compares when {0} and {1} were born"),
+    (r"Which was founded earlier, the (.+) or the (.+)\?", "compares when the {0} and the {1} were founded"),
+    (r"Which town has the larger population, (.+) or (.+)\?", "compares the populations of {0} and {1}"),
+    (r"Which ([\w ]+?) by (.+) was released in (\d+)\?", "asks for the {0} by {1} with a condition, released in {2}"),
+    (r"What is the population of (.+)\?", "asks for a number, the population of {0}"),
+    (r"Which river flows past the hamlet of (.+)\?", "asks for the river of the hamlet of {0}, a rare name"),
+    (r"At what elevation, in metres, lies the hamlet of (.+)\?", "asks for the elevation of the hamlet of {0}, a rare name"),
+    (r"In what year was (.+) born\?", "asks for one fact, the birth year of {0}"),
+    (r"Where was (.+) born\?", "asks for one fact, the birthplace of {0}"),
+    (r"Who created the ([\w ]+?) (The .+)\?", "asks for one fact, who created the {0} {1}"),
+    (r"Where is the (.+) headquartered\?", "asks for one fact, where the {0} is headquartered"),
+    (r"In which country is the town of (.+)\?", "asks for one fact, the country of {0}"),
+    (r"Where did the (.+) take place\?", "asks for one fact, where the {0} took place"),
+)
+
+
+def rationale(question, talent):
+    """App. C's task-grounded routing rationale: what this question asks (from its own words), then the
+    move of the talent. A fixed sentence per talent left the choice to 1-3 ungrounded tokens (issue #28)."""
+    for rx, gist in GISTS:
+        if m := re.fullmatch(rx, question):
+            return f"The question {gist.format(*m.groups())}, so {talent['rationale']}."
+    return f"The question asks: {question} So {talent['rationale']}."
+
+
+def route_target(talent, task):
+    """SFT routing target for a task: its grounded rationale in <think> and the talent id."""
+    return f"<think>{rationale(task['question'], talent)}</think><talent>{talent['talent_id']}</talent>"
 
 
 def turn_suffix_ids(tok, user_text):
@@ -270,6 +323,7 @@ def run_episodes(sampler, tok, W, tasks, conds, args, temperature, route_tempera
     if routed:
         route_t = route_temperature if route_temperature is not None else (
             args.route_temperature if args.route_temperature is not None else temperature)
+        check_fits([rp[i] for i in routed], args.route_max_tokens, args, "routing prompt")
         outs = sampler.generate([rp[i] for i in routed], 1, args.route_max_tokens, route_t, args.top_p, ["</talent>"])
         for i, (s,) in zip(routed, outs):
             route[i] = sample_route(tok, W, s)
@@ -280,7 +334,7 @@ def run_episodes(sampler, tok, W, tasks, conds, args, temperature, route_tempera
             c["talent"] = route[i][1]  # None: invalid route → no talent (guidance and bonus off)
             p, skills = condition_prompt(W, tok, task, c, route[i][0])
         elif c.get("talent"):  # a forced talent (phase I): its routing target stands in the prompt
-            rid = tok.encode(route_target(W.by_id[c["talent"]]), add_special_tokens=False)
+            rid = tok.encode(route_target(W.by_id[c["talent"]], task), add_special_tokens=False)
             p, skills = condition_prompt(W, tok, task, c, rid)
         else:
             p, skills = condition_prompt(W, tok, task, c)
@@ -290,8 +344,16 @@ def run_episodes(sampler, tok, W, tasks, conds, args, temperature, route_tempera
     if args.teacher == "scripted" and conds and conds[0].get("teacher"):
         execs = scripted_rollouts(tok, W, eps, info, args)
     else:
+        check_fits(prompts, args.max_new_tokens, args, "execution prompt")
+        # a turn starts only while prompt + history + a full turn fit in the engine's context
         execs = multi_turn_rollouts(sampler, tok, prompts, lambda j, text: env_reply(eps[j], text, W.search, args.max_steps),
-                                    args.max_steps, args, stop=["</search>", "</answer>"], temperature=temperature)
+                                    args.max_steps, args, stop=["</search>", "</answer>"], temperature=temperature,
+                                    max_tokens=args.max_model_len - args.max_new_tokens)
+        for ep in eps:
+            ep["truncated"] = not ep["done"]  # the context filled up before an answer or the step budget
+        if n_cut := sum(ep["truncated"] for ep in eps):
+            print(f"talentrl: {n_cut}/{len(eps)} episode(s) stopped unanswered at --max-model-len {args.max_model_len} "
+                  f"(truncated: R = 0)", file=sys.stderr, flush=True)
     out = []
     for i, (ep, ex) in enumerate(zip(eps, execs)):
         R = episode_return(ep, args.invalid_penalty)
@@ -306,6 +368,13 @@ def run_episodes(sampler, tok, W, tasks, conds, args, temperature, route_tempera
             d.update(prompt_ids=prompts[i], ids=ex.ids, mask=ex.mask, n_route=0)
         out.append(d)
     return out
+
+
+def check_fits(prompts, max_new, args, what):
+    """An over-long prompt is an error, never an engine's silent empty completion (an invalid action, R = 0)."""
+    if over := [len(p) for p in prompts if len(p) + max_new > args.max_model_len]:
+        raise ValueError(f"talentrl: {len(over)} {what}(s) of up to {max(over)} tokens + {max_new} new tokens exceed "
+                         f"--max-model-len {args.max_model_len}; raise it or shorten the context (--K, --topk-docs)")
 
 
 # ----- credit: Eq. (8) and (10)–(14) as pure functions of returns and masks -----
@@ -348,24 +417,50 @@ def token_advantages(mask, n_route, anchor, in_P, A_talent, A_exec):
 
 
 # ----- training loop -----
-def build_sft_data(sampler, tok, W, tasks, args):
-    """Algorithm 1, phase I: paired rollouts per task, Eq. (8), c* and one kept
-    trajectory per task. Returns (talent rows 𝒟_talent, the original rows, stats):
-    the original rows are the successful reference rollouts (similarity skills,
-    no talent), SkillRL's SFT data; rows are (prompt_ids, target_ids, mask)."""
+def retokenize(ids, mask, src, dst):
+    """A trajectory in the teacher's tokenizer `src` re-encoded in the policy's `dst`: each run of policy
+    (mask 1) or environment (mask 0) tokens is decoded and encoded again; the teacher's end of turn becomes
+    the policy's. The same tokenizer returns the ids unchanged."""
+    if src is dst:
+        return list(ids), list(mask)
+    out_ids, out_mask, run = [], [], []
+    for t, (i, m) in enumerate(zip(ids, mask)):
+        run.append(i)
+        if t + 1 == len(ids) or mask[t + 1] != m:
+            eos = [dst.eos_token_id] if run[-1] == src.eos_token_id else []
+            new = dst.encode(src.decode(run, skip_special_tokens=True), add_special_tokens=False) + eos
+            out_ids, out_mask, run = out_ids + new, out_mask + [m] * len(new), []
+    return out_ids, out_mask
+
+
+def build_sft_data(sampler, tok, W, tasks, args, ttok=None):
+    """Algorithm 1, phase I: paired rollouts per task, Eq. (8), c* and one kept trajectory per task. The
+    teacher rolls out in its own tokenizer `ttok` (default: the policy's `tok`); rows come back in `tok`.
+    Returns (rows, stats). rows, each row (prompt_ids, target_ids, mask), per App. C:
+      route:    one talent-selection row per kept task: routing prompt → grounded rationale + c*;
+      exec:     the kept rollout's actions, after that routing turn and c*'s context (masked);
+      original: the successful reference rollouts (similarity skills, no talent), SkillRL's rows, each
+                distinct trajectory once (a deterministic teacher repeats one n times).
+    stats: counts, and the c* label of every kept task (question, qtype, split, talent)."""
+    ttok = ttok or tok
     n, T = args.sft_n, W.talents
-    talent_rows, ref_rows, stats = [], [], dict(n_tasks=len(tasks), n_kept=0, chosen={}, by_qtype={})
+    rows, labels = dict(route=[], exec=[], original=[]), []
     for task in tasks:
         # Alg. 1 l.6-7: n reference rollouts (similarity-only skills) and n per talent
         conds = [dict(talent=None, k=args.K, teacher=True)] * n
         conds += [dict(talent=t["talent_id"], k=args.K, teacher=True) for t in T for _ in range(n)]
-        res = run_episodes(sampler, tok, W, [task] * len(conds), conds, args, args.temperature)
+        res = run_episodes(sampler, ttok, W, [task] * len(conds), conds, args, args.temperature)
         ref, per = res[:n], [res[n + j * n: n + (j + 1) * n] for j in range(len(T))]
         R_ref = torch.tensor([r["R"] for r in ref])  # (n,)
         R_t = torch.tensor([[r["R"] for r in rs] for rs in per])  # (T, n)
         u, u_bar = talent_utilities(R_t, R_ref)  # (T, n), (T,)
         # SkillRL rows: successful reference rollouts (the replay data both arms see)
-        ref_rows += [(r["prompt_ids"], r["ids"], r["mask"]) for r in ref if r["em"] > 0 and r["valid"]]
+        ref_prompt, seen = condition_prompt(W, tok, task, dict(talent=None, k=args.K))[0], set()
+        for r in ref:
+            ids, mask = retokenize(r["ids"], r["mask"], ttok, tok)
+            if r["em"] > 0 and r["valid"] and tuple(ids) not in seen:
+                seen.add(tuple(ids))
+                rows["original"].append((ref_prompt, ids, mask))
         # Alg. 1 l.9: c* = argmax_c ū_c(x); ties: mean score, success rate, fewer searches, then the
         # talent whose description d_c is closest to the question
         sim_d = W.description_similarity(task)  # (T,)
@@ -379,67 +474,93 @@ def build_sft_data(sampler, tok, W, tasks, args):
         if not ok:
             continue
         best = per[c][max(ok, key=lambda r: (float(u[c, r]), -per[c][r]["ep"]["turns"]))]
+        # l.12, App. C: a talent-selection row (routing prompt → task-grounded rationale + c*) ...
         rp = chat_ids(tok, [{"role": "user", "content": routing_prompt(task, T)}])
-        route = tok.encode(route_target(T[c]), add_special_tokens=False)
-        ctx = best["prompt_ids"][len(rp) + len(route):]
-        # l.12: routing + execution targets in one multi-turn row (context masked)
-        talent_rows.append((rp, route + ctx + best["ids"], [1] * len(route) + [0] * len(ctx) + best["mask"]))
-        stats["n_kept"] += 1
-        stats["chosen"][T[c]["talent_id"]] = stats["chosen"].get(T[c]["talent_id"], 0) + 1
-        by = stats["by_qtype"].setdefault(task["qtype"], {})
-        by[T[c]["talent_id"]] = by.get(T[c]["talent_id"], 0) + 1
-    return talent_rows, ref_rows, stats
+        route = tok.encode(route_target(T[c], task), add_special_tokens=False)
+        rows["route"].append((rp, route, [1] * len(route)))
+        # ... and the rollout's actions after that routing turn, guidance and skills (context masked)
+        prompt = condition_prompt(W, tok, task, dict(talent=T[c]["talent_id"], k=args.K), route)[0]
+        rows["exec"].append((prompt, *retokenize(best["ids"], best["mask"], ttok, tok)))
+        labels.append(dict(question=task["question"], qtype=task["qtype"], split=task["split"], talent=T[c]["talent_id"]))
+    return rows, label_stats(len(tasks), labels, len(rows["original"]))
 
 
-def run_sft(model, rows, args, dist, seed, log_dir):
-    """Alg. 1 l.13 on every rank's rows (prompt, target, mask), gathered: grpo.sft_loop's steps and batches."""
-    rows = gather_objects(rows, dist)
-    # Eq. (9): L_sft = −Σ_{t ∈ ℐ_asst} log π_θ(y_t | ξ, y_<t); grpo.sft_update divides by the
-    # number of response tokens in the batch (token mean; context and observations masked)
-    m = sft_loop(model, rows, args, dist, args.sft_lr, args.sft_batch, epochs=args.sft_epochs, seed=seed, log_dir=log_dir)
-    return dict(sft_steps=m["sft_steps"], sft_rows=len(rows), sft_loss=m["sft_loss"])
+def label_stats(n_tasks, labels, n_original):
+    """Phase I counts: kept tasks, original rows, c* overall and per question type, and the labels."""
+    chosen, by_qtype = {}, {}
+    for l in labels:
+        chosen[l["talent"]] = chosen.get(l["talent"], 0) + 1
+        by = by_qtype.setdefault(l["qtype"], {})
+        by[l["talent"]] = by.get(l["talent"], 0) + 1
+    return dict(tasks=n_tasks, kept=len(labels), original_rows=n_original, chosen=chosen, chosen_by_qtype=by_qtype,
+                labels=labels)
 
 
-def split_pools(train, n_sft):
-    """𝒟_sft and 𝒟_rl of Algorithm 1: disjoint slices of the shuffled train questions."""
-    if not 0 < n_sft < len(train):
-        raise ValueError(f"--sft-tasks {n_sft} leaves no disjoint RL pool: the train splits hold {len(train)} "
-                         f"questions; lower --sft-tasks or raise --n-train")
-    return train[:n_sft], train[n_sft:]
+def load_teacher(args, dist, sampler, tok):
+    """Phase I's sampler and tokenizer: the policy's (scripted, policy) or an HF model with its own tokenizer."""
+    if args.teacher in ("scripted", "policy"):
+        return sampler, tok
+    model, ttok = load_model(args.teacher, dist, args.dtype, trainable=False)
+    return HFSampler(model, ttok), ttok
 
 
 def phase1_data(sampler, tok, W, tasks, args, dist):
-    """Alg. 1 l.4-12 with each rank on its share of the tasks: (𝒟_talent rows,
-    the original rows, counts over all ranks: kept tasks and c* per question type)."""
-    if args.teacher not in ("scripted", "policy"):  # a stronger HF model as the teacher
-        sampler = HFSampler(load_model(args.teacher, dist, args.dtype, trainable=False)[0], tok)
-    talent_rows, orig_rows, st = build_sft_data(sampler, tok, W, tasks[dist.rank::dist.world], args)
-    tids = [t["talent_id"] for t in W.talents]
-    parts = gather_objects([(st["n_kept"], len(orig_rows), st["by_qtype"])], dist)  # one entry per rank
-    by_qtype = {}
-    for q in QTYPES:
-        per_talent = {t: float(sum(by.get(q, {}).get(t, 0) for _, _, by in parts)) for t in tids}
-        by_qtype[q] = {t: c for t, c in per_talent.items() if c}
-    chosen = {t: sum(v.get(t, 0) for v in by_qtype.values()) for t in tids}
-    return talent_rows, orig_rows, dict(tasks=len(tasks), kept=float(sum(p[0] for p in parts)),
-                                        original_rows=float(sum(p[1] for p in parts)), chosen=chosen, chosen_by_qtype=by_qtype)
+    """Alg. 1 l.4-12 with each rank on its share of the tasks; the rows and labels of every rank are
+    gathered in rank order, so that every rank holds the same SFT rows."""
+    sampler, ttok = load_teacher(args, dist, sampler, tok)
+    rows, st = build_sft_data(sampler, tok, W, tasks[dist.rank::dist.world], args, ttok)
+    parts = gather_objects([(rows, st["labels"])], dist)  # one entry per rank
+    rows = {k: [row for r, _ in parts for row in r[k]] for k in rows}
+    return rows, label_stats(len(tasks), [l for _, ls in parts for l in ls], len(rows["original"]))
 
 
-def sft_sets(orig_rows, talent_rows, talent_sft_init):
-    """Alg. 1 l.13's data for Table 1 (§5.3): SkillRL-SFT on the original rows alone; TalentRL-SFT on
-    the original rows + 𝒟_talent from π_0 (Search7), or on 𝒟_talent from SkillRL-SFT (ALFWorld protocol)."""
-    return {"skillrl-sft": orig_rows,
-            "talentrl-sft": talent_rows if talent_sft_init == "skillrl-sft" else orig_rows + talent_rows}
+def sft_sets(rows, talent_sft_init, sft_epochs, route_epochs, exec_epochs):
+    """Alg. 1 l.13's data for Table 1 (§5.3), as multisets read in one shuffled pass: each original row
+    sft_epochs times, each talent-selection row route_epochs times, each execution row exec_epochs times.
+    SkillRL-SFT: the original rows alone; TalentRL-SFT: those + 𝒟_talent from π_0 (Search7), or 𝒟_talent
+    on SkillRL-SFT (ALFWorld)."""
+    orig = rows["original"] * sft_epochs
+    talent = rows["exec"] * exec_epochs + rows["route"] * route_epochs
+    return {"skillrl-sft": orig, "talentrl-sft": talent if talent_sft_init == "skillrl-sft" else orig + talent}
 
 
-def phase1_sft(model, sampler, tok, init, rows, sft_dir, args, dist):
-    """Alg. 1 l.13: fine-tune the weights `init` on rows by Eq. (9) and save the
+def run_sft(model, examples, args, dist, seed):
+    """Alg. 1 l.13: one shuffled pass over `examples` (the same list on every rank) in batches of --sft-batch
+    (grpo.sft_loop; under DDP each rank takes its share of a batch)."""
+    # Eq. (9): L_sft = −Σ_{t ∈ ℐ_asst} log π_θ(y_t | ξ, y_<t); grpo.sft_update divides by the
+    # number of response tokens in the batch (token mean; context and observations masked)
+    m = sft_loop(model, examples, args, dist, args.sft_lr, args.sft_batch, epochs=1, seed=seed)
+    return dict(sft_steps=m["sft_steps"], sft_examples=len(examples), sft_loss=m["sft_loss"])
+
+
+def split_pools(train, n_sft):
+    """𝒟_sft and 𝒟_rl of Algorithm 1 from the shuffled train questions of every split: 𝒟_sft takes n_sft
+    of them round-robin over the question types, so phase I sees every type the evaluation uses; 𝒟_rl is
+    the rest of the RL splits' questions (NQ + HotpotQA)."""
+    queues = {}
+    for q in train:
+        queues.setdefault(q["qtype"], []).append(q)
+    sft, queues = [], [queues[k] for k in sorted(queues)]
+    while len(sft) < n_sft and any(queues):
+        for qu in queues:
+            if qu and len(sft) < n_sft:
+                sft.append(qu.pop(0))
+    taken = {q["question"] for q in sft}
+    rl = [q for q in train if q["split"] in TRAIN_SPLITS and q["question"] not in taken]
+    if n_sft <= 0 or len(sft) < n_sft or not rl:
+        raise ValueError(f"--sft-tasks {n_sft} leaves no disjoint RL pool: the train splits hold {len(train)} "
+                         f"questions ({len(rl)} left for RL); lower --sft-tasks or raise --n-train")
+    return sft, rl
+
+
+def phase1_sft(model, sampler, tok, init, examples, sft_dir, args, dist):
+    """Alg. 1 l.13: fine-tune the weights `init` on the examples by Eq. (9) and save the
     checkpoint (π_ref of the RL stage); with --resume its checkpoint is loaded instead."""
     if args.resume and load_checkpoint(sft_dir, model, None, dist) is not None:
         sampler.sync(model)
-        return dict(sft_steps=0, sft_rows=len(rows), sft_loss=float("nan"), resumed=True)
+        return dict(sft_steps=0, sft_examples=len(examples), sft_loss=float("nan"), resumed=True)
     unwrap(model).load_state_dict(init)
-    sft = run_sft(model, rows, args, dist, args.seed, sft_dir)
+    sft = run_sft(model, examples, args, dist, args.seed)
     save_checkpoint(sft_dir, model, tok, None, -1, {}, dist)
     sampler.sync(model)
     return sft
@@ -447,7 +568,8 @@ def phase1_sft(model, sampler, tok, init, rows, sft_dir, args, dist):
 
 def phase2_rl(routed, model, sampler, tok, W, rl_tasks, arm_dir, args, dist):
     """Alg. 1 l.14-23 from the SFT weights in `model`: TalentRL (routed) or
-    SkillRL's GRPO with similarity skills (the baseline). Both evolve the SkillBank."""
+    SkillRL's GRPO with similarity skills (the baseline). Both evolve the SkillBank.
+    Returns Â_talent of every group of every step (all ranks; TalentRL only)."""
     # l.14: π_ref ← π_θ (the SFT checkpoint), frozen
     ref = frozen_copy(model)
     opt = make_optimizer(model, args)
@@ -457,7 +579,7 @@ def phase2_rl(routed, model, sampler, tok, W, rl_tasks, arm_dir, args, dist):
         W.set_bank(ck[1]["bank"], ck[1]["bank_raw"])
         W.set_talents(ck[1]["talents"])
     sampler.sync(model)
-    val_tasks = rl_tasks[: args.val_tasks]
+    val_tasks, A_groups = rl_tasks[: args.val_tasks], []
     for step in range(start, args.rl_steps):
         t0 = time.time()
         # l.17: a task batch from 𝒟_rl, the same on every rank; each rank owns whole tasks
@@ -474,6 +596,7 @@ def phase2_rl(routed, model, sampler, tok, W, rl_tasks, arm_dir, args, dist):
         extra = dict(R_P=np.mean(st["R_P"]) if st["R_P"] else 0.0,
                      success_P=np.mean([r >= 1.0 for r in st["R_P"]]) if st["R_P"] else 0.0)
         if routed:  # means over this rank's groups, then over ranks
+            A_groups += gather_objects(st["A_talent"], dist)
             A, d = np.array(st["A_talent"] or [0.0]), np.array(st["delta"] or [[0.0] * 3]).reshape(-1, 3)
             extra.update(A_talent=A.mean(), A_talent_abs=np.abs(A).mean(), A_talent_nonzero=(A != 0).mean(),
                          delta_skill=d[:, 0].mean(), delta_budget=d[:, 1].mean(), delta_talent=d[:, 2].mean(),
@@ -492,6 +615,7 @@ def phase2_rl(routed, model, sampler, tok, W, rl_tasks, arm_dir, args, dist):
             save_checkpoint(arm_dir, model, tok, opt, step, dict(bank=W.bank, bank_raw=W.bank_raw, talents=W.talents), dist)
     if dist.is_main and args.rl_steps > start:
         plot_curves(arm_dir, ("reward", "R_P", "kl") + (("A_talent_abs", "A_talent_nonzero") if routed else ()))
+    return A_groups
 
 
 def talentrl_rollouts(sampler, tok, W, tasks, args, first_group):
@@ -501,6 +625,7 @@ def talentrl_rollouts(sampler, tok, W, tasks, args, first_group):
     # routing responses of the anchor (route 0) and the G−1 ordinary rollouts of each task, in one batch
     rp = [chat_ids(tok, [{"role": "user", "content": routing_prompt(t, W.talents)}]) for t in tasks]
     route_t = args.route_temperature if args.route_temperature is not None else args.temperature
+    check_fits(rp, args.route_max_tokens, args, "routing prompt")
     outs = sampler.generate(rp, G, args.route_max_tokens, route_t, args.top_p, ["</talent>"]) if tasks else []
     conds, ctasks = [], []
     for task, samples in zip(tasks, outs):
@@ -547,28 +672,29 @@ def skillrl_rollouts(sampler, tok, W, tasks, args, first_group):
     return rs, dict(R_P=[r["R"] for r in res])
 
 
-def evolve_skillbank(sampler, tok, W, val_results, args, dist):
+def evolve_skillbank(sampler, tok, W, val_outcomes, args, dist):
     """SkillRL's library update: for each task type whose validation success is
     below the threshold, up to `evolve_failures` failed trajectories go to the
     model, which proposes at most `evolve_max_new` skills as JSON. New skills
     join the bank under that task type and are associated with the talent the
-    failures were routed to. Rank 0 proposes; the bank is broadcast."""
+    failures were routed to. val_outcomes: evaluate's outcomes of every rank;
+    rank 0 proposes; the bank is broadcast."""
     added = []
     if dist.is_main:
         by_type = {}
-        for r in val_results:
-            by_type.setdefault(r["ep"]["task"]["qtype"], []).append(r)
+        for r in val_outcomes:
+            by_type.setdefault(r["qtype"], []).append(r)
         for qtype, rs in sorted(by_type.items()):
             if np.mean([r["em"] for r in rs]) >= args.evolve_threshold:
                 continue
             fails = [r for r in rs if r["em"] == 0][: args.evolve_failures]
-            shown = "\n\n".join(f"Question: {r['ep']['task']['question']}\nGold answer: {r['ep']['task']['answer']}\n"
-                                f"Agent answer: {r['ep']['pred']}\nSearches: {r['ep']['n_search']}" for r in fails)
+            shown = "\n\n".join(f"Question: {r['question']}\nGold answer: {r['answer']}\n"
+                                f"Agent answer: {r['pred']}\nSearches: {r['n_search']}" for r in fails)
             msg = (f"These search-agent attempts on '{qtype}' questions failed:\n\n{shown}\n\nPropose at most "
                    f"{args.evolve_max_new} new reusable skills as a JSON list of objects with keys "
                    f'"title", "principle", "when_to_apply".')
             out = sampler.generate([chat_ids(tok, [{"role": "user", "content": msg}])], 1, args.evolve_max_tokens, 0.0)[0][0].text
-            talents = [r["talent"] for r in fails if r.get("talent")]
+            talents = [r["talent"] for r in fails if r["talent"] in W.by_id]
             for s in parse_proposed_skills(out)[: args.evolve_max_new]:
                 s.update(skill_id=f"dyn_{len(W.bank) + len(added) + 1:03d}", category=qtype)  # section: the bank's own
                 added.append((s, max(set(talents), key=talents.count) if talents else None))
@@ -600,15 +726,22 @@ def evaluate(sampler, tok, W, tasks, routed, args, dist):
     """Success (EM) and F1 per split, routing validity and the talent selected
     per split (Figure 2a). Greedy routing and execution by default (Table 4
     note: deterministic evaluation). Each rank rolls out its share of the tasks; every rank
-    then counts the outcomes of all of them. Returns (metrics, this rank's episodes)."""
+    then counts the outcomes of all of them. Returns (metrics, the outcome of every task on all ranks,
+    in rank order: question, qtype, answer, prediction, searches, em, talent)."""
     mine = tasks[dist.rank::dist.world]
     cond = dict(talent="policy", k=args.K) if routed else dict(talent=None, k=args.K)
     res = run_episodes(sampler, tok, W, mine, [cond] * len(mine), args, args.eval_temperature,
                        route_temperature=args.eval_temperature) if mine else []
-    outcomes = gather_objects([dict(split=r["ep"]["task"]["split"], em=r["em"], f1=r["f1"], route_ok=bool(r.get("route_ok")),
-                                    talent=r["talent"] or "none") for r in res], dist)
+    outcomes = gather_objects([dict(split=r["ep"]["task"]["split"], qtype=r["ep"]["task"]["qtype"], question=r["ep"]["task"]["question"],
+                                    answer=r["ep"]["task"]["answer"], pred=r["ep"]["pred"], n_search=r["ep"]["n_search"],
+                                    truncated=r["ep"].get("truncated", False), em=r["em"], f1=r["f1"],
+                                    route_ok=bool(r.get("route_ok")), talent=r["talent"] or "none") for r in res], dist)
     tids = [t["talent_id"] for t in W.talents] + ["none"]
-    out = {"success": {}, "f1": {}, "talents": {}, "n": {}}
+    out = {"success": {}, "f1": {}, "talents": {}, "n": {},
+           "items": {o["question"]: (o["split"], o["em"]) for o in outcomes},  # per question, for paired tests
+           "truncated": sum(o["truncated"] for o in outcomes)}
+    if routed:
+        out["routes"] = {o["question"]: o["talent"] for o in outcomes}
     for name in SPLITS:
         rs = [o for o in outcomes if o["split"] == name]
         n = float(len(rs))
@@ -620,7 +753,7 @@ def evaluate(sampler, tok, W, tasks, routed, args, dist):
     sh, mh = [out["success"][k] for k in SINGLE_HOP], [out["success"][k] for k in MULTI_HOP]
     out.update(single_hop=float(np.mean(sh)), multi_hop=float(np.mean(mh)), overall=float(np.mean(sh + mh)),
                route_valid=100 * sum(o["route_ok"] for o in outcomes) / max(len(outcomes), 1) if routed else None)
-    return out, res
+    return out, outcomes
 
 
 def table_cols():
@@ -683,10 +816,16 @@ METHODS = {"zero-shot": "Zero-shot", "skillrl-sft": "SkillRL-SFT", "talentrl-sft
            "skillrl": "SkillRL", "talentrl": "TalentRL"}
 
 
-def report(run_dir, results, dist):
-    """Tables 1-2, the routing validity, and Figure 2a before and after RL."""
+def report(run_dir, results, headline, dist):
+    """Tables 1-2, routing accuracy against c* per question type, Figure 2a before and after RL, the headline."""
     if not dist.is_main:
         return
+    lab = results.get("routing", {})
+    for title, labels, routes in (("SFT tasks (train)", lab.get("train"), lab.get("train_routes")),
+                                  ("held-out, TalentRL-SFT", lab.get("held_out"), results.get("talentrl-sft", {}).get("routes")),
+                                  ("held-out, TalentRL", lab.get("held_out"), results.get("talentrl", {}).get("routes"))):
+        if labels and routes:
+            print_routing_accuracy(f"Routing accuracy vs c*, {title}:", routing_items(labels, routes, lab["majority"]))
     print()
     print_table("Table 1 (shape): success rate (%) after SFT, and TalentRL after RL",
                 {METHODS[k]: table_row(results[k]) for k in ("zero-shot", "skillrl-sft", "talentrl-sft", "talentrl")
@@ -700,86 +839,165 @@ def report(run_dir, results, dist):
         print_routing(f"Figure 2a, {title}:", per)
     if panels:
         print(f"Figure 2a: {plot_talents(run_dir, panels)}")
+    print("\nHeadline (rates as fractions; paired over questions; --aggregate pools seeds):")
+    print(stats.format_headline(headline))
+
+
+def route_greedy(sampler, tok, W, tasks, args, dist):
+    """{question: greedily routed talent id, or "none" for an invalid route} for tasks (dicts with a
+    question), each rank routing its share; the routing turn alone, no execution."""
+    mine = tasks[dist.rank::dist.world]
+    rp = [chat_ids(tok, [{"role": "user", "content": routing_prompt(t, W.talents)}]) for t in mine]
+    check_fits(rp, args.route_max_tokens, args, "routing prompt")
+    outs = sampler.generate(rp, 1, args.route_max_tokens, args.eval_temperature, args.top_p, ["</talent>"]) if rp else []
+    got = [(t["question"], sample_route(tok, W, s)[1] or "none") for t, (s,) in zip(mine, outs)]
+    return dict(gather_objects(got, dist))
+
+
+def routing_items(labels, routes, majority):
+    """Routing accuracy against c*: per question type (and "all"), the per-question 0/1 hits of the router
+    (`routes`) and of the majority-class router (always `majority`, the most frequent c* of phase I)."""
+    out = {}
+    for lab in labels:
+        if lab["question"] in routes:
+            for k in ("all", lab["qtype"]):
+                a, b = out.setdefault(k, ([], []))
+                a.append(float(routes[lab["question"]] == lab["talent"]))
+                b.append(float(majority == lab["talent"]))
+    return out
+
+
+def print_routing_accuracy(title, items):
+    print(f"{title}  (router vs majority-class router; n labelled questions)")
+    for k, (a, b) in items.items():
+        print(f"  {k:<15} {100 * np.mean(a):5.1f}%  vs {100 * np.mean(b):5.1f}%   n = {len(a)}")
+    print()
+
+
+def build_headline(results):
+    """results.json's headline (stats.py): each claim with both means, the paired difference, 95 % CI, p and n;
+    per-question items are kept so that --aggregate pools questions × seeds."""
+    H, lab = [], results.get("routing", {})
+    maj = "majority-class router"
+    for part, routes_of in (("held-out", lambda k: results.get(k, {}).get("routes")),
+                            ("SFT tasks", lambda k: lab.get("train_routes") if k == "talentrl-sft" else None)):
+        for key in ("talentrl-sft", "talentrl"):
+            routes = routes_of(key)
+            if not routes or not lab:
+                continue
+            items = routing_items(lab["held_out" if part == "held-out" else "train"], routes, lab["majority"])
+            for qt, (a, b) in items.items():
+                H.append(stats.compare(f"routing accuracy vs c*, {part}, {qt}: {METHODS[key]} vs {maj}", METHODS[key], maj,
+                                       a, b, chance=float(np.mean(b))))
+    for a, b in (("talentrl-sft", "skillrl-sft"), ("talentrl", "talentrl-sft"), ("talentrl-sft", "zero-shot")):
+        if a not in results or b not in results:
+            continue
+        for split in ["all"] + list(SPLITS):
+            qs = [q for q, (sp, _) in results[a]["items"].items() if split in ("all", sp) and q in results[b]["items"]]
+            H.append(stats.compare(f"success, {split}: {METHODS[a]} vs {METHODS[b]}", METHODS[a], METHODS[b],
+                                   [results[a]["items"][q][1] for q in qs], [results[b]["items"][q][1] for q in qs]))
+    if A := results.get("talentrl", {}).get("A_talent_groups"):
+        H.append(stats.vs_chance("RL groups with Â_talent ≠ 0 (share)", "TalentRL", [float(x != 0) for x in A], 0.0))
+        H.append(stats.vs_chance("|Â_talent| per RL group (mean)", "TalentRL", [abs(x) for x in A], 0.0))
+    return H
 
 
 def aggregate_seeds(run_dirs):
-    """Table 1 as mean ± sd over the runs of several seeds (one results.json each),
-    and whether the paper's two orderings hold on the overall average."""
+    """--aggregate: the headline pooled over the runs' questions × seeds (stats.aggregate: CI, p, n), then
+    Table 1 as mean ± sd of the per-seed success rates."""
+    entries = stats.aggregate_main(run_dirs)
     runs = [json.loads((Path(d) / "results.json").read_text()) for d in run_dirs]
     rows = {}
-    for k in ("skillrl-sft", "talentrl-sft", "talentrl"):
-        vals = [table_row(r[k]) for r in runs if k in r]
+    for k in ("zero-shot", "skillrl-sft", "talentrl-sft", "talentrl"):
+        vals = [table_row(r[k]) for r in runs if k in r and "success" in r[k]]
         if vals:
-            rows[f"{METHODS[k]} (n={len(vals)})"] = {c: (float(np.mean([v[c] for v in vals])),
-                                                         float(np.std([v[c] for v in vals], ddof=1)) if len(vals) > 1 else 0.0)
-                                                     for c in table_cols()}
-    print_table(f"Table 1 over {len(runs)} seeds: success rate (%), mean ± sd", rows, cell=lambda v: f"{v[0]:.1f}±{v[1]:.1f}")
-    avg = {k: [r[k]["overall"] for r in runs if k in r] for k in ("skillrl-sft", "talentrl-sft", "talentrl")}
-    out = {"rows": rows, "overall": avg}
-    for a, b in (("talentrl-sft", "skillrl-sft"), ("talentrl", "talentrl-sft")):
-        if avg[a] and avg[b]:
-            wins = sum(x > y for x, y in zip(avg[a], avg[b]))
-            holds = np.mean(avg[a]) > np.mean(avg[b])
-            out[f"{a} > {b}"] = bool(holds)
-            print(f"{METHODS[a]} > {METHODS[b]} (overall avg): {'holds' if holds else 'does not hold'} "
-                  f"({np.mean(avg[a]):.1f} vs {np.mean(avg[b]):.1f}; higher in {wins}/{len(avg[a])} seeds)")
-    return out
+            rows[f"{METHODS[k]} (n={len(vals)})"] = {c: stats.mean_sd([v[c] for v in vals]) for c in table_cols()}
+    print()
+    print_table(f"Table 1 over {len(runs)} seeds: success rate (%), mean ± sd (sd: nan for one seed)", rows,
+                cell=lambda v: f"{v[0]:.1f}±{v[1]:.1f}")
+    return dict(headline=entries, rows=rows)
 
 
 # ----- main -----
 def save_results(run_dir, results, dist):
-    if dist.is_main:
-        Path(run_dir).mkdir(parents=True, exist_ok=True)
-        (Path(run_dir) / "results.json").write_text(json.dumps(results, indent=1))
+    if dist.is_main:  # the headline is written once, at the end
+        stats.write_results(run_dir, results, [])
+
+
+def check_args(args):
+    """Refuse settings whose training would be silently wrong."""
+    rt = args.route_temperature
+    if rt is not None and rt != args.temperature and "talentrl" in args.arms and args.rl_steps > 0:
+        # Eq. (15)'s ratio needs log π at the temperature the token was sampled at; grpo_update uses one
+        raise SystemExit(f"talentrl: --route-temperature {rt} differs from --temperature {args.temperature}, but "
+                         "grpo_update log-probes every token (routing included) at --temperature; set them equal")
 
 
 def main(argv=None):
     args = parse_with_preset(build_parser(), PRESETS, argv=argv, name="talentrl")
     if args.aggregate:
         return aggregate_seeds(args.aggregate)
+    check_args(args)
     dist = setup_distributed()
     seed_everything(args.seed + dist.rank)
-    t_start, run_dir, results = time.time(), Path(args.run_dir), {}  # --resume reloads checkpoints, re-evaluates
+    t_start, run_dir, results = time.time(), Path(args.run_dir), {"phase_seconds": {}}  # --resume reloads checkpoints
+    clock = [t_start]
 
-    def say(msg):
+    def say(msg, phase=None):
+        """A timestamped line; with `phase`, also the seconds since the previous phase ended (results.json)."""
+        now = time.time()
+        if phase:
+            results["phase_seconds"][phase] = round(now - clock[0], 1)
+            msg, clock[0] = f"{phase} done in {now - clock[0]:.0f}s: {msg}", now
         if dist.is_main:
-            print(f"[{time.time() - t_start:6.0f}s] {msg}", file=sys.stderr, flush=True)
+            print(f"[{time.strftime('%H:%M:%S', time.gmtime(now))} UTC {now - t_start:6.0f}s] {msg}", file=sys.stderr, flush=True)
 
     def evaluate_as(key, routed):
         results[key] = {**results.get(key, {}), **evaluate(sampler, tok, W, test, routed, args, dist)[0]}
         save_results(run_dir, results, dist)
         r = results[key]
-        say(f"{key}: success {r['overall']:.1f}% (single-hop {r['single_hop']:.1f}, multi-hop {r['multi_hop']:.1f})"
-            + (f", routing valid {r['route_valid']:.0f}%" if routed else ""))
+        return (f"{key}: success {r['overall']:.1f}% (single-hop {r['single_hop']:.1f}, multi-hop {r['multi_hop']:.1f})"
+                + (f", routing valid {r['route_valid']:.0f}%" if routed else ""))
 
     # Algorithm 1's inputs: environment ℰ, talent catalog 𝒯, SkillBank 𝒮, disjoint 𝒟_sft and 𝒟_rl, π_0
     W = World(args, load_embedder())
     init_bank, init_talents = copy.deepcopy((W.bank, W.bank_raw)), copy.deepcopy(W.talents)
-    train = [q for s in TRAIN_SPLITS for q in W.questions[s]["train"]]
+    train = [q for s in SPLITS for q in W.questions[s]["train"]]
     random.Random(args.seed).shuffle(train)
     sft_tasks, rl_tasks = split_pools(train, args.sft_tasks)
     test = [q for s in SPLITS for q in W.questions[s]["test"]]
-    say(f"world: {len(W.passages)} passages, {len(W.bank)} skills, {len(W.talents)} talents; "
-        f"{len(sft_tasks)} SFT / {len(rl_tasks)} RL / {len(test)} test tasks")
     model, tok = load_policy(args, dist)
     sampler = make_sampler(args, model, tok, dist)
     pi_0 = copy.deepcopy(unwrap(model).state_dict())
+    say(f"world: {len(W.passages)} passages, {len(W.bank)} skills, {len(W.talents)} talents; {len(sft_tasks)} SFT "
+        f"({', '.join(f'{k} {v}' for k, v in sorted(_count(sft_tasks).items()))}) / {len(rl_tasks)} RL / "
+        f"{len(test)} test tasks", phase="load")
     if args.zero_shot:  # the backbone with SkillRL's prompt (similarity skills, no talent)
-        evaluate_as("zero-shot", False)
+        say(evaluate_as("zero-shot", False), phase="zero-shot")
 
     # Phase I (l.4-12): 𝒟_talent from paired teacher rollouts; the original rows: the successful references
-    talent_rows, orig_rows, results["sft_data"] = phase1_data(sampler, tok, W, sft_tasks, args, dist)
-    say(f"phase I: kept {results['sft_data']['kept']:.0f}/{len(sft_tasks)} tasks (ū_c* > 0), "
-        f"{results['sft_data']['original_rows']:.0f} original rows; c* {results['sft_data']['chosen_by_qtype']}")
-    rows = sft_sets(orig_rows, talent_rows, args.talent_sft_init)
+    rows, results["sft_data"] = phase1_data(sampler, tok, W, sft_tasks, args, dist)
+    st = results["sft_data"]
+    # c* of the held-out questions by the same teacher and Eq. (8): the labels routing is scored against
+    held = phase1_data(sampler, tok, W, test, args, dist)[1]["labels"]
+    chosen = st["chosen"]
+    results["routing"] = dict(train=st["labels"], held_out=held, majority=max(chosen, key=chosen.get) if chosen else None)
+    say(f"kept {st['kept']}/{len(sft_tasks)} tasks (ū_c* > 0), {st['original_rows']} original rows; c* per type "
+        f"{st['chosen_by_qtype']}; held-out c* for {len(held)}/{len(test)}; majority class "
+        f"{results['routing']['majority']}", phase="phase I")
+    sets = sft_sets(rows, args.talent_sft_init, args.sft_epochs, args.route_epochs, args.exec_epochs)
     # l.13: SkillRL-SFT from π_0 on the original rows alone (Table 1's baseline)
-    results["skillrl-sft"] = phase1_sft(model, sampler, tok, pi_0, rows["skillrl-sft"], run_dir / "skillrl-sft", args, dist)
-    evaluate_as("skillrl-sft", False)
+    results["skillrl-sft"] = phase1_sft(model, sampler, tok, pi_0, sets["skillrl-sft"], run_dir / "skillrl-sft", args, dist)
+    say(evaluate_as("skillrl-sft", False), phase="SkillRL-SFT")
     skillrl_sft = copy.deepcopy(unwrap(model).state_dict())
     # l.13: TalentRL-SFT from π_0, or from SkillRL-SFT with --talent-sft-init skillrl-sft
     init = skillrl_sft if args.talent_sft_init == "skillrl-sft" else pi_0
-    results["talentrl-sft"] = phase1_sft(model, sampler, tok, init, rows["talentrl-sft"], run_dir / "talentrl-sft", args, dist)
-    evaluate_as("talentrl-sft", True)
+    results["talentrl-sft"] = phase1_sft(model, sampler, tok, init, sets["talentrl-sft"], run_dir / "talentrl-sft", args, dist)
+    msg = evaluate_as("talentrl-sft", True)
+    # the diagnosis of issue #28: can the SFT router route its own training tasks (underfitting) and new ones?
+    results["routing"]["train_routes"] = route_greedy(sampler, tok, W, st["labels"], args, dist)
+    save_results(run_dir, results, dist)
+    say(msg, phase="TalentRL-SFT")
     talentrl_sft = copy.deepcopy(unwrap(model).state_dict())
 
     # Phase II (l.14-23) from TalentRL-SFT; SkillRL's GRPO from SkillRL-SFT as the RL baseline
@@ -788,14 +1006,26 @@ def main(argv=None):
         W.set_bank(*copy.deepcopy(init_bank))
         W.set_talents(copy.deepcopy(init_talents))
         unwrap(model).load_state_dict(talentrl_sft if routed else skillrl_sft)
-        phase2_rl(routed, model, sampler, tok, W, rl_tasks, run_dir / arm, args, dist)
-        evaluate_as(arm, routed)
+        A_groups = phase2_rl(routed, model, sampler, tok, W, rl_tasks, run_dir / arm, args, dist)
+        msg = evaluate_as(arm, routed)
+        if routed:
+            results[arm]["A_talent_groups"] = A_groups
+        say(msg, phase=f"{arm} RL")
 
     results["wall_seconds"] = time.time() - t_start
-    save_results(run_dir, results, dist)
-    report(run_dir, results, dist)
+    headline = build_headline(results)
+    if dist.is_main:
+        stats.write_results(run_dir, results, headline)
+    report(run_dir, results, headline, dist)
     say(f"results: {run_dir / 'results.json'}")
-    return results
+    return {**results, "headline": headline}
+
+
+def _count(tasks):
+    out = {}
+    for t in tasks:
+        out[t["qtype"]] = out.get(t["qtype"], 0) + 1
+    return out
 
 
 # ----- data: retriever, SkillBank and talent catalog -----
@@ -1220,11 +1450,11 @@ TRAIN_SPLITS = ["nq", "hotpotqa"]  # the paper trains RL on NQ + HotpotQA
 
 
 def build_questions(world, seed, n_train, n_test):
-    """{split: {"train": [...], "test": [...]}}; a question text is never in two sets."""
-    rng, seen, out = random.Random(seed + 1), set(), {}
-    for split, mix in SPLITS.items():
-        out[split] = {}
-        for part, n in (("train", n_train if split in TRAIN_SPLITS else 0), ("test", n_test)):
+    """{split: {"train": [...], "test": [...]}}; a question text is never in two sets. The test sets are
+    drawn first, so a small world's rare types (homonyms, hamlets) are not used up by training."""
+    rng, seen, out = random.Random(seed + 1), set(), {split: {} for split in SPLITS}
+    for part, n in (("test", n_test), ("train", n_train)):
+        for split, mix in SPLITS.items():
             qs, tries = [], 0
             while len(qs) < n and tries < 200 * (n + 1):
                 tries += 1

@@ -480,22 +480,6 @@ def test_hf_sampler_returns_each_sampled_tokens_logprob(tiny_model_dir):
             assert (flat_g >= flat_r - 1e-4).all() and (flat_g > flat_r + 1e-3).any()
 
 
-def test_constrained_sampler_records_forced_tokens():
-    """ConstrainedHFSampler on a schema with forced keys ({"verdict": "A" | "B"}): every token is forced (log-prob
-    0 in the constrained distribution) except where the two instances' tokens part, where the model chose."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-    tok = AutoTokenizer.from_pretrained(plumbing.embedded_model_path())
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                         num_attention_heads=2, num_key_value_heads=2)).eval()
-    schema = {"type": "object", "properties": {"verdict": {"enum": ["A", "B"]}}, "required": ["verdict"]}
-    s = plumbing.ConstrainedHFSampler(model, tok).generate([[1, 2, 3]], 1, 16, 1.0, json_schema=schema)[0][0]
-    a, b = (tok.encode(json.dumps({"verdict": v}), add_special_tokens=False) + [tok.eos_token_id] for v in "AB")
-    split = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
-    assert s.ids in (a, b) and s.forced == [1] * split + [0] + [1] * (len(s.ids) - split - 1)
-    assert all(lp == 0.0 for lp, f in zip(s.logprobs, s.forced) if f) and s.logprobs[split] < 0
-
-
 def test_grammar_replay_marks_tokens_the_json_schema_forced(tiny_model_dir):
     """plumbing.GrammarReplay (vLLM's rollouts): replaying a completion of {"verdict": "A" | "B"} through xgrammar,
     a token is forced iff exactly one token was allowed; the EOS after the closing brace is the only token allowed

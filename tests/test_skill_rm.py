@@ -10,18 +10,23 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import skill_rm as S  # noqa: E402
-from plumbing import ConstrainedHFSampler, schema_instances  # noqa: E402
+from plumbing import ConstrainedHFSampler, FreeString, schema_instances  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "data" / "skill_rm"))
+import prepare as P  # noqa: E402  (the benchmark builder)
 
 SKILLS = ROOT / "data" / "skills"
 
 
 def judge_args(**kw):
     a = dict(max_resources=4, resource_chars=8000, sandbox_timeout=3.0, sandbox_mem_mb=256, retries=1,
-             judge_max_new_tokens=32, judge_temperature=0.0, constrained=True)
+             judge_max_new_tokens=32, judge_temperature=0.0, constrained=True, code_max_chars=400)
     a.update(kw)
     return SimpleNamespace(**a)
 
@@ -156,6 +161,9 @@ def _copy_skill(tmp_path, name="reward_judge_fair"):
     (lambda d: (d / "resources.yaml").write_text("- id: a\n  type: rubric\n"), "missing key"),
     (lambda d: (d / "resources.yaml").write_text("[unclosed"), "not valid YAML"),
     (lambda d: (d / "verifiers" / "last_number.py").write_text("import os\nos.system('ls')\n"), "would be refused"),
+    (lambda d: (d / "resources.yaml").write_text("- id: a\n  type: rubric\n  path: SKILL.md\n  applies_to: [all]\n  cost: low\n"
+                                                  "  hard_or_soft: soft\n  leakage_level: none\n  allowed_setting: all\n"
+                                                  "  arguments: [code]\n"), "only a tool or verifier"),
 ])
 def test_broken_skill_folder_gives_clear_error(tmp_path, breakage, message):
     d = _copy_skill(tmp_path)
@@ -315,8 +323,8 @@ def test_benchmark_file_is_consistent():
             assert S.constraint_scores(it["meta"]["constraints"], it["chosen"])["all"] == 1.0
             assert all(S.constraint_scores(it["meta"]["constraints"], r)["all"] < 1.0 for r in it["rejected"])
         if it["category"] in ("math", "focus"):
-            assert S.math_correct(it["chosen"], it["meta"]["answer"])
-            assert not any(S.math_correct(r, it["meta"]["answer"]) for r in it["rejected"])
+            assert P.math_correct(it["chosen"], it["meta"]["answer"])
+            assert not any(P.math_correct(r, it["meta"]["answer"]) for r in it["rejected"])
     pools = S.read_jsonl(ROOT / "data/skill_rm/bon_pools.jsonl")
     assert pools and all(len(p["candidates"]) == len(p["scores"]) for p in pools)
 
@@ -404,23 +412,74 @@ def test_smoke_tiny_preset(tmp_path, capsys):
     assert set(res["rl"]) == {"initial", "skill_rm"} and res["rl"]["skill_rm"]["judge_valid"] >= 0.9
     assert json.loads((tmp_path / "results.json").read_text())["rl"]["skill_rm"]["inst_level"] >= 0.0
     assert (tmp_path / "rl_skill_rm" / "metrics.jsonl").exists()
+    # issue #26: every number beside its chance line; tool use is counted; a tool-less skill judge is a failure
+    claims = {e["claim"] for e in json.loads((tmp_path / "results.json").read_text())["headline"]}
+    assert "pairwise accuracy of skill_rm vs coin" in claims and any("Skill-RM vs plain judge" in c for c in claims)
+    assert sum(v["calls"] for k, v in res["benchmark"].items() if k.startswith("skill_rm|")) > 0, "no judge ever called a tool"
+    assert all("never called a tool" not in w for w in res["judge_warnings"])
+    assert "order_A" in res["benchmark"]["skill_rm|pairwise|math"] and "consistent" in res["benchmark"]["skill_rm|pairwise|math"]
 
 
-def test_aggregate_seeds_mean_and_sd(tmp_path, capsys):
-    for seed, acc in ((0, 0.5), (1, 0.7), (2, 0.9)):
-        d = tmp_path / f"s{seed}"
-        d.mkdir()
-        bench = {"skill_rm|pairwise|math": {"score": acc, "valid": 1.0 - seed / 10}, "skill_rm|pairwise|code": {"score": acc},
-                 "baseline|pairwise|math": {"score": 0.5}, "baseline|pairwise|code": {"score": 0.5}}
-        (d / "results.json").write_text(json.dumps({"args": {"seed": seed}, "benchmark": bench,
-                                                    "bon": {"skill_rm": {"seqko@1": 0.1, "seqko@4": acc}}}))
-    out = S.aggregate_seeds([str(tmp_path / f"s{k}") for k in range(3)])
-    assert out["pairwise accuracy % (all categories)|skill_rm"] == pytest.approx((70.0, 20.0))
-    assert out["pairwise accuracy % (all categories)|baseline"] == pytest.approx((50.0, 0.0))
-    assert out["best-of-N seqko@4|skill_rm"] == pytest.approx((0.7, 0.2))
-    assert out["pairwise accuracy % math|skill_rm"] == pytest.approx((70.0, 20.0))   # per category, too
-    assert out["invalid judgments % (benchmark)|skill_rm"] == pytest.approx((10.0, 10.0))
-    assert "± 20.000" in capsys.readouterr().out
+def test_judge_warnings_flag_position_lock_chance_and_no_tools():
+    items = [{"id": f"x{k}", "category": "math", "prompt": "p", "chosen": "C", "rejected": ["R1", "R2", "R3"]} for k in range(12)]
+    tasks, meta = S.benchmark_tasks(items, ["baseline", "skill_rm"], ["pairwise"], 0)
+    for t in tasks:  # baseline always "A"; skill_rm right on every order but calls no tool
+        t.judgment = {"verdict": "A" if t.method == "baseline" else t.label}
+    w = S.judge_warnings(S.score_benchmark(tasks, meta), ["baseline", "skill_rm", "oracle"])
+    assert any(x.startswith("baseline: position-locked") for x in w) and any(x.startswith("baseline: at chance") for x in w)
+    assert w[-1] == "skill_rm: never called a tool" and not any(x.startswith("skill_rm: at chance") for x in w)
+    for t in tasks:
+        t.tool_calls = 1
+    assert not [x for x in S.judge_warnings(S.score_benchmark(tasks, meta), ["skill_rm"])]
+
+
+def test_headline_pools_items_across_seeds_with_chance_lines(tmp_path):
+    """build_headline → results.json → --aggregate: Skill-RM vs plain judge paired over items × seeds, each vs
+    its coin; a judge that always says "A" is position-locked (consistency 0) and wins no pair."""
+    for seed in (0, 1):
+        items = [{"id": f"x{seed}-{k}", "category": "math", "prompt": "p", "chosen": "C", "rejected": ["R1", "R2", "R3"]}
+                 for k in range(6)]
+        tasks, meta = S.benchmark_tasks(items, ["baseline", "skill_rm"], ["pairwise", "best_of_4"], seed)
+        for t in tasks:
+            right = t.method == "skill_rm"
+            t.judgment = ({"verdict": t.label if right else "A"} if t.mode == "pairwise" else {"choice": t.label if right else "A"})
+        res = S.score_benchmark(tasks, meta)
+        assert res[("baseline", "pairwise", "math")]["consistent"] == 0.0 and res[("skill_rm", "pairwise", "math")]["consistent"] == 1.0
+        assert res[("baseline", "pairwise", "math")]["order_A"] == 1.0 and res[("baseline", "pairwise", "math")]["order_B"] == 0.0
+        rl = {"initial": {"per_prompt": [0.5, 0.5]},
+              "anchored": {"group_sds": [0.5, 0.0, 0.433], "null_group_sd": S.null_group_sd("anchored", 4), "per_prompt": [1.0, 0.5]}}
+        bon = {m: {"per_pool": {"seqko@4": [1.0, 0.0], "random@4": [0.5, 0.25], "oracle@4": [1.0, 1.0]}} for m in ("baseline", "skill_rm")}
+        S.write_results(tmp_path / f"s{seed}", {"args": {"seed": seed}}, S.build_headline(res, bon, rl, ["baseline", "skill_rm", "oracle"]))
+    out = {e["claim"]: e for e in S.aggregate_main([str(tmp_path / "s0"), str(tmp_path / "s1")])}
+    vs = out["pairwise accuracy: Skill-RM vs plain judge [SFT: skill targets copy a verifier report, plain targets do not]"]
+    assert vs["n_items"] == 12 and vs["n_seeds"] == 2 and vs["mean_a"] == 1.0 and vs["mean_b"] == 0.0 and vs["p"] < 0.01
+    coin = out["pairwise accuracy of baseline vs coin"]
+    assert coin["chance"] == 0.25 and coin["mean_a"] == 0.0 and coin["n_items"] == 12
+    assert out["pairwise consistency of baseline vs coin (position-locked: 0)"]["mean_a"] == 0.0
+    assert out["best_of_4 accuracy of skill_rm vs coin"]["chance"] == 0.25
+    assert "best-of-N seqko@4 vs random@4 (skill_rm)" in out and "best-of-N seqko@4 vs oracle@4 (baseline)" in out
+    sd = out["IF-RL within-group reward sd (anchored) vs no-signal judge"]
+    assert sd["chance"] == pytest.approx(0.404, abs=1e-3) and sd["n_items"] == 6
+    assert not any(m in c for c in out for m in ("oracle vs",))  # the scripted oracle is no model judge
+
+
+def test_null_group_sd_is_the_position_locked_expectation():
+    """A judge that always says "A", with the rollout shown at a random side: E[within-group sd] (naive simulation)."""
+    rng = random.Random(0)
+    sims = []
+    for _ in range(20000):
+        g = [float(rng.random() < 0.5) for _ in range(4)]
+        m = sum(g) / 4
+        sims.append((sum((x - m) ** 2 for x in g) / 4) ** 0.5)
+    assert S.null_group_sd("anchored", 4) == pytest.approx(sum(sims) / len(sims), abs=0.005)
+    assert S.null_group_sd("anchored", 4) == pytest.approx(0.404, abs=1e-3) and S.null_group_sd("skill_rm", 4) == 0.0
+
+
+def test_select_items_draws_per_seed():
+    items = S.read_jsonl(ROOT / "data/skill_rm/bench.jsonl")
+    a, b = S.select_items(items, 2, seed=0), S.select_items(items, 2, seed=1)
+    assert len(a) == len(b) == 8 and {it["id"] for it in a} != {it["id"] for it in b}
+    assert S.select_items(items, 2, seed=0) == a and len(S.select_items(items, 0, seed=5)) == len(items)
 
 
 # ----- bugs of issue #11, each with a test that failed before its fix -----
@@ -431,7 +490,7 @@ def test_paper_preset_has_a_nonempty_rl_test_set(tmp_path):
     with pytest.raises(SystemExit, match="rl-eval-prompts"):  # stops before loading any model
         S.main(["--preset", "paper", "--rl-eval-prompts", "0", "--model", str(tmp_path / "none")])
     assert S.eval_if_policy(ScriptedSampler(["x"]), CharTok(), [], judge_args(max_new_tokens=4)) == \
-        {"prompt_strict": 0.0, "inst_level": 0.0}
+        {"prompt_strict": 0.0, "inst_level": 0.0, "per_prompt": []}
 
 
 def test_skill_contract_text_fallback_keeps_the_0_1_scale():
@@ -532,14 +591,36 @@ def test_turn_schema_enumerates_tools_and_ids():
     assert {c["name"] for c in first} == {"use_skill", "final_answer"}  # progressive disclosure
     S.execute_tool(t, {"name": "use_skill", "arguments": {"name": "reward_judge_fair"}}, skills, args)
     after = schema_instances(S.turn_schema(t, skills, args))
-    assert {c["name"] for c in after} == {"view_resource", "run_verifier", "final_answer"}
+    assert {c["name"] for c in after} == {"view_resource", "python_sandbox", "run_verifier", "final_answer"}
     ids = {c["arguments"].get("id") for c in after}
     assert "reference_answers" not in ids and {"principles", "math_recompute", "last_number"} <= ids  # oracle never offered
+    # python_sandbox: its code is a bounded free string (issue #26 §1)
+    assert {"name": "python_sandbox", "arguments": {"code": FreeString(400)}} in after
     t.force = True
-    assert schema_instances(S.turn_schema(t, skills, args)) == [{"verdict": "A"}, {"verdict": "B"}]
+    assert schema_instances(S.turn_schema(t, skills, args)) == [{"verdict": "A"}, {"verdict": "B"}, {"verdict": "Tie"}]
     assert schema_instances(S.final_schema("selection", 4)) == [{"choice": c} for c in "ABCD"]
     assert schema_instances(S.final_schema("pointwise", 1))[-1] == {"score": 1.0}
-    assert S.turn_schema(S.JudgeTask("q", ["a"], "pointwise", "python_only"), skills, args) is None  # free code
+    py = schema_instances(S.turn_schema(S.JudgeTask("q", ["a"], "pointwise", "python_only"), skills, args))
+    assert {c["name"] for c in py} == {"python_sandbox", "final_answer"}  # constrained like every other judge
+
+
+def test_run_verifier_takes_the_arguments_its_resource_declares_and_checklist_form():
+    skills = S.load_skills(SKILLS)
+    t = S.JudgeTask("Answer in lowercase.", ["all lowercase"], "pointwise", "skill_rm")
+    assert schema_instances(S.turn_schema(t, skills, judge_args()))[-1] == {"name": "final_answer", "arguments": {"score": 1.0}}
+    S.execute_tool(t, {"name": "use_skill", "arguments": {"name": "instruction_following_pointwise"}}, skills, judge_args())
+    calls = schema_instances(S.turn_schema(t, skills, judge_args()))
+    assert {"name": "run_verifier", "arguments": {"id": "text_checks"}} in calls
+    assert {"name": "run_verifier", "arguments": {"id": "text_checks", "code": FreeString(400)}} in calls  # declared: [code]
+    finals = [c["arguments"] for c in calls if c["name"] == "final_answer"]
+    assert {"satisfied_count": 2, "total_count": 3} in finals and {"score": 0.7} in finals  # the skill asks for a checklist
+    assert {"satisfied_count": 4, "total_count": 3} not in finals
+    assert S.readout_pointwise({"satisfied_count": 2, "total_count": 3})[0] == pytest.approx(2 / 3)
+    fair = S.JudgeTask("q", ["a", "b"], "pairwise", "skill_rm")
+    S.execute_tool(fair, {"name": "use_skill", "arguments": {"name": "reward_judge_fair"}}, skills, judge_args())
+    calls = schema_instances(S.turn_schema(fair, skills, judge_args()))
+    assert {"name": "run_verifier", "arguments": {"id": "math_recompute"}} in calls
+    assert not any(c["name"] == "run_verifier" and "code" in c["arguments"] for c in calls)  # none declared
 
 
 def test_constrained_hf_sampler_only_emits_allowed_replies(tiny_model_dir):
@@ -557,17 +638,46 @@ def test_constrained_hf_sampler_only_emits_allowed_replies(tiny_model_dir):
         outs = sampler.generate([prompt, prompt[:-3]], 3, 16, temperature, json_schema=schema)
         assert all(s.text in allowed and S.parse_tool_call(s.text) for o in outs for s in o)
     # greedy choice = the allowed first token with the highest logit (checked at the one branch point)
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt])).logits[0, -1]
-    opts = [tok.encode(a, add_special_tokens=False) for a in ['{"verdict": "A"}', '{"verdict": "B"}']]
-    k = next(i for i in range(len(opts[0])) if opts[0][i] != opts[1][i])
+    texts = ['{"verdict": "A"}', '{"verdict": "B"}', '{"verdict": "Tie"}']
+    opts = [tok.encode(a, add_special_tokens=False) for a in texts]
+    k = next(i for i in range(min(map(len, opts))) if len({o[i] for o in opts}) > 1)
+    assert len({o[k] for o in opts}) == 3 and all(o[:k] == opts[0][:k] for o in opts)
     with torch.no_grad():
         logits = model(torch.tensor([prompt + opts[0][:k]])).logits[0, -1]
-    want = '{"verdict": "A"}' if logits[opts[0][k]] >= logits[opts[1][k]] else '{"verdict": "B"}'
+    want = max(texts, key=lambda t: logits[opts[texts.index(t)][k]])
     got = sampler.generate([prompt], 1, 16, 0.0, json_schema=S.final_schema("pairwise", 2))[0][0].text
     assert got == want
     # the per-conversation cache gives the same answer as a fresh sampler
     assert ConstrainedHFSampler(model, tok).generate([prompt], 1, 16, 0.0, json_schema=S.final_schema("pairwise", 2))[0][0].text == got
+
+
+def test_constrained_sampler_decodes_a_bounded_free_code_string(tiny_model_dir):
+    """python_sandbox's code is a free string: whatever the model writes, the reply is valid JSON of the
+    schema's shape with ≤ maxLength characters of code (issue #26 §1)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from plumbing import _json_string_body, _string_end, instance_template
+    assert instance_template({"code": FreeString(9)}) == ['{"code": "', 9, '"}']
+    assert instance_template({"verdict": "A"}) == ['{"verdict": "A"}']
+    assert _string_end('ab\\"c"d') == 5 and _string_end('a\\\\"') == 3 and _string_end("abc") is None
+    assert _json_string_body('x\nq\\', 50) == 'x\\nq\\\\' and _json_string_body("abcdef", 3) == "abc"
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    skills = S.load_skills(SKILLS)
+    t = S.JudgeTask("q", ["a", "b"], "pairwise", "python_only")
+    schema = {"anyOf": [s for s in S.turn_schema(t, skills, judge_args(code_max_chars=30))["anyOf"]
+                        if s["properties"]["name"]["const"] == "python_sandbox"]}  # only the code call: the free path
+    prompt = S.chat_ids(tok, [{"role": "user", "content": "Write code."}])
+    for temperature in (0.0, 1.0):
+        for o in ConstrainedHFSampler(model, tok).generate([prompt] * 2, 2, 24, temperature, json_schema=schema):
+            for smp in o:
+                call = json.loads(smp.text)
+                assert list(call) == ["name", "arguments"] and call["name"] == "python_sandbox"
+                assert list(call["arguments"]) == ["code"] and isinstance(call["arguments"]["code"], str)
+                assert len(call["arguments"]["code"]) <= 30 and S.parse_tool_call(smp.text)["name"] == "python_sandbox"
+    full = S.turn_schema(t, skills, judge_args(code_max_chars=30))  # the choice between code and final answer
+    for smp in ConstrainedHFSampler(model, tok).generate([prompt], 3, 24, 1.0, json_schema=full)[0]:
+        assert S.parse_tool_call(smp.text)["name"] in ("python_sandbox", "final_answer")
 
 
 def test_every_judge_gives_valid_verdicts_under_constraints(tiny_model_dir):
@@ -615,12 +725,15 @@ def test_oracle_judge_reaches_100_percent_through_the_real_loop():
     res = S.score_benchmark(tasks, meta)
     assert all(r["score"] == 1.0 and r["valid"] == 1.0 for r in res.values())
     math_pair = next(t for t in tasks if t.category == "math")
-    assert [s["call"]["name"] for s in math_pair.trace] == ["use_skill", "run_verifier", "final_answer"]
+    assert [s["call"]["name"] for s in math_pair.trace] == ["use_skill", "python_sandbox", "final_answer"]
+    focus = next(t for t in tasks if t.category == "focus")
+    assert [s["call"]["name"] for s in focus.trace] == ["use_skill", "run_verifier", "final_answer"]
     if_pair = next(t for t in tasks if t.category == "precise_if")
     assert if_pair.skill.name == "instruction_following_pointwise" and "most constraints pass" in if_pair.trace[1]["observation"]
     assert S.default_skill("pairwise", skills).name == "reward_judge_fair"
     assert S.default_skill("pointwise", skills).name == "instruction_following_pointwise"
-    assert "matches the expected value" in math_pair.trace[1]["observation"]
+    assert "matches: ['A']" in math_pair.trace[1]["observation"] and "matches the expected value" in focus.trace[1]["observation"]
+    assert all(S.code_result_used(t) for t in tasks if t.category in ("math", "focus", "precise_if"))
 
 
 def test_anchored_flip_maps_to_the_rollout_label():
@@ -671,3 +784,90 @@ def test_math_pairs_differ_only_in_the_value():
     for it in [it for it in S.read_jsonl(ROOT / "data/skill_rm/bench.jsonl") if it["category"] == "math"]:
         strip = lambda t: __import__("re").sub(r"-?\d+", "N", t)
         assert all(strip(r) == strip(it["chosen"]) for r in it["rejected"]), it["id"]
+
+
+# ----- issue #26 §2: data and bugs, each with a test that failed before its fix -----
+
+def _split_prompts():
+    """Every prompt each split can hold at the sizes the presets use (seeds 0-2), by split."""
+    bench = S.read_jsonl(ROOT / "data/skill_rm/bench.jsonl")
+    pools = S.read_jsonl(ROOT / "data/skill_rm/bon_pools.jsonl")
+    out = {f"bench-{c}": {it["prompt"] for it in bench if it["category"] == c} for c in ("precise_if", "math", "code", "focus")}
+    out |= {f"bon-{c}": {p["prompt"] for p in pools if p["category"] == c} for c in ("math", "precise_if")}
+    for c in ("precise_if", "math", "focus"):
+        out[f"sft-{c}"] = {it["prompt"] for seed in range(3) for it in S.sft_items(seed, 16) if it["category"] == c}
+    out["train"] = {p["prompt"] for seed in range(3) for p in S.if_prompts(seed, 400, "train")}
+    out["test"] = {p["prompt"] for seed in range(3) for p in S.if_prompts(seed, 300, "test")}
+    return out
+
+
+def test_no_prompt_appears_in_two_splits():
+    """reasoning-gym seeds item i with seed + i: splits drawn from seed, seed+1, seed+2 were shifted copies."""
+    splits = _split_prompts()
+    names = sorted(splits)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            assert not splits[a] & splits[b], (a, b, sorted(splits[a] & splits[b])[:2])
+    assert all(len(v) > 0 for v in splits.values())
+    with pytest.raises(ValueError):
+        S.math_items("sft-math", 10_000, 4)  # outside its range: would run into the next split's seeds
+
+
+def test_text_checks_tie_is_a_tie():
+    """The IF verifier named A for equal scores (scores.index(max)): a position bias towards A."""
+    out = S.run_sandboxed((SKILLS / "instruction_following_pointwise/verifiers/text_checks.py").read_text(), 3.0, 256,
+                          {"prompt": "Do not use any commas in your response.", "candidates": ["no commas", "none here"]})
+    assert "most constraints pass: tie (A, B)" in out["stdout"]
+    out = S.run_sandboxed((SKILLS / "instruction_following_pointwise/verifiers/text_checks.py").read_text(), 3.0, 256,
+                          {"prompt": "Do not use any commas in your response.", "candidates": ["a, b", "none here"]})
+    assert "most constraints pass: B" in out["stdout"]
+
+
+def test_huge_integer_score_is_invalid_not_a_crash():
+    """{"score": <400-digit int>} raised OverflowError in _num (math.isfinite on an int) through judge_rewards."""
+    assert S.readout_pointwise({"score": 10 ** 400}) == (0.5, False)
+    assert S.readout_pointwise({"satisfied_count": 10 ** 400, "total_count": 3}) == (0.5, False)
+    assert S.readout_pointwise({"score": "1" * 400}) == (0.5, False)  # inf as a string
+    skills = S.load_skills(SKILLS)
+    r, v, _ = S.judge_rewards(ScriptedSampler(['{"score": ' + "9" * 400 + "}"]), CharTok(), ["p"], ["a"], "direct",
+                              skills, judge_args(rl_max_turns=2))
+    assert r == [0.5] and v == [False]
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+                    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=4),
+                    max_leaves=12)
+KEYS = st.sampled_from(["score", "satisfied_count", "total_count", "checklist", "verdict", "choice", "name", "arguments",
+                        "code", "id", "winner", "satisfied"])
+JUDGMENT = JSON | st.dictionaries(KEYS, JSON, max_size=4)
+TEXT = st.text(max_size=200) | JSON.map(json.dumps) | JUDGMENT.map(lambda v: "<tool_call>" + json.dumps(v)) | \
+    st.from_regex(r"(final_answer|python_sandbox|run_verifier)\(.{0,30}\)", fullmatch=True)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(JUDGMENT, TEXT)
+def test_every_readout_and_parser_survives_hostile_output(judgment, text):
+    """Model output is hostile input: no readout or parser raises on any JSON value or string."""
+    r, ok = S.readout_pointwise(judgment)
+    assert 0.0 <= r <= 1.0 and isinstance(ok, bool)
+    for labels in ("AB", "ABCD"):
+        lab = S.judgment_label(judgment, labels)
+        assert lab is None or lab in tuple(labels) + ("Tie",)
+        assert S.readout_selection(lab, "A", 4) in (0.0, 0.25, 1.0)
+        v = S.parse_text_verdict(text, labels)
+        assert v is None or v in tuple(labels) + ("Tie",)
+        S.text_judgment(text, "pairwise", labels), S.text_judgment(text, "pointwise", labels)
+    S.readout_pairwise(S.judgment_label(judgment, "AB"), S.parse_label(text, "AB"))
+    assert S.anchored_pairwise_reward(S.judgment_label(judgment, "AB"), "A") in (0.0, 0.5, 1.0)
+    for allow in (False, True):
+        call = S.parse_tool_call(text, allow_code_block=allow)
+        assert call is None or (call["name"] in S.TOOL_NAMES and isinstance(call["arguments"], dict))
+    assert S._normalise_call(judgment) is None or S._normalise_call(judgment)["name"] in S.TOOL_NAMES
+    rating = S.parse_text_rating(text)
+    assert rating is None or 0.0 <= rating <= 1.0
+    t = S.JudgeTask("p", ["a", "b"], "pairwise", "skill_rm", label="A")
+    t.judgment = judgment
+    t.trace = [{"turn": 1, "action": text, "call": {"name": "python_sandbox", "arguments": {}}, "observation": text}]
+    assert S.code_result_used(t) in (None, True, False)
+    t.mode, t.candidates = "pointwise", ["a"]
+    assert S.code_result_used(t) in (None, True, False)

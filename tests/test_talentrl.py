@@ -3,6 +3,7 @@ the parsers, and a tiny end-to-end run on one and on two gloo ranks."""
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import types
@@ -280,36 +281,40 @@ def test_phase1_keeps_positive_utility_tasks_with_routing_and_execution_targets(
     W = T.World(args, embedder)
     tok = AutoTokenizer.from_pretrained(plumbing.resolve_model("embedded"))
     tasks = [q for s in T.TRAIN_SPLITS for q in W.questions[s]["train"]]
-    talent_rows, ref_rows, st = T.build_sft_data(None, tok, W, tasks, args)
-    assert st["n_kept"] == len(talent_rows) >= 1 and ref_rows
-    assert sum(st["chosen"].values()) == st["n_kept"]
-    for p, ids, mask in talent_rows:
+    rows, st = T.build_sft_data(None, tok, W, tasks, args)
+    assert st["kept"] == len(rows["route"]) == len(rows["exec"]) >= 1 and rows["original"]
+    assert sum(st["chosen"].values()) == st["kept"] == len(st["labels"])
+    # App. C: one talent-selection row per kept task: the routing prompt → <think>rationale</think><talent>c*</talent>
+    for (p, ids, mask), lab in zip(rows["route"], st["labels"]):
+        assert all(mask) and lab["question"] in tok.decode(p) and "Talent guidance" not in tok.decode(p)
+        assert T.parse_route(tok.decode(ids), set(W.by_id)) == lab["talent"]
+    # ... and one execution row: the routing turn and the talent's context in the prompt, the actions trained
+    for (p, ids, mask), (rp, route, _) in zip(rows["exec"], rows["route"]):
         trained = tok.decode([i for i, m in zip(ids, mask) if m])
-        route = trained.split("</talent>")[0] + "</talent>"
-        assert T.parse_route(route, set(W.by_id)) in st["chosen"]  # routing target: <think>…</think><talent>c*</talent>
-        assert "<answer>" in trained and "<information>" not in trained and "Talent guidance" not in trained
-        assert "Talent guidance" in tok.decode(ids)  # the context is in the row, masked
-    for p, ids, mask in ref_rows:  # the original rows: similarity skills, no talent, a correct answer
+        assert p[:len(rp) + len(route)] == rp + route and "Talent guidance" in tok.decode(p)
+        assert "<answer>" in trained and "<information>" not in trained and "<talent>" not in trained
+    for p, ids, mask in rows["original"]:  # the original rows: similarity skills, no talent, a correct answer
         assert "Talent guidance" not in tok.decode(p + ids) and "<talent>" not in tok.decode(p + ids)
 
 
 class ScriptedSampler:
     """Stands in for the policy's sampler only: routes every task to the bridge talent
-    and answers correctly exactly when both talent guidance and skills are in the context."""
+    and answers correctly exactly when both talent guidance and skills are in the context,
+    except on the execution prompts whose index in a call is in `fail_calls`."""
 
-    def __init__(self, tok, answers):
-        self.tok, self.answers = tok, answers
+    def __init__(self, tok, answers, fail_calls=()):
+        self.tok, self.answers, self.fail = tok, answers, set(fail_calls)
 
     def generate(self, prompts, n, max_new_tokens, temperature, top_p=1.0, stop=None, json_schema=None):
         from plumbing import Sample
         out = []
-        for p in prompts:
+        for j, p in enumerate(prompts):
             text = self.tok.decode(p)
             if stop == ["</talent>"]:
                 reply = "<think>Find the creator first.</think><talent>talent_bridge_entity</talent>"
             else:
                 q = next(q for q in self.answers if q in text)
-                good = "Talent guidance" in text and "Relevant skills" in text
+                good = "Talent guidance" in text and "Relevant skills" in text and j not in self.fail
                 reply = f"<answer>{self.answers[q] if good else 'nobody'}</answer>"
             out.append([Sample(self.tok.encode(reply, add_special_tokens=False), reply) for _ in range(n)])
         return out
@@ -318,23 +323,30 @@ class ScriptedSampler:
 def test_eq10_to_eq14_in_talentrl_rollouts(embedder):
     from transformers import AutoTokenizer
     import plumbing
-    args = T.parse_with_preset(T.build_parser(), T.PRESETS, argv=["--preset", "tiny", "--G", "3", "--train-controls"])
+    args = T.parse_with_preset(T.build_parser(), T.PRESETS, argv=["--preset", "tiny", "--G", "4", "--train-controls"])
     W = T.World(args, embedder)
     tok = AutoTokenizer.from_pretrained(plumbing.resolve_model("embedded"))
     task = W.questions["hotpotqa"]["train"][0]
-    rollouts, st = T.talentrl_rollouts(ScriptedSampler(tok, {task["question"]: task["answer"]}), tok, W, [task], args, 0)
+    # ordinary rollout 2 of the 4 in 𝒫 answers wrongly although its context is the anchor's: R_𝒫 = (1, 1, 0, 1)
+    sampler = ScriptedSampler(tok, {task["question"]: task["answer"]}, fail_calls={2})
+    rollouts, st = T.talentrl_rollouts(sampler, tok, W, [task], args, 0)
     # anchor 1, no-skill 0, reduced-context (k = 2 skills, guidance) 1, no-prior 0 → δ = (1, 0, 1)
     assert st["delta"] == [[1.0, 0.0, 1.0]] and st["A_talent"] == [pytest.approx(2.0 * 2 / 3)]
-    assert len(rollouts) == 3 + 3 and [r.info["role"] for r in rollouts] == ["P"] * 3 + ["control"] * 3
-    anchor, ordinary, controls = rollouts[0], rollouts[1:3], rollouts[3:]
+    assert st["R_P"] == [1.0, 1.0, 0.0, 1.0]
+    assert len(rollouts) == 4 + 3 and [r.info["role"] for r in rollouts] == ["P"] * 4 + ["control"] * 3
+    anchor, ordinary, controls = rollouts[0], rollouts[1:4], rollouts[4:]
     n_route = len(tok.encode("<think>Find the creator first.</think><talent>talent_bridge_entity</talent>",
                              add_special_tokens=False))
     assert anchor.adv[:n_route] == [pytest.approx(4 / 3)] * n_route  # routing tokens of the anchor: Â_talent
-    assert all(sum(m for m in r.mask[:n_route]) == n_route for r in rollouts[:5])
-    # every rollout of 𝒫 succeeded: Eq. (10) gives 0 to all execution tokens; ordinary routing tokens get 0
-    for r in [anchor] + ordinary:
-        assert all(a == 0.0 for a in r.adv[n_route:])
-    for r in ordinary + controls:
+    assert all(sum(m for m in r.mask[:n_route]) == n_route for r in rollouts[:6])
+    # Eq. (10) over 𝒫 only (controls excluded): μ = 3/4, σ (Bessel) = 1/2 → Â = (0.5, 0.5, −1.5, 0.5) / (1 + ε/σ)
+    want = [(r - 0.75) / (0.5 + args.adv_eps) for r in (1.0, 1.0, 0.0, 1.0)]
+    for r, a in zip([anchor] + ordinary, want):
+        execution = [x for x, m in zip(r.adv[n_route:], r.mask[n_route:]) if m]
+        assert execution and execution == [pytest.approx(a)] * len(execution)  # every execution token: Â_exec_i
+    for r in ordinary:  # Eq. (14): ordinary rollouts' routing tokens get 0
+        assert r.adv[:n_route] == [0.0] * n_route
+    for r in controls:  # matched controls: 0 on every token
         assert all(a == 0.0 for a in r.adv)
     # environment tokens (the injected context) are masked
     assert 0 in anchor.mask and all(a == 0.0 for a, m in zip(anchor.adv, anchor.mask) if not m)
@@ -370,10 +382,11 @@ def test_every_sft_target_fits_its_token_budget(preset, tiny_world, tok):
     args = T.parse_with_preset(T.build_parser(), T.PRESETS, argv=["--preset", preset])
     _, W = tiny_world
     # routing: <think>rationale</think><talent>id</talent> must end before route_max_tokens
-    for t in W.talents:
-        assert len(tok.encode(T.route_target(t), add_special_tokens=False)) <= args.route_max_tokens, t["talent_id"]
-    # execution: every teacher action (one generated segment) fits max_new_tokens, for every talent and none
     tasks = [q for s in T.SPLITS for q in W.questions[s]["test"][:6]]
+    for t in W.talents:
+        for q in tasks:
+            assert len(tok.encode(T.route_target(t, q), add_special_tokens=False)) <= args.route_max_tokens, t["talent_id"]
+    # execution: every teacher action (one generated segment) fits max_new_tokens, for every talent and none
     for tid in [None] + list(W.by_id):
         res = T.run_episodes(None, tok, W, tasks, [dict(talent=tid, k=args.K, teacher=True)] * len(tasks),
                              argparse.Namespace(**{**vars(tiny_world[0]), "teacher": "scripted"}), 1.0)
@@ -467,35 +480,49 @@ def test_evaluation_on_two_ranks_counts_what_one_process_counts(tiny_world, tok,
 
 
 def test_sft_and_rl_pools_are_disjoint_or_a_clear_error():
-    sft, rl = T.split_pools(list(range(10)), 4)
-    assert sft == [0, 1, 2, 3] and rl == [4, 5, 6, 7, 8, 9]
-    for n in (10, 12, 0):
+    qs = [dict(question=f"q{i}", qtype=t, split=sp) for i, (t, sp) in
+          enumerate([("single", "nq")] * 6 + [("bridge", "hotpotqa")] * 3 + [("longtail", "popqa")] * 2)]
+    sft, rl = T.split_pools(qs, 4)
+    # round-robin over the types, in the shuffled order: every type phase I can see
+    assert [q["question"] for q in sft] == ["q6", "q9", "q0", "q7"]
+    # RL: the rest of nq + hotpotqa only (no popqa), disjoint from SFT
+    assert [q["question"] for q in rl] == ["q1", "q2", "q3", "q4", "q5", "q8"]
+    for n in (11, 12, 0):
         with pytest.raises(ValueError, match="disjoint"):
-            T.split_pools(list(range(10)), n)
+            T.split_pools(qs, n)
     for preset in T.PRESETS:  # every preset leaves an RL pool
         args = T.parse_with_preset(T.build_parser(), T.PRESETS, argv=["--preset", preset])
         assert args.sft_tasks < args.n_train * len(T.TRAIN_SPLITS), preset
 
 
-def test_skillrl_sft_sees_the_original_rows_only():
-    orig, talent = [("p", "orig", [1])], [("p", "talent", [1])]
+def test_phase1_draws_every_question_type_the_evaluation_uses(tiny_world):
+    args, W = tiny_world
+    train = [q for s in T.SPLITS for q in W.questions[s]["train"]]
+    sft, rl = T.split_pools(train, args.sft_tasks)
+    test_types = {q["qtype"] for s in T.SPLITS for q in W.questions[s]["test"]}
+    assert {q["qtype"] for q in sft} == test_types == set(T.QTYPES)
+    assert {q["split"] for q in rl} <= set(T.TRAIN_SPLITS) and not {q["question"] for q in sft} & {q["question"] for q in rl}
+
+
+def test_skillrl_sft_sees_the_original_rows_only_and_route_rows_get_their_epochs():
+    rows = dict(original=[("p", "orig", [1])], exec=[("p", "exec", [1])], route=[("p", "route", [1])])
     for init in ("pi0", "skillrl-sft"):
-        sets = T.sft_sets(orig, talent, init)
-        assert sets["skillrl-sft"] == orig
-    assert T.sft_sets(orig, talent, "pi0")["talentrl-sft"] == orig + talent  # Search7: augmented data from π_0
-    assert T.sft_sets(orig, talent, "skillrl-sft")["talentrl-sft"] == talent  # ALFWorld: on top of SkillRL-SFT
+        assert T.sft_sets(rows, init, 2, 5, 3)["skillrl-sft"] == rows["original"] * 2
+    # Search7: augmented data from π_0; ALFWorld: the talent rows on top of SkillRL-SFT
+    assert sorted(T.sft_sets(rows, "pi0", 2, 5, 3)["talentrl-sft"]) == sorted(rows["original"] * 2 + rows["exec"] * 3 + rows["route"] * 5)
+    assert sorted(T.sft_sets(rows, "skillrl-sft", 2, 5, 3)["talentrl-sft"]) == sorted(rows["exec"] * 3 + rows["route"] * 5)
 
 
 def test_eq8_scripted_teacher_can_choose_every_talent(tiny_world, tok):
     args, W = tiny_world
-    tasks = [q for s in T.SPLITS for q in W.questions[s]["test"]]
-    _, _, st = T.build_sft_data(None, tok, W, tasks, args)
+    tasks = [q for s in T.SPLITS for q in W.questions[s]["test"] + W.questions[s]["train"][:15]]
+    _, st = T.build_sft_data(None, tok, W, tasks, args)
     assert set(st["chosen"]) == set(W.by_id)
     # each question type goes mostly to the talent meant for it
     meant = {"single": "talent_verification", "constrained": "talent_constraint", "bridge": "talent_bridge_entity",
              "comparison": "talent_comparison", "temporal": "talent_temporal_numeric",
              "disambiguation": "talent_disambiguation", "longtail": "talent_longtail"}
-    for qtype, counts in st["by_qtype"].items():
+    for qtype, counts in st["chosen_by_qtype"].items():
         assert max(counts, key=counts.get) == meant[qtype], (qtype, counts)
 
 
@@ -550,12 +577,12 @@ def test_eq8_phase1_picks_argmax_utility_among_positive(embedder, tok):
              q2["question"]: ({"talent_bridge_entity"}, {"talent_comparison", "talent_decomposition"}, q2["answer"]),
              q3["question"]: (set(), set(), q3["answer"]),  # every ū = 0: dropped
              q4["question"]: ("all", set(), q4["answer"])}  # the reference succeeds too: ū = 0, dropped
-    talent_rows, orig_rows, st = T.build_sft_data(UtilityTeacher(tok, W, plans), tok, W, [q1, q2, q3, q4], args)
-    assert st["n_kept"] == 2 and st["chosen"] == {"talent_comparison": 1, "talent_bridge_entity": 1}
-    routes = [T.parse_route(tok.decode([i for i, m in zip(ids, mask) if m]).split("</talent>")[0] + "</talent>", set(W.by_id))
-              for _, ids, mask in talent_rows]
+    rows, st = T.build_sft_data(UtilityTeacher(tok, W, plans), tok, W, [q1, q2, q3, q4], args)
+    assert st["kept"] == 2 and st["chosen"] == {"talent_comparison": 1, "talent_bridge_entity": 1}
+    routes = [T.parse_route(tok.decode(ids), set(W.by_id)) for _, ids, _ in rows["route"]]
     assert routes == ["talent_comparison", "talent_bridge_entity"]
-    assert len(orig_rows) == 2  # the two successful reference rollouts of q4
+    # the two successful reference rollouts of q4 are the same trajectory: one original row
+    assert len(rows["original"]) == 1
 
 
 def test_one_rl_step_two_gloo_ranks_equal_one_process(tiny_model_dir, tmp_path):
@@ -571,24 +598,224 @@ def test_one_rl_step_two_gloo_ranks_equal_one_process(tiny_model_dir, tmp_path):
     assert one["metrics"]["n_tokens"] == two["metrics"]["n_tokens"] and one["metrics"]["grad_norm"] > 0
 
 
-def test_seed_aggregation_mean_sd_and_orderings(tmp_path, capsys):
-    def result(overall_by_method):
-        return {k: {"success": {sp: v for sp in T.SPLITS}, "single_hop": v, "multi_hop": v, "overall": v}
-                for k, v in overall_by_method.items()}
-    runs = [dict(zip(("skillrl-sft", "talentrl-sft", "talentrl"), v)) for v in ((10, 20, 15), (20, 30, 25), (30, 10, 50))]
-    for i, r in enumerate(runs):
-        (tmp_path / f"s{i}").mkdir()
-        (tmp_path / f"s{i}" / "results.json").write_text(json.dumps(result(r)))
+def test_aggregate_pools_headline_items_over_seeds_and_table1_mean_sd(tmp_path, capsys):
+    import stats
+    def result(v, a_items, b_items):
+        per = {k: {"success": {sp: x for sp in T.SPLITS}, "single_hop": x, "multi_hop": x, "overall": x}
+               for k, x in zip(("skillrl-sft", "talentrl-sft", "talentrl"), v)}
+        return per, [stats.compare("success, all: TalentRL-SFT vs SkillRL-SFT", "TalentRL-SFT", "SkillRL-SFT", a_items, b_items)]
+    seeds = [((10, 20, 15), [1, 0, 1], [0, 0, 1]), ((20, 30, 25), [1, 1, 0], [0, 1, 0]), ((30, 10, 50), [0, 1, 1], [0, 0, 0])]
+    for i, (v, a, b) in enumerate(seeds):
+        stats.write_results(tmp_path / f"s{i}", *result(v, a, b))
     out = T.main(["--aggregate"] + [str(tmp_path / f"s{i}") for i in range(3)])
+    (e,) = out["headline"]  # the items of the three seeds pooled: 9 paired questions × seeds
+    assert e["n_seeds"] == 3 and e["n_items"] == 9 and e["diff"] == pytest.approx((6 - 2) / 9)
     assert out["rows"]["TalentRL-SFT (n=3)"]["avg"] == (pytest.approx(20.0), pytest.approx(10.0))  # mean, sd (Bessel)
-    assert out["talentrl-sft > skillrl-sft"] is False and out["talentrl > talentrl-sft"] is True
     text = capsys.readouterr().out
-    assert "20.0±10.0" in text and "does not hold (20.0 vs 20.0; higher in 2/3 seeds)" in text
+    assert "success, all: TalentRL-SFT vs SkillRL-SFT" in text and "20.0±10.0" in text
+
+
+# ----- issue #28: bugs, App. C's routing rows, grounded rationales, routing accuracy -----
+class SkillProposer:
+    """Stands in for the policy in SkillBank evolution: records each proposal prompt and answers
+    with one well-formed skill per call (the JSON SkillRL asks for)."""
+
+    def __init__(self, tok):
+        self.tok, self.prompts = tok, []
+
+    def generate(self, prompts, n, max_new_tokens, temperature, top_p=1.0, stop=None, json_schema=None):
+        from plumbing import Sample
+        self.prompts += [self.tok.decode(p) for p in prompts]
+        reply = '[{"title": "Search the year", "principle": "Search each compared year separately.", "when_to_apply": "dates"}]'
+        return [[Sample(self.tok.encode(reply, add_special_tokens=False), reply)] * n for _ in prompts]
+
+
+def test_skillbank_evolution_sees_every_ranks_validation_episodes_and_adds_skills(tiny_world, tok, monkeypatch, tmp_path):
+    args, W0 = tiny_world
+    import copy as _copy
+    W = _copy.copy(W0)  # its own bank and talents: the module's world stays as loaded
+    W.set_bank(list(W0.bank), W0.bank_raw)
+    W.set_talents(_copy.deepcopy(W0.talents))
+    tasks = [q for q in W.questions["hotpotqa"]["test"]][:4]  # every answer is 'nobody': all fail
+    shares = {}
+    monkeypatch.setattr(T, "gather_objects", lambda items, dist: shares.setdefault(dist.rank, items))
+    T.evaluate(RecordingSampler(tok), tok, W, tasks, True, args, types.SimpleNamespace(rank=1, world=2))
+    monkeypatch.setattr(T, "gather_objects", lambda items, dist: list(items) + shares[1])  # rank 0's, then rank 1's
+    _, val = T.evaluate(RecordingSampler(tok), tok, W, tasks, True, args, types.SimpleNamespace(rank=0, world=2))
+    assert sorted(o["question"] for o in val) == sorted(t["question"] for t in tasks)  # both ranks' episodes
+    proposer, n_bank = SkillProposer(tok), len(W.bank)
+    monkeypatch.setattr(T, "broadcast_object", lambda obj, dist: obj)
+    a = argparse.Namespace(**{**vars(args), "evolve_threshold": 0.4, "evolve_failures": 10, "evolve_max_new": 3})
+    n_new = T.evolve_skillbank(proposer, tok, W, val, a, types.SimpleNamespace(rank=0, world=2, is_main=True))
+    shown = "\n".join(proposer.prompts)
+    assert all(t["question"] in shown for t in tasks)  # rank 0 proposes from the failures of both ranks
+    # the add path: one skill per failing question type joins the bank, is linked to the routed talent,
+    # is retrievable (its embedding is in S_emb) and is saved in the bank's per-type section
+    qtypes = {t["qtype"] for t in tasks}
+    assert n_new == len(qtypes) == len(W.bank) - n_bank and W.S_emb.shape[0] == len(W.bank)
+    new = W.bank[n_bank:]
+    assert {s["category"] for s in new} == qtypes and all(s["skill_id"].startswith("dyn_") for s in new)
+    assert all(s["skill_id"] in W.by_id["talent_verification"]["skills"] for s in new)
+    q = next(t for t in tasks if t["qtype"] == new[0]["category"])
+    sims = (W.S_emb @ W.question_embedding(q["question"]).T).squeeze(1)  # (S,): the new skills are scored too
+    assert n_bank in T.retrieve_skills(sims, {n_bank}, len(W.bank), len(W.bank), -1.0, 0.3)
+    T.save_skillbank(tmp_path / "bank.json", W.bank, W.bank_raw)
+    saved = json.loads((tmp_path / "bank.json").read_text())
+    assert [s["skill_id"] for s in saved["task_specific_skills"][new[0]["category"]]][-1] == new[0]["skill_id"]
+
+
+def _other_tokenizer():
+    """A tokenizer unlike the policy's (its own BPE vocabulary, end token and chat template), for a teacher."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
+    bpe.pre_tokenizer, bpe.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    bpe.train_from_iterator(["The Amber Lantern <search> </search> <answer> </answer> <information> Doc 1:"] * 3,
+                            trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<pad>", "<end>"],
+                                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    t = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<end>", pad_token="<pad>", unk_token="<unk>")
+    t.chat_template = ("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}<end>{% endfor %}"
+                       "{% if add_generation_prompt %}[assistant] {% endif %}")
+    return t
+
+
+def test_retokenize_keeps_text_and_mask_runs(tok):
+    ttok = _other_tokenizer()
+    acts, obs = ["I search.<search>Amber Lantern</search>", "<answer>Velm</answer>"], "\n<information>Doc 1: Velm.</information>\n"
+    ids, mask = [], []
+    for text, m in ((acts[0], 1), (obs, 0), (acts[1], 1)):
+        x = ttok.encode(text, add_special_tokens=False)
+        ids, mask = ids + x, mask + [m] * len(x)
+    ids, mask = ids + [ttok.eos_token_id], mask + [1]
+    new, new_mask = T.retokenize(ids, mask, ttok, tok)
+    assert tok.decode([i for i, m in zip(new, new_mask) if m]) == acts[0] + acts[1] + tok.eos_token
+    assert tok.decode([i for i, m in zip(new, new_mask) if not m]) == obs
+    assert T.retokenize(ids, mask, tok, tok) == (ids, mask)
+
+
+def test_teacher_path_rolls_out_in_its_own_tokenizer(tiny_world, tok):
+    args, W = tiny_world
+    ttok = _other_tokenizer()
+    args = argparse.Namespace(**{**vars(args), "teacher": "policy", "sft_n": 1, "max_model_len": 10 ** 5})
+    q = W.questions["hotpotqa"]["train"][0]
+    plans = {q["question"]: ({"talent_bridge_entity"}, set(), q["answer"])}
+    teacher = UtilityTeacher(ttok, W, plans)  # reads its prompts with the teacher's tokenizer
+    rows, st = T.build_sft_data(teacher, tok, W, [q], args, ttok)
+    assert st["chosen"] == {"talent_bridge_entity": 1}
+    (rp, route, _), (p, ids, mask) = rows["route"][0], rows["exec"][0]
+    # the rows are in the policy's tokens: they decode to the routing prompt and the teacher's answer
+    assert q["question"] in tok.decode(rp) and T.parse_route(tok.decode(route), set(W.by_id)) == "talent_bridge_entity"
+    assert tok.decode([i for i, m in zip(ids, mask) if m]) == f"<answer>{q['answer']}</answer>"
+
+
+def test_load_teacher_keeps_the_teachers_tokenizer(tiny_model_dir, tmp_path, tok):
+    import shutil
+    teacher_dir = tmp_path / "teacher"
+    shutil.copytree(tiny_model_dir, teacher_dir)
+    ttok = _other_tokenizer()
+    for f in [*teacher_dir.glob("*token*"), *teacher_dir.glob("vocab.json"), *teacher_dir.glob("merges.txt")]:
+        f.unlink()
+    ttok.save_pretrained(teacher_dir)
+    args = T.parse_with_preset(T.build_parser(), T.PRESETS, argv=["--preset", "tiny", "--teacher", str(teacher_dir)])
+    sampler, got = T.load_teacher(args, T.setup_distributed(), None, tok)
+    assert len(got) == len(ttok) != len(tok) and got.encode("Velm") == ttok.encode("Velm")
+    assert isinstance(sampler, T.HFSampler) and sampler.tok is got
+
+
+def test_deterministic_teacher_with_sft_n_3_gives_each_row_once(tiny_world, tok):
+    args, W = tiny_world
+    tasks = [q for s in T.TRAIN_SPLITS for q in W.questions[s]["train"][:8]]
+    one, st1 = T.build_sft_data(None, tok, W, tasks, argparse.Namespace(**{**vars(args), "sft_n": 1}))
+    three, st3 = T.build_sft_data(None, tok, W, tasks, argparse.Namespace(**{**vars(args), "sft_n": 3}))
+    assert one["original"] and {k: len(v) for k, v in three.items()} == {k: len(v) for k, v in one.items()}
+    assert st3["labels"] == st1["labels"]
+
+
+def test_paper_context_fits_max_model_len(tiny_world, tok):
+    # Table 4: 8192 tokens. Worst case: routing prompt + routing response + the execution context, then
+    # max_steps turns of a full response and an observation of topk_docs of the longest passages
+    args = T.parse_with_preset(T.build_parser(), T.PRESETS, argv=["--preset", "paper"])
+    _, W = tiny_world
+    task = max((q for s in T.SPLITS for q in W.questions[s]["test"]), key=lambda q: len(q["question"]))
+    talent = max(W.talents, key=lambda t: len(t["guidance"]))
+    ctx, _ = T.condition_prompt(W, tok, task, dict(talent=talent["talent_id"], k=args.K), [0] * args.route_max_tokens)
+    longest = max(len(tok.encode(p["text"], add_special_tokens=False)) for p in W.passages)
+    obs = 20 + args.topk_docs * (longest + 5)
+    assert len(ctx) + args.max_steps * (args.max_new_tokens + obs) <= args.max_model_len == 8192
+
+
+class Searcher:
+    """Always searches (never answers): the context grows every turn."""
+
+    def __init__(self, tok):
+        self.tok = tok
+
+    def generate(self, prompts, n, max_new_tokens, temperature, top_p=1.0, stop=None, json_schema=None):
+        from plumbing import Sample
+        reply = "<think>x</think><talent>talent_verification</talent>" if stop == ["</talent>"] else "<search>town</search>"
+        return [[Sample(self.tok.encode(reply, add_special_tokens=False), reply)] * n for _ in prompts]
+
+
+def test_overlong_prompt_is_an_error_and_a_full_context_a_logged_truncation(tiny_world, tok, capsys):
+    args, W = tiny_world
+    task = W.questions["nq"]["test"][0]
+    prompt_len = len(T.condition_prompt(W, tok, task, dict(talent=None, k=args.K))[0])
+    a = argparse.Namespace(**{**vars(args), "max_model_len": prompt_len + args.max_new_tokens - 1})
+    with pytest.raises(ValueError, match="exceed --max-model-len"):
+        T.run_episodes(Searcher(tok), tok, W, [task], [dict(talent=None, k=args.K)], a, 1.0)
+    # room for the prompt and two turns only: the episode stops unanswered, flagged and logged, not silently
+    a.max_model_len = prompt_len + 2 * args.max_new_tokens + 40
+    (r,) = T.run_episodes(Searcher(tok), tok, W, [task], [dict(talent=None, k=args.K)], a, 1.0)
+    assert r["ep"]["truncated"] and r["R"] == 0.0 and r["ep"]["turns"] < args.max_steps
+    assert "stopped unanswered at --max-model-len" in capsys.readouterr().err
+
+
+def test_route_temperature_other_than_the_training_temperature_is_refused():
+    with pytest.raises(SystemExit, match="route-temperature"):
+        T.main(["--preset", "tiny", "--route-temperature", "0.7"])
+    args = T.parse_with_preset(T.build_parser(), T.PRESETS, argv=["--preset", "tiny", "--route-temperature", "1.0"])
+    T.check_args(args)  # equal to --temperature: fine
+    T.check_args(T.parse_with_preset(T.build_parser(), T.PRESETS, argv=["--preset", "tiny", "--route-temperature", "0.7",
+                                                                          "--rl-steps", "0"]))  # no RL: nothing log-probed
+
+
+def test_routing_rationales_are_grounded_in_the_question(tiny_world):
+    _, W = tiny_world
+    qs = [q for s in T.SPLITS for q in W.questions[s]["test"]]
+    talent = W.by_id["talent_bridge_entity"]
+    texts = {T.rationale(q["question"], talent) for q in qs}
+    assert len(texts) == len({q["question"] for q in qs})  # one rationale per question, not per talent
+    for q in qs:  # every question's rationale names an entity of the question, through a pattern of GISTS
+        r = T.rationale(q["question"], talent)
+        assert not r.startswith("The question asks: "), q["question"]
+        assert r.endswith(talent["rationale"] + ".")
+        names = re.findall(r"(?:[A-Z][a-z]+(?: [A-Z][a-z]+)*)", q["question"])
+        assert any(n in r for n in names[1:] or names), (q["question"], r)
+
+
+def test_routing_accuracy_against_c_star_and_the_majority_router():
+    labels = [dict(question="a", qtype="bridge", talent="b"), dict(question="b", qtype="bridge", talent="b"),
+              dict(question="c", qtype="comparison", talent="c"), dict(question="d", qtype="comparison", talent="c"),
+              dict(question="e", qtype="single", talent="v")]
+    routes = {"a": "b", "b": "c", "c": "c", "d": "c", "e": "none"}
+    items = T.routing_items(labels, routes, majority="b")
+    assert items["all"] == ([1, 0, 1, 1, 0], [1, 1, 0, 0, 0])
+    assert items["bridge"] == ([1, 0], [1, 1]) and items["comparison"] == ([1, 1], [0, 0])
+    results = {"routing": dict(train=labels, held_out=labels, majority="b", train_routes=routes),
+               "talentrl-sft": dict(routes=routes, items={"a": ("nq", 1.0), "b": ("hotpotqa", 0.0)}),
+               "skillrl-sft": dict(items={"a": ("nq", 0.0), "b": ("hotpotqa", 0.0)})}
+    H = {e["claim"]: e for e in T.build_headline(results)}
+    e = H["routing accuracy vs c*, held-out, all: TalentRL-SFT vs majority-class router"]
+    assert e["mean_a"] == pytest.approx(0.6) and e["mean_b"] == pytest.approx(0.4) and e["n_items"] == 5
+    assert H["routing accuracy vs c*, SFT tasks, comparison: TalentRL-SFT vs majority-class router"]["diff"] == 1.0
+    s = H["success, all: TalentRL-SFT vs SkillRL-SFT"]
+    assert s["n_items"] == 2 and s["diff"] == pytest.approx(0.5)
+    assert H["success, nq: TalentRL-SFT vs SkillRL-SFT"]["n_items"] == 1
 
 
 # ----- smoke: tiny end to end on two gloo ranks, then a resume that recomputes every row -----
-# a short SFT pushed harder (3 epochs over ~12 short rows at 5e-4) so that routing and answers appear in minutes
-SMOKE = ["--preset", "tiny", "--n-test", "2", "--n-train", "60", "--sft-tasks", "48", "--sft-epochs", "4",
+# a short SFT pushed harder (2 epochs of original rows, 4 of talent-selection rows, at 5e-4) so that routing and answers appear in minutes
+SMOKE = ["--preset", "tiny", "--n-test", "2", "--n-train", "60", "--sft-tasks", "48", "--sft-epochs", "2", "--route-epochs", "4",
          "--sft-lr", "5e-4", "--max-steps", "2", "--topk-docs", "2", "--K", "2", "--k-reduced", "1",
          "--rl-steps", "1", "--tasks-per-step", "2", "--G", "2", "--evolve-every", "1",
          "--val-tasks", "2", "--evolve-max-tokens", "16", "--sampler", "hf"]
@@ -605,13 +832,20 @@ def test_smoke_tiny_two_rank_gloo_and_resume(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            "talentrl.py", *SMOKE, "--run-dir", str(tmp_path)]
     res, stdout = _run(cmd, tmp_path)
-    rows = ("skillrl-sft", "talentrl-sft", "talentrl")
+    rows = ("zero-shot", "skillrl-sft", "talentrl-sft", "talentrl")
     for k in rows:
         assert set(res[k]["success"]) == set(T.SPLITS) and 0 <= res[k]["overall"] <= 100
-    # signal: TalentRL-SFT routes to catalog talents, and the tables are not all zero
+    # signal: TalentRL routes to catalog talents and answers some held-out questions after RL
     assert res["talentrl-sft"]["route_valid"] > 0 and res["talentrl"]["route_valid"] > 0
-    assert max(v for k in rows for v in res[k]["success"].values()) > 0
+    assert max(res["talentrl"]["success"].values()) > 0
+    # routing depends on the question: no talent takes 90 % or more of the held-out routes
+    routes = list(res["talentrl"]["routes"].values())
+    assert max(map(routes.count, set(routes))) < 0.9 * len(routes), routes
     assert res["sft_data"]["kept"] > 0 and res["sft_data"]["original_rows"] > 0
+    claims = [e["claim"] for e in res["headline"]]
+    assert "routing accuracy vs c*, held-out, all: TalentRL vs majority-class router" in claims
+    assert "success, all: TalentRL vs TalentRL-SFT" in claims and "RL groups with Â_talent ≠ 0 (share)" in claims
+    assert set(res["phase_seconds"]) >= {"load", "phase I", "SkillRL-SFT", "TalentRL-SFT", "talentrl RL"}
     assert "Table 1" in stdout and "Figure 2a" in stdout and (tmp_path / "talent_selection.png").exists()
     assert (tmp_path / "talentrl" / "ckpt" / "state.pt").exists()
     assert (tmp_path / "talentrl" / "skillbanks" / "step0000.json").exists()
@@ -623,4 +857,5 @@ def test_smoke_tiny_two_rank_gloo_and_resume(tmp_path):
     res2, _ = _run(cmd + ["--resume"], tmp_path)
     for k in rows:
         assert res2[k]["success"] == res[k]["success"] and res2[k]["talents"] == res[k]["talents"], k
+    assert res2["talentrl"]["routes"] == res["talentrl"]["routes"]
     assert res2["talentrl-sft"].get("resumed") and not (tmp_path / "talentrl" / "skillbanks" / "step0001.json").exists()

@@ -61,8 +61,9 @@ def report(prompt, candidates):
         fails = [name for (name, m, check), o in zip(found, ok) if not o]
         print("ABCDEFGHIJ"[i] + ":", sum(ok), "of", len(ok), "pass; score", round(scores[-1], 1),
               "; fails:", ", ".join(fails) or "none")
-    if len(candidates) > 1:
-        print("most constraints pass:", "ABCDEFGHIJ"[scores.index(max(scores))])
+    if len(candidates) > 1:  # a tie is a tie: never resolved towards the first position
+        best = [lab for lab, sc in zip("ABCDEFGHIJ", scores) if sc == max(scores)]
+        print("most constraints pass:", best[0] if len(best) == 1 else "tie (" + ", ".join(best) + ")")
 
 
 report(prompt, candidates)
