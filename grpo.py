@@ -26,14 +26,17 @@ Differences from the papers:
 1. The KL term uses the k3 estimator of DeepSeekMath Eq. (4) added to the loss,
    as DeepSeekMath does; with β = 0 (DAPO) no reference model is loaded.
 2. Loss aggregation is a flag: `token` (DAPO's token-level mean over the whole
-   batch, the default) or `seq` (DeepSeekMath's 1/|o_i| per sequence, then the
-   mean over sequences).
+   batch, the default), `seq` (DeepSeekMath's 1/|o_i| per sequence, then the
+   mean over sequences) or `dr_grpo` (Dr. GRPO's constant N·T_max); --ratio-level
+   sequence gives GSPO's sequence ratio. Checked against TRL's own loss code.
 3. Dynamic sampling drops zero-variance groups but does not re-sample to refill
    the batch (DAPO over-samples); the number dropped is logged.
 4. Each of the μ passes is one optimizer step over the whole batch (gradient
    accumulation over micro-batches), not a split into mini-batches.
 5. Advantages are std-normalised with Bessel's correction and ε = 1e-4 (TRL's
    convention); `--no-scale-rewards` gives Dr. GRPO's mean-only advantages.
+6. Not in the papers: --tis-cap reweighs the sampler's tokens to π_θold (TIS), and
+   tokens a grammar forced (Rollout.forced) leave the loss, the KL and the means.
 """
 import argparse
 import contextlib
@@ -78,7 +81,15 @@ def add_grpo_args(p):
     g.add_argument("--beta", type=float, default=0.04, help="β, k3 KL coefficient (DeepSeekMath Eq. 3: 0.04; DAPO: 0 → no reference model)")
     g.add_argument("--eps-low", type=float, default=0.2, help="ε_low, lower clip (DAPO Eq. 8: 0.2)")
     g.add_argument("--eps-high", type=float, default=0.2, help="ε_high, upper clip (DAPO clip-higher: 0.28)")
-    g.add_argument("--loss-agg", default="token", choices=["token", "seq"], help="token: mean over all tokens of the batch (DAPO); seq: per-sequence mean, then mean over sequences (DeepSeekMath)")
+    g.add_argument("--loss-agg", default="token", choices=["token", "seq", "dr_grpo"],
+                   help="token: mean over all tokens of the batch (DAPO); seq: per-sequence mean, then mean over sequences (DeepSeekMath); "
+                        "dr_grpo: sum over the batch / (N · --max-new-tokens) (Dr. GRPO, Liu et al., arXiv 2503.20783; with --no-scale-rewards)")
+    g.add_argument("--ratio-level", default="token", choices=["token", "sequence"],
+                   help="token: ρ_{i,t} per token (DeepSeekMath, DAPO); sequence: GSPO's s_i = exp(mean_t log ρ_{i,t}) for all of o_i "
+                        "(Zheng et al., arXiv 2507.18071; its ε_low 3e-4, ε_high 4e-4)")
+    g.add_argument("--tis-cap", type=float, default=0.0,
+                   help="C, truncated importance sampling: weigh each token by min(π_θold/π_sampler, C) (Yao et al. 2025; "
+                        "TRL's default C = 3.0); 0 = off")
     g.add_argument("--scale-rewards", action=argparse.BooleanOptionalAction, default=True, help="divide group-centred rewards by the group std (DeepSeekMath); off = Dr. GRPO")
     g.add_argument("--adv-eps", type=float, default=1e-4, help="ε in Â = (r − mean)/(std + ε)")
     g.add_argument("--dynamic-sampling", action=argparse.BooleanOptionalAction, default=False, help="drop groups whose rewards all agree (DAPO Eq. 8 constraint)")
@@ -202,12 +213,14 @@ class Rollout:
     adv: list = None            # per-token advantages from the caller, or None → group advantage
     group: int = 0
     info: dict = dataclasses.field(default_factory=dict)
+    sample_logp: list = None    # log π_sampler(o_t) as the sampler reported it (nan: not reported), or None
+    forced: list = None         # 1 = a grammar allowed only this token (no decision: not trained), or None
 
 
 def sample_group_rollouts(sampler, prompts, G, args, stop=None, first_group=0, json_schema=None):
     """Single-turn: G completions for each prompt; rollouts of a group are contiguous."""
     outs = sampler.generate(prompts, G, args.max_new_tokens, args.temperature, args.top_p, stop, json_schema=json_schema)
-    return [Rollout(p, s.ids, [1] * len(s.ids), s.text, group=first_group + k)
+    return [Rollout(p, s.ids, [1] * len(s.ids), s.text, group=first_group + k, sample_logp=s.logprobs, forced=s.forced)
             for k, (p, samples) in enumerate(zip(prompts, outs)) for s in samples]
 
 
@@ -219,7 +232,7 @@ def multi_turn_rollouts(sampler, tok, prompts, env_step, max_turns, args, stop=N
     context for later turns but never trained on. One rollout per prompt (repeat a
     prompt G times for a group). temperature: other than args.temperature (e.g. greedy evaluation)."""
     temperature = args.temperature if temperature is None else temperature
-    rs = [Rollout(p, [], [], group=g) for p, g in zip(prompts, groups or range(len(prompts)))]
+    rs = [Rollout(p, [], [], group=g, sample_logp=[]) for p, g in zip(prompts, groups or range(len(prompts)))]
     active = list(range(len(rs)))
     for turn in range(max_turns):
         if not active:
@@ -229,11 +242,13 @@ def multi_turn_rollouts(sampler, tok, prompts, env_step, max_turns, args, stop=N
         for i, (s,) in zip(active, outs):
             r = rs[i]
             r.ids, r.mask, r.text = r.ids + s.ids, r.mask + [1] * len(s.ids), r.text + s.text
+            r.sample_logp += s.logprobs or [float("nan")] * len(s.ids)
             reply = env_step(i, s.text)
             if reply is None:
                 continue
             obs = tok.encode(reply, add_special_tokens=False)
             r.ids, r.mask, r.text = r.ids + obs, r.mask + [0] * len(obs), r.text + reply
+            r.sample_logp += [float("nan")] * len(obs)
             if len(r.prompt_ids) + len(r.ids) < max_tokens and turn + 1 < max_turns:
                 nxt.append(i)
         active = nxt
@@ -281,8 +296,18 @@ class ChunkedTokenLogProb(torch.autograd.Function):
         return dz, None, None, None
 
 
-def token_logprobs(model, batch, temperature, autocast=False):
-    """log π(o_t | q, o_<t) where the mask is 1 (0 elsewhere), at the sampling temperature. The V = 49k head and its log-softmax
+def token_entropy(logits, temperature, rows=8):
+    """H_t = −Σ_v π(v) log π(v) of softmax(z/τ) for the rows of (N, V) logits, a few rows at a time (no gradient)."""
+    out = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)        # (N,)
+    with torch.no_grad():
+        for i in range(0, logits.shape[0], rows):
+            z = logits[i:i + rows].float() / temperature                                 # (rows, V)
+            out[i:i + rows] = z.logsumexp(-1) - (z.softmax(-1) * z).sum(-1)              # H = logsumexp(z) − E_π[z]
+    return out
+
+
+def token_logprobs(model, batch, temperature, autocast=False, entropy=False):
+    """log π(o_t | q, o_<t) where the mask is 1 (0 elsewhere), at the sampling temperature (and H_t if entropy). The V = 49k head and its log-softmax
     see only those rows (a pre-hook on lm_head), so environment tokens (≈ 85 % of a TalentRL row) and padding cost no logits."""
     ids, attn, start = batch["input_ids"], batch["attention_mask"], batch["start"]
     keep = batch["mask"] > 0                                                              # (B, T), trained positions
@@ -294,7 +319,8 @@ def token_logprobs(model, batch, temperature, autocast=False):
     finally:
         hook.remove()
     logp = ChunkedTokenLogProb.apply(logits, ids[:, start:][keep], temperature)          # (N,)
-    return torch.zeros(keep.shape, dtype=logp.dtype, device=logp.device).masked_scatter(keep, logp)  # (B, T)
+    out = torch.zeros(keep.shape, dtype=logp.dtype, device=logp.device).masked_scatter(keep, logp)  # (B, T)
+    return (out, torch.zeros_like(out).masked_scatter(keep, token_entropy(logits.detach(), temperature))) if entropy else out
 
 
 def kl_k3(logp, ref_logp):
@@ -303,27 +329,45 @@ def kl_k3(logp, ref_logp):
     return torch.exp(d) - d - 1                                                           # (B, T)
 
 
-def clipped_surrogate(logp, old_logp, adv, eps_low, eps_high):
+def clipped_surrogate(logp, old_logp, adv, eps_low, eps_high, seq_mask=None):
+    """seq_mask (B, T): GSPO's one ratio per sequence over its trained tokens; None: a ratio per token."""
+    log_ratio = logp - old_logp                                                           # (B, T)
+    if seq_mask is not None:
+        # GSPO (Zheng et al., arXiv 2507.18071): s_i = (π_θ(o_i)/π_θold(o_i))^(1/|o_i|) = exp( 1/|o_i| Σ_t log ρ_{i,t} )
+        n = seq_mask.sum(-1, keepdim=True).clamp(min=1)                                   # (B, 1)
+        log_ratio = ((log_ratio * seq_mask).sum(-1, keepdim=True) / n).expand_as(logp)    # (B, T), s_i at every t
     # DAPO Eq. (8): min( ρ_t Â_t , clip(ρ_t, 1 − ε_low, 1 + ε_high) Â_t ),  ρ_t = π_θ(o_t)/π_θold(o_t)
-    ratio = torch.exp(logp - old_logp)                                                    # (B, T)
+    ratio = torch.exp(log_ratio)                                                          # (B, T)
     return torch.minimum(ratio * adv, ratio.clamp(1 - eps_low, 1 + eps_high) * adv), ratio
 
 
-def aggregate(per_token, mask, agg, n_tokens, n_seqs):
+def aggregate(per_token, mask, agg, n_tokens, n_seqs, t_max=None):
     """Reduce a (B, T) per-token loss to a scalar. n_tokens / n_seqs are totals over
     the whole batch (all micro-batches, all ranks), so accumulation is exact."""
     if agg == "token":
         # DAPO (TRL "dapo"): Σ_i Σ_t ℓ_{i,t} / Σ_i |o_i| — every token of the batch weighs the same
         return (per_token * mask).sum() / n_tokens
+    if agg == "dr_grpo":
+        # Dr. GRPO (TRL "dr_grpo"): Σ_i Σ_t ℓ_{i,t} / (N · T_max) — a constant normaliser, no length bias
+        return (per_token * mask).sum() / (n_seqs * t_max)
     # DeepSeekMath Eq. (3) (TRL "grpo"): 1/N Σ_i 1/|o_i| Σ_t ℓ_{i,t} — every sequence weighs the same
     return ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)).sum() / n_seqs
 
 
-def grpo_token_loss(logp, old_logp, ref_logp, adv, beta, eps_low, eps_high):
-    # DeepSeekMath Eq. (3), per token: −[ min(ρÂ, clip(ρ)Â) − β·D_KL ]; gradient ascent on J ⇒ descent on −J
-    surr, ratio = clipped_surrogate(logp, old_logp, adv, eps_low, eps_high)              # (B, T)
+def grpo_token_loss(logp, old_logp, ref_logp, adv, beta, eps_low, eps_high, tis=None, seq_mask=None):
+    """tis (B, T): truncated importance weights of the sampler's tokens (see tis_weights), or None."""
+    surr, ratio = clipped_surrogate(logp, old_logp, adv, eps_low, eps_high, seq_mask)    # (B, T)
+    surr = surr * tis if tis is not None else surr                                       # TRL: the surrogate only, not the KL
     kl = kl_k3(logp, ref_logp) if ref_logp is not None else torch.zeros_like(logp)        # (B, T)
+    # DeepSeekMath Eq. (3), per token: −[ min(ρÂ, clip(ρ)Â) − β·D_KL ]; gradient ascent on J ⇒ descent on −J
     return -(surr - beta * kl), ratio, kl
+
+
+def tis_weights(old_logp, sample_logp, cap):
+    # TIS (Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL training"):
+    # w_t = min( π_θold(o_t) / π_sampler(o_t), C ) — tokens the sampler reported no log-prob for (nan) weigh 1
+    w = torch.exp(old_logp - sample_logp).clamp(max=cap)                                  # (B, T)
+    return torch.where(torch.isnan(w), torch.ones_like(w), w)
 
 # ----- optimizer -----
 
@@ -332,18 +376,36 @@ class MasterAdamW(torch.optim.AdamW):
     """AdamW for a model with bf16 weights (Megatron / DeepSpeed mixed precision): it steps fp32 master copies of
     the weights with fp32 moments, then writes them back to bf16 with stochastic rounding. The model computes in bf16
     without a cast per op, and updates far below bf16's resolution (lr ~1e-6) accumulate in the masters and reach the
-    compute weights in expectation (round to nearest holds them still: README, "fp32 and bf16 alike")."""
+    compute weights in expectation (round to nearest holds them still: README, "fp32 and bf16 alike").
+    Weights written by anyone else (an SFT warm-up with its own optimizer, a checkpoint load) are taken up by
+    the masters before the next step, which would otherwise write the stale masters back (the bug of 5d20b35)."""
 
     def __init__(self, params, **kw):
         self.model_params = list(params)                                            # bf16, used for compute
         super().__init__([p.detach().float() for p in self.model_params], **kw)    # fp32 masters, stepped
+        self.mark_written()
 
     def masters(self):
         return self.param_groups[0]["params"]
 
+    def mark_written(self):
+        """Remember each weight's storage and version counter (bumped by every in-place write) as this optimizer left it."""
+        self.written = [(p.data_ptr(), p._version) for p in self.model_params]
+
+    @torch.no_grad()
+    def follow_weights(self):
+        """Masters ← weights changed since mark_written (their moments stay: empty for an optimizer not yet stepped)."""
+        for p, m, w in zip(self.model_params, self.masters(), self.written):
+            if (p.data_ptr(), p._version) != w:
+                if p.shape != m.shape:
+                    raise RuntimeError(f"MasterAdamW: a weight changed shape {tuple(m.shape)} → {tuple(p.shape)}; build a new optimizer")
+                m.copy_(p)
+        self.mark_written()
+
     @torch.no_grad()
     def take_grads(self):
         """Move the model's bf16 gradients (summed over micro-batches) into the masters' fp32 .grad."""
+        self.follow_weights()
         for p, m in zip(self.model_params, self.masters()):
             if p.grad is not None:
                 m.grad, p.grad = p.grad.float(), None
@@ -364,6 +426,7 @@ class MasterAdamW(torch.optim.AdamW):
         for p, m in zip(self.model_params, self.masters()):
             noise = torch.randint(0, 1 << 16, m.shape, generator=g, dtype=torch.int32, device=m.device)
             p.copy_((m.view(torch.int32) + noise).bitwise_and_(-(1 << 16)).view(torch.float32))  # exact in bf16
+        self.mark_written()
 
     def zero_grad(self, set_to_none=True):
         super().zero_grad(set_to_none)
@@ -401,7 +464,7 @@ def clip_and_step(model, optimizer, max_norm):
 
 
 def collate(rows, pad_id, device):
-    """rows = [(prompt_ids, ids, mask, adv)] → right-padded tensors; completion positions start at `start`."""
+    """rows = [(prompt_ids, ids, mask, adv[, sample_logp])] → right-padded tensors; completions start at `start`."""
     start = min(len(p) for p, *_ in rows)
     L = max(len(p) + len(c) for p, c, *_ in rows)
     T = L - start
@@ -409,14 +472,17 @@ def collate(rows, pad_id, device):
     attn = torch.zeros(len(rows), L, dtype=torch.long)
     mask = torch.zeros(len(rows), T)
     adv = torch.zeros(len(rows), T)
-    for b, (p, c, m, a) in enumerate(rows):
+    slp = torch.full((len(rows), T), float("nan"))              # the sampler's log-probs (nan: not reported)
+    for b, (p, c, m, a, *sl) in enumerate(rows):
         n = len(p) + len(c)
         ids[b, :n], attn[b, :n] = torch.tensor(p + c), 1
         off = len(p) - start                                    # where this row's completion begins in the T axis
         mask[b, off:off + len(c)] = torch.tensor(m, dtype=torch.float)
         adv[b, off:off + len(c)] = torch.tensor(a, dtype=torch.float)
+        if sl and sl[0] is not None:
+            slp[b, off:off + len(c)] = torch.tensor(sl[0], dtype=torch.float)
     return {"input_ids": ids.to(device), "attention_mask": attn.to(device), "start": start,
-            "mask": mask.to(device), "adv": adv.to(device)}
+            "mask": mask.to(device), "adv": adv.to(device), "slp": slp.to(device)}
 
 
 def assign_advantages(rollouts, args):
@@ -431,6 +497,19 @@ def assign_advantages(rollouts, args):
         for r, a in zip(rs, A.tolist()):
             if r.adv is None:
                 r.adv = [a] * len(r.ids)
+
+
+def trained_mask(r):
+    """1 where o_t is a decision of the policy: generated (mask 1) and not forced by a grammar (forced 1)."""
+    return r.mask if r.forced is None else [m * (1 - f) for m, f in zip(r.mask, r.forced)]
+
+
+def zero_std_groups(rollouts):
+    """The number of groups whose rewards all agree (no learning signal; TRL's frac_reward_zero_std)."""
+    groups = {}
+    for r in rollouts:
+        groups.setdefault(r.group, []).append(r.reward)
+    return sum(max(rw) - min(rw) <= 1e-8 for rw in groups.values())
 
 
 def dynamic_sampling(rollouts):
@@ -470,17 +549,19 @@ def grpo_update(model, ref_model, optimizer, rollouts, args, dist):
     """One GRPO step on this rank's rollouts (whole groups): μ optimizer steps, metrics reduced over ranks."""
     metrics = {"reward": float(np.mean([r.reward for r in rollouts])) if rollouts else 0.0,   # before any group is dropped
                "completion_len": float(np.mean([sum(r.mask) for r in rollouts])) if rollouts else 0.0,
-               "n_groups": len({r.group for r in rollouts}), "n_groups_dropped": 0}
+               "n_groups": len({r.group for r in rollouts}), "n_groups_dropped": 0, "n_groups_zero_std": zero_std_groups(rollouts)}
     if args.dynamic_sampling:
         rollouts, metrics["n_groups_dropped"] = dynamic_sampling(rollouts)
     assign_advantages(rollouts, args)
-    rows = [(r.prompt_ids, r.ids, r.mask, r.adv) for r in rollouts if sum(r.mask) > 0]
-    n_tokens, n_seqs = all_reduce_sum([sum(sum(m) for _, _, m, _ in rows), len(rows)], dist)
+    masks = [trained_mask(r) for r in rollouts]               # forced tokens leave the loss, the KL and every normaliser
+    rows = [(r.prompt_ids, r.ids, m, r.adv, r.sample_logp) for r, m in zip(rollouts, masks) if sum(m) > 0]
+    n_sampled = sum(sum(k and x == x for k, x in zip(m, sl)) for _, _, m, _, sl in rows if sl)  # trained tokens with a sampler log-prob
+    n_tokens, n_seqs, n_sampled = all_reduce_sum([sum(sum(row[2]) for row in rows), len(rows), n_sampled], dist)
     metrics["n_tokens"] = n_tokens / dist.world
     if n_tokens == 0:  # every rank agrees (the counts are all-reduced): nothing to learn from
-        return reduce_metrics({**metrics, "skipped": 1.0}, dist)
+        return finish_metrics({**metrics, "skipped": 1.0}, dist)
     # DDP averages gradients over ranks, so each rank's share of the global normaliser is total / world
-    norm_tok, norm_seq = n_tokens / dist.world, n_seqs / dist.world
+    norm_tok, norm_seq, norm_sampled = n_tokens / dist.world, n_seqs / dist.world, max(n_sampled, 1) / dist.world
     filler = [(rollouts[0].prompt_ids if rollouts else [unwrap(model).config.bos_token_id or 0], [0], [0], [0.0])]
     local = _same_count_on_all_ranks(_micro_batches(rows, args.micro_batch) or [filler], filler, model, dist)
     batches = [collate(mb, 0, dist.device) for mb in local]
@@ -489,24 +570,39 @@ def grpo_update(model, ref_model, optimizer, rollouts, args, dist):
         for b in batches:
             b["old"] = token_logprobs(model, b, args.temperature, autocast) if args.passes > 1 else None
             b["ref"] = token_logprobs(ref_model, b, args.temperature, autocast) if ref_model is not None and args.beta > 0 else None
-    sums = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "ratio": 0.0}
-    for _ in range(args.passes):
+    sums = dict.fromkeys(("loss", "kl", "clip_frac", "ratio", "entropy", "sampler_logp_diff", "sampler_kl_k3", "tis_weight"), 0.0)
+    for k in range(args.passes):
         optimizer.zero_grad(set_to_none=True)
         for j, b in enumerate(batches):
+            m, known = b["mask"], b["mask"] * ~torch.isnan(b["slp"])                     # (B, T): trained; and with a sampler log-prob
             with _grad_sync(model, j == len(batches) - 1):
-                logp = token_logprobs(model, b, args.temperature, autocast)           # (B, T)
+                logp, ent = token_logprobs(model, b, args.temperature, autocast, entropy=True) if k == 0 else \
+                    (token_logprobs(model, b, args.temperature, autocast), None)          # (B, T); H_t on the first pass only
                 old = b["old"] if b["old"] is not None else logp.detach()                 # μ = 1: ρ = 1, gradient = policy gradient
-                per_tok, ratio, kl = grpo_token_loss(logp, old, b["ref"], b["adv"], args.beta, args.eps_low, args.eps_high)
-                loss = aggregate(per_tok, b["mask"], args.loss_agg, norm_tok, norm_seq)
+                tis = tis_weights(old, b["slp"], args.tis_cap) if args.tis_cap > 0 else None
+                per_tok, ratio, kl = grpo_token_loss(logp, old, b["ref"], b["adv"], args.beta, args.eps_low, args.eps_high,
+                                                     tis, m if args.ratio_level == "sequence" else None)
+                loss = aggregate(per_tok, m, args.loss_agg, norm_tok, norm_seq, args.max_new_tokens)
                 loss.backward()
-            m = b["mask"]
             clipped = ((ratio < 1 - args.eps_low) & (b["adv"] < 0)) | ((ratio > 1 + args.eps_high) & (b["adv"] > 0))
             sums["loss"] += loss.item() / args.passes
             sums["kl"] += (kl * m).sum().item() / norm_tok / args.passes                  # token mean over the batch
             sums["clip_frac"] += (clipped.float() * m).sum().item() / norm_tok / args.passes
             sums["ratio"] += (ratio.detach() * m).sum().item() / norm_tok / args.passes
+            if k == 0:  # π_θ = π_θold on the first pass: its entropy, and how far the sampler's tokens are from it
+                d = torch.nan_to_num(old - b["slp"]) * known                              # (B, T), log π_θold − log π_sampler
+                sums["entropy"] += (ent * m).sum().item() / norm_tok
+                sums["sampler_logp_diff"] += d.abs().sum().item() / norm_sampled
+                sums["sampler_kl_k3"] += ((d.exp() - d - 1) * known).sum().item() / norm_sampled  # k3 of KL(π_sampler‖π_θold)
+                sums["tis_weight"] += (tis * known).sum().item() / norm_sampled if tis is not None else 0.0
         grad_norm = clip_and_step(model, optimizer, args.grad_clip)
-    return reduce_metrics({**metrics, **sums, "grad_norm": float(grad_norm), "skipped": 0.0}, dist)
+    return finish_metrics({**metrics, **sums, "grad_norm": float(grad_norm), "skipped": 0.0}, dist)
+
+
+def finish_metrics(metrics, dist):
+    """reduce_metrics, then the share of groups whose rewards all agree (TRL's frac_reward_zero_std)."""
+    out = reduce_metrics(metrics, dist)
+    return {**out, "frac_groups_zero_std": out["n_groups_zero_std"] / max(out["n_groups"], 1)}
 
 # ----- SFT -----
 
@@ -533,6 +629,30 @@ def sft_update(model, optimizer, examples, args, dist, micro_batch=None):
         total += loss.item()
     grad_norm = clip_and_step(model, optimizer, args.grad_clip)
     return reduce_metrics({"sft_loss": total, "grad_norm": float(grad_norm), "skipped": 0.0}, dist)
+
+
+def sft_loop(model, examples, args, dist, lr, batch, steps=None, epochs=1, seed=0, log_dir=None, micro_batch=None):
+    """The one SFT warm-up of every script: its own AdamW at `lr`, then `steps` sft_update steps (default
+    epochs × ⌈n / batch⌉) of `batch` examples each (0 or > n: all n), read in order from a stream of shuffled
+    passes over `examples` (the same list and seed on every rank). A DDP/FSDP model gives each rank its share
+    of a batch; a plain model on several ranks (an unsynchronised replica) sees all of it. One line per step,
+    JSONL in log_dir. Returns the steps, the examples, the mean and last losses and the last grad norm."""
+    n = len(examples)
+    B = min(batch or n, n)                                      # a batch never holds an example twice
+    steps = 0 if n == 0 else epochs * -(-n // B) if steps is None else steps
+    shard = isinstance(model, (torch.nn.parallel.DistributedDataParallel, FSDPModule))
+    opt, rng, order, losses, m = make_optimizer(model, args, lr=lr), random.Random(seed), [], [], {}
+    for step in range(steps):
+        while len(order) < B:
+            order += rng.sample(range(n), n)                    # the next shuffled pass, appended to the stream
+        chosen, order = [examples[i] for i in order[:B]], order[B:]
+        m = sft_update(model, opt, chosen[dist.rank::dist.world] if shard else chosen, args, dist, micro_batch)
+        losses.append(m["sft_loss"])
+        if log_dir is not None:
+            log_metrics(log_dir, step, {**m, "epoch": (step + 1) * B / n}, dist, keys=("sft_loss", "grad_norm", "epoch"))
+    nan = float("nan")
+    return {"sft_steps": steps, "sft_examples": n, "sft_loss": float(np.mean(losses)) if losses else nan,
+            "sft_loss_last": losses[-1] if losses else nan, "grad_norm": m.get("grad_norm", nan)}
 
 # ----- toy task -----
 

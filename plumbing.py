@@ -271,8 +271,10 @@ def load_embedder():
 
 @dataclasses.dataclass
 class Sample:
-    ids: list   # generated token ids (EOS kept if the model stopped; stop string kept)
+    ids: list              # generated token ids (EOS kept if the model stopped; stop string kept)
     text: str
+    logprobs: list = None  # log π_sampler(id) of each id in the distribution it was sampled from (TIS), or None
+    forced: list = None    # 1 where a grammar allowed only that token (json_schema), or None
 
 
 def cut_at_stop(tok, ids, stop):
@@ -285,6 +287,29 @@ def cut_at_stop(tok, ids, stop):
         if any(s in tok.decode(ids[:t]) for s in stop):
             return ids[:t]
     return ids
+
+
+class SampledLogProbs:
+    """A logits processor for HF generate that records log π_sampler of each sampled token. HF runs temperature and
+    top-p after custom processors, so this applies the same two warpers to step t's scores itself and reads the
+    token chosen there at step t + 1 (the last one in finish)."""
+
+    def __init__(self, temperature, top_p):
+        from transformers import TemperatureLogitsWarper, TopPLogitsWarper
+        self.warpers = [TemperatureLogitsWarper(temperature)] + ([TopPLogitsWarper(top_p)] if top_p < 1 else [])
+        self.prev, self.out = None, []
+
+    def __call__(self, input_ids, scores):
+        if self.prev is not None:
+            self.out.append(self.prev.gather(-1, input_ids[:, -1:])[:, 0])                   # (b,)
+        warped = scores
+        for w in self.warpers:
+            warped = w(input_ids, warped)
+        self.prev = torch.log_softmax(warped.float(), -1)                                   # (b, V), the distribution sampled
+        return scores
+
+    def finish(self, last):
+        return torch.stack(self.out + [self.prev.gather(-1, last[:, None])[:, 0]], 1)       # (b, steps)
 
 
 class HFSampler:
@@ -309,13 +334,15 @@ class HFSampler:
             L = max(len(p) for p in chunk)
             ids = torch.tensor([[tok.pad_token_id] * (L - len(p)) + p for p in chunk], device=m.device)  # left pad: (b, L)
             attn = torch.tensor([[0] * (L - len(p)) + [1] * len(p) for p in chunk], device=m.device)
+            rec = SampledLogProbs(temperature, top_p) if temperature > 0 else None
             gen = m.generate(input_ids=ids, attention_mask=attn, max_new_tokens=max_new_tokens, do_sample=temperature > 0,
                              temperature=temperature if temperature > 0 else None, top_p=top_p if temperature > 0 else None,
                              top_k=0 if temperature > 0 else None, pad_token_id=tok.pad_token_id, use_cache=True,
-                             stop_strings=stop, tokenizer=tok if stop else None)
-            for row in gen[:, L:].tolist():
+                             stop_strings=stop, tokenizer=tok if stop else None, logits_processor=[rec] if rec else None)
+            lps = rec.finish(gen[:, -1]).tolist() if rec and gen.shape[1] > L else [None] * len(chunk)
+            for row, lp in zip(gen[:, L:].tolist(), lps):
                 row = cut_at_stop(tok, row, stop)
-                out.append(Sample(row, tok.decode(row, skip_special_tokens=True)))
+                out.append(Sample(row, tok.decode(row, skip_special_tokens=True), lp[:len(row)] if lp else None))
         m.train(was_training)
         return [out[k * n:(k + 1) * n] for k in range(len(prompts))]
 
@@ -479,6 +506,7 @@ class ConstrainedHFSampler(HFSampler):
             nxt = {}
             for i in alive:
                 nxt.setdefault(opts[i][len(out)], []).append(i)
+            lp = 0.0  # log-prob of the token in the constrained distribution: 0 where it was the only one allowed
             if len(nxt) > 1:  # a branch point: the model decides among the allowed tokens
                 run_pending()
                 t = pick(torch.tensor(sorted(nxt), device=logits.device))
@@ -562,6 +590,31 @@ def vllm_memory(cfg, n_params, max_model_len, kv_gib, kv_seqs, free=None, total=
     return out
 
 
+class GrammarReplay:
+    """Which tokens of a completion a JSON schema forced: the ids are replayed through an xgrammar matcher of the
+    schema compiled as vLLM's xgrammar backend compiles it (no optional whitespace, separators , and :), counting the tokens allowed before each one."""
+
+    def __init__(self, tok, vocab_size):
+        import xgrammar as xgr
+        self.xgr, self.vocab_size = xgr, vocab_size
+        self.compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tok, vocab_size=vocab_size))
+
+    def forced(self, schema, ids):
+        """1 where exactly one token was allowed, else 0; after a token the grammar rejects (e.g. a cut), 0."""
+        xgr = self.xgr
+        schema = schema if isinstance(schema, str) else json.dumps(schema)
+        matcher = xgr.GrammarMatcher(self.compiler.compile_json_schema(schema, any_whitespace=False, separators=(",", ":")))
+        bitmask = xgr.allocate_token_bitmask(1, self.vocab_size)                       # (1, ⌈V/32⌉) int32
+        out = []
+        for t in ids:
+            matcher.fill_next_token_bitmask(bitmask)
+            bits = np.unpackbits(bitmask.numpy().view(np.uint8), bitorder="little")[:self.vocab_size]
+            out.append(int(bits.sum() == 1))
+            if not matcher.accept_token(t):
+                return out + [0] * (len(ids) - len(out))
+        return out
+
+
 class VLLMSampler:
     """A vLLM engine colocated in this process; `sync` pushes the trained weights after each update."""
 
@@ -588,8 +641,10 @@ class VLLMSampler:
                        enforce_eager=not cuda,  # CUDA graphs on a GPU; the CPU backend runs eagerly
                        **mem, max_model_len=self.max_len,
                        distributed_executor_backend="external_launcher" if dist.world > 1 else None,
-                       structured_outputs_config={"backend": "xgrammar", "disable_any_whitespace": True})
+                       structured_outputs_config={"backend": "xgrammar", "disable_any_whitespace": True},
+                       logprobs_mode="processed_logprobs")  # log-probs after temperature and top-p: what was sampled from
         _set_rng_state(rng)
+        self.grammar = GrammarReplay(tok, unwrap(model).config.vocab_size)
         self.sync(model)  # the policy may already differ from the folder (resume, SFT)
 
     def generate(self, prompts, n, max_new_tokens, temperature, top_p=1.0, stop=None, json_schema=None):
@@ -599,7 +654,7 @@ class VLLMSampler:
         from vllm.sampling_params import StructuredOutputsParams
         schemas = json_schema if isinstance(json_schema, list) else [json_schema] * len(prompts)
         sps = [SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, stop=stop,
-                              include_stop_str_in_output=True,
+                              include_stop_str_in_output=True, logprobs=0,  # the sampled token's log-prob
                               structured_outputs=StructuredOutputsParams(json=sc) if sc else None) for sc in schemas]
         fits = [i for i, p in enumerate(prompts) if len(p) < self.max_len]  # vLLM rejects longer prompts
         if len(fits) < len(prompts):
@@ -609,8 +664,15 @@ class VLLMSampler:
                                  use_tqdm=False) if fits else []
         res = [[Sample([], "") for _ in range(n)] for _ in prompts]
         for i, o in zip(fits, outs):
-            res[i] = [Sample(cut_at_stop(self.tok, list(c.token_ids), stop), c.text) for c in o.outputs]
+            res[i] = [self.sample(c, stop, schemas[i]) for c in o.outputs]
         return res
+
+    def sample(self, c, stop, schema):
+        """One vLLM completion as a Sample: its ids cut at the stop, each one's log-prob, and under a schema
+        which of them the grammar forced (replayed through xgrammar: vLLM does not report it)."""
+        ids = cut_at_stop(self.tok, list(c.token_ids), stop)
+        logprobs = [c.logprobs[t][x].logprob for t, x in enumerate(ids)] if c.logprobs is not None else None
+        return Sample(ids, c.text, logprobs, self.grammar.forced(schema, ids) if schema else None)
 
     @torch.no_grad()
     def sync(self, model):

@@ -87,7 +87,7 @@ import numpy as np
 import torch
 
 from grpo import (add_grpo_args, barrier, chat_ids, group_advantages, grpo_update, make_optimizer, parse_with_preset,
-                  reduce_metrics, sample_group_rollouts, seed_everything, setup_distributed, sft_update)
+                  reduce_metrics, sample_group_rollouts, seed_everything, setup_distributed, sft_loop)
 from plumbing import (HFSampler, dtype_flag, latest_checkpoint, load_checkpoint, load_embedder, load_model, load_policy,
                       log_metrics, make_sampler, plot_curves, read_metrics, replica, resolve_model, resume_checkpoint,
                       save_checkpoint, unwrap)
@@ -1031,16 +1031,9 @@ def run_sft(args, dist, tasks, teacher_gen, judge, doms, out_dir, cfg):
         else:
             continue
         examples.append((chat_ids(tok, pr), tok.encode(target, add_special_tokens=False) + [tok.eos_token_id]))
-    opt = make_optimizer(policy, args, lr=args.sft_lr)
-    rng = random.Random(args.seed)
-    step = 0
-    for epoch in range(args.sft_epochs):
-        rng.shuffle(examples)
-        for i in range(0, len(examples), args.prompts_per_step):
-            m = sft_update(policy, opt, examples[i:i + args.prompts_per_step], args, dist)
-            log_metrics(out_dir, step, dict(m, epoch=epoch), dist, keys=("sft_loss", "grad_norm", "epoch"))
-            step += 1
-    save_checkpoint(out_dir, policy, tok, None, step, dict(done=True, config=cfg, n_examples=len(examples)), dist)
+    m = sft_loop(policy, examples, args, dist, args.sft_lr, args.prompts_per_step, epochs=args.sft_epochs,
+                 seed=args.seed, log_dir=out_dir)
+    save_checkpoint(out_dir, policy, tok, None, m["sft_steps"], dict(done=True, config=cfg, n_examples=len(examples)), dist)
     if dist.is_main:
         print(f"[train] SFT → {out_dir}: {len(examples)} traces ({n_teacher} from the teacher) in {time.time() - t0:.0f}s")
     return policy, tok

@@ -78,7 +78,7 @@ import torch
 import yaml
 
 from grpo import (Dist, add_grpo_args, chat_ids, gather_objects, grpo_update, make_optimizer, parse_with_preset, reduce_metrics,
-                  sft_update, sample_group_rollouts, seed_everything, setup_distributed)
+                  sft_loop, sample_group_rollouts, seed_everything, setup_distributed)
 from plumbing import (cpu_snapshot, frozen_copy, load_model, load_policy, log_metrics, make_sampler, per_rank, plot_curves,
                       restore_snapshot, unwrap, ConstrainedHFSampler, VLLMSampler)
 from sandbox import CODE_IMPORTS, run_sandboxed, sandbox_static_check
@@ -921,12 +921,8 @@ def judge_sft(judge, tok, skills, args, dist, method):
     examples = [(chat_ids(tok, t.messages[:k]), tok.encode(m["content"], add_special_tokens=False) + [tok.eos_token_id])
                 for t in tasks for k, m in enumerate(t.messages) if m["role"] == "assistant"]
     model = copy.deepcopy(judge).to(torch.float32 if args.precision == "fp32" else torch.bfloat16).train().requires_grad_(True)
-    opt = make_optimizer(model, args, lr=args.judge_sft_lr)  # bf16 weights: fp32 masters and moments (MasterAdamW)
-    rng = random.Random(args.seed)
-    for step in range(args.judge_sft_steps):
-        batch = rng.sample(examples, min(args.judge_sft_batch, len(examples)))
-        m = sft_update(model, opt, batch, args, dist, micro_batch=args.judge_sft_micro_batch)
-        print(f"judge sft ({method}) step {step} loss {m['sft_loss']:.3f}", flush=True)
+    sft_loop(model, examples, args, dist, args.judge_sft_lr, args.judge_sft_batch, args.judge_sft_steps, seed=args.seed,
+             log_dir=Path(args.run_dir) / f"judge_sft_{method}", micro_batch=args.judge_sft_micro_batch)
     return model.to(torch.bfloat16).eval().requires_grad_(False)
 
 

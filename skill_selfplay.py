@@ -89,7 +89,7 @@ import numpy as np
 
 from grpo import (Rollout, add_grpo_args, barrier, broadcast_object, chat_ids, gather_objects, grpo_update,
                   make_optimizer, parse_with_preset, reduce_metrics, sample_group_rollouts, seed_everything,
-                  setup_distributed, sft_update)
+                  setup_distributed, sft_loop)
 from plumbing import (HFSampler, frozen_copy, load_checkpoint, load_embedder, load_model, load_policy, log_metrics,
                       make_sampler, plot_curves, save_checkpoint)
 from stats import aggregate as aggregate_headlines, compare, format_headline, vs_chance, wilson_ci, write_results
@@ -895,7 +895,7 @@ def propose(tag, n_prompts, proposer_sampler, probe_sampler, tok, pkgs, stats, a
             rec = check_proposal(args.family, text, pkg, random.Random(f"{args.data_seed}-{tag}-{g}-{j}"))
             if rec is not None:
                 rec.update(stream=stream, skill=pkg["name"] if pkg else None, proposal=text)
-            rollouts.append(Rollout(prompt, s.ids, [1] * len(s.ids), s.text, group=g))
+            rollouts.append(Rollout(prompt, s.ids, [1] * len(s.ids), s.text, group=g, sample_logp=s.logprobs, forced=s.forced))
             local.append({"g": g, "j": j, "stream": stream, "skill": pkg["name"] if pkg else None, "rec": rec})
     probe_records(args.family, [x["rec"] for x in local if x["rec"] is not None], probe_sampler, tok, args)
     batch = sorted(gather_objects(local, dist), key=lambda x: (x["g"], x["j"]))
@@ -959,7 +959,7 @@ def prime_proposer(proposer, tok, pkgs, args, dist, grammar):
     """--proposer-sft-steps (difference 13): SFT warm-up of the proposer on the worked examples of S(0), before
     iteration 0. Each package's skill-stream prompt is paired with its own example, the exploration prompt with
     every example; the target is the example as the proposer would write it (JSON with ", " and ": ", as the
-    grammar decodes it; without the grammar, after the prefilled opening). Returns the last step's metrics."""
+    grammar decodes it; without the grammar, after the prefilled opening). Returns grpo.sft_loop's summary."""
     prefix = "" if grammar else PROPOSER_PREFIX[args.family]
     examples = []
     for pkg in pkgs:
@@ -969,8 +969,9 @@ def prime_proposer(proposer, tok, pkgs, args, dist, grammar):
         target = tok.encode(text[len(prefix):], add_special_tokens=False) + [tok.eos_token_id]
         for stream_pkg in ([pkg, None] if not args.skill_only else [pkg]):
             examples.append((prefilled_prompt(tok, proposer_messages(args.family, stream_pkg), prefix), target))
-    return sft_warmup(proposer, examples, args.proposer_sft_steps, args.proposer_sft_batch, args.proposer_sft_lr,
-                      random.Random(f"{args.seed}-proposer-sft"), "proposer_sft", args, dist)
+    # grpo.sft_loop: L_SFT = − Σ log π(y_t | x, y_<t) / Σ 1 over the target tokens of each step's examples
+    return sft_loop(proposer, examples, args, dist, args.proposer_sft_lr, args.proposer_sft_batch, args.proposer_sft_steps,
+                    seed=f"{args.seed}-proposer-sft", log_dir=os.path.join(args.run_dir, "proposer_sft"))
 
 
 def prime_solver(solver, tok, args, dist):
@@ -978,7 +979,7 @@ def prime_solver(solver, tok, args, dist):
     S(0) and the held-out sets, the reference answers as targets, written as the reward parses them. Tool:
     scripted tool tasks (scripted_tool_tasks), the call after the answer prefix. Zebra: runtime puzzles of the
     held-out scales from a training-side seed (a puzzle equal to a held-out one is skipped), the grid as JSON
-    with ", " and ": " (as xgrammar decodes the grid schema). Returns the last step's metrics."""
+    with ", " and ": " (as xgrammar decodes the grid schema). Returns grpo.sft_loop's summary."""
     prefix, _ = answer_prefix(args)
     rng, examples = random.Random(f"{args.seed}-solver-sft"), []
     if args.family == "tool":
@@ -996,21 +997,8 @@ def prime_solver(solver, tok, args, dist):
             answer = json.dumps(sol)  # ", " and ": ", as the grid schema decodes it under xgrammar
             target = tok.encode(answer, add_special_tokens=False) + [tok.eos_token_id]
             examples.append((prefilled_prompt(tok, solver_messages("zebra", p), ""), target))
-    return sft_warmup(solver, examples, args.solver_sft_steps, args.solver_sft_batch, args.solver_sft_lr, rng,
-                      "solver_sft", args, dist)
-
-
-def sft_warmup(model, examples, steps, batch, lr, rng, name, args, dist):
-    """`steps` SFT steps with their own optimizer (bf16 weights: MasterAdamW's fp32 masters), each on `batch`
-    examples drawn with rng (the same draw on every rank; each takes its share; 0 = all of them), logged to
-    <run-dir>/<name>. Returns the last step's metrics."""
-    opt, m = make_optimizer(model, args, lr=lr), {}
-    for step in range(steps):
-        chosen = rng.sample(examples, min(batch, len(examples))) if batch else examples
-        # grpo.sft_update: L_SFT = − Σ log π(y_t | x, y_<t) / Σ 1 over the target tokens of the chosen examples
-        m = sft_update(model, opt, chosen[dist.rank::dist.world], args, dist)
-        log_metrics(os.path.join(args.run_dir, name), step, m, dist, keys=("sft_loss", "grad_norm"))
-    return m
+    return sft_loop(solver, examples, args, dist, args.solver_sft_lr, args.solver_sft_batch, args.solver_sft_steps,
+                    seed=f"{args.seed}-solver-sft-draw", log_dir=os.path.join(args.run_dir, "solver_sft"))
 
 
 @dataclasses.dataclass

@@ -62,7 +62,6 @@ Differences from the paper:
 import argparse
 import copy
 import json
-import math
 import random
 import re
 import string
@@ -79,7 +78,7 @@ import stats
 
 from grpo import (Rollout, add_grpo_args, all_reduce_sum, broadcast_object, chat_ids, gather_objects, group_advantages,
                   grpo_update, make_optimizer, multi_turn_rollouts, parse_with_preset, reduce_metrics, seed_everything,
-                  setup_distributed, sft_update)
+                  setup_distributed, sft_loop)
 from plumbing import (HFSampler, cpu_snapshot, frozen_copy, load_checkpoint, load_embedder, load_model, load_policy,
                       log_metrics, make_sampler, plot_curves, restore_snapshot, resume_checkpoint, save_checkpoint, unwrap)
 
@@ -526,19 +525,12 @@ def sft_sets(rows, talent_sft_init, sft_epochs, route_epochs, exec_epochs):
 
 
 def run_sft(model, examples, args, dist, seed):
-    """Alg. 1 l.13: one shuffled pass over `examples` (the same list on every rank) in batches of --sft-batch;
-    under DDP each rank takes its share of a batch."""
-    opt = make_optimizer(model, args, lr=args.sft_lr)
-    order, losses = random.Random(seed).sample(range(len(examples)), len(examples)), []
-    steps = math.ceil(len(examples) / args.sft_batch)
-    for s in range(steps):
-        batch = [examples[i] for i in order[s * args.sft_batch:(s + 1) * args.sft_batch]]
-        # Eq. (9): L_sft = −Σ_{t ∈ ℐ_asst} log π_θ(y_t | ξ, y_<t); grpo.sft_update divides by the
-        # number of response tokens in the batch (token mean; context and observations masked)
-        losses.append(sft_update(model, opt, batch[dist.rank::dist.world], args, dist)["sft_loss"])
-        if dist.is_main and (s + 1) % 10 == 0:
-            print(f"  sft step {s + 1}/{steps}: loss {np.mean(losses[-10:]):.3f}", file=sys.stderr, flush=True)
-    return dict(sft_steps=steps, sft_examples=len(examples), sft_loss=float(np.mean(losses)) if losses else float("nan"))
+    """Alg. 1 l.13: one shuffled pass over `examples` (the same list on every rank) in batches of --sft-batch
+    (grpo.sft_loop; under DDP each rank takes its share of a batch)."""
+    # Eq. (9): L_sft = −Σ_{t ∈ ℐ_asst} log π_θ(y_t | ξ, y_<t); grpo.sft_update divides by the
+    # number of response tokens in the batch (token mean; context and observations masked)
+    m = sft_loop(model, examples, args, dist, args.sft_lr, args.sft_batch, epochs=1, seed=seed)
+    return dict(sft_steps=m["sft_steps"], sft_examples=len(examples), sft_loss=m["sft_loss"])
 
 
 def split_pools(train, n_sft):

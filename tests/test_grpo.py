@@ -328,6 +328,174 @@ def test_sft_loss_is_cross_entropy_on_targets_only(tiny_model_dir):
     assert m["sft_loss"] == pytest.approx(torch.stack(nll).mean().item(), rel=1e-5)
 
 
+def test_sft_loop_reads_shuffled_passes_and_learns(tiny_model_dir, tmp_path, monkeypatch):
+    """grpo.sft_loop: epochs × ⌈n / B⌉ steps of B examples, consecutive draws from a stream of shuffled passes (so
+    each pass holds every example once), one JSONL row per step; batch 0 = every example each step; the real
+    sft_update (spied, not replaced) lowers the loss on a tiny model."""
+    model, dist = _fresh(tiny_model_dir)
+    seen, real = [], grpo.sft_update
+    monkeypatch.setattr(grpo, "sft_update", lambda m, opt, ex, *a: seen.append([e[0][0] for e in ex]) or real(m, opt, ex, *a))
+    examples = [([k, 7, 8], [k + 10, k + 20]) for k in range(5)]
+    out = grpo.sft_loop(model, examples, make_args("--no-autocast"), dist, lr=1e-2, batch=2, epochs=4, seed=1, log_dir=tmp_path)
+    assert out["sft_steps"] == 12 and [len(b) for b in seen] == [2] * 12 and out["sft_examples"] == 5
+    stream = [k for b in seen for k in b]
+    assert all(sorted(stream[i:i + 5]) == list(range(5)) for i in range(0, 20, 5))  # 4 passes, each a permutation
+    rows = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
+    assert [r["step"] for r in rows] == list(range(12)) and rows[-1]["sft_loss"] < 0.8 * rows[0]["sft_loss"]
+    seen.clear()
+    assert grpo.sft_loop(model, examples, make_args(), dist, lr=1e-3, batch=0, steps=2)["sft_steps"] == 2
+    assert [sorted(b) for b in seen] == [list(range(5))] * 2
+    assert grpo.sft_loop(model, [], make_args(), dist, lr=1e-3, batch=4, epochs=3)["sft_steps"] == 0
+
+
+@pytest.mark.parametrize("change", ["sft_warmup", "checkpoint_load"])
+def test_master_adamw_follows_weights_changed_outside_it(tiny_model_dir, change):
+    """A MasterAdamW built before the weights change elsewhere (an SFT warm-up with its own optimizer, a checkpoint
+    load) must not write its stale fp32 masters back at its next step (5d20b35: the warm-up silently undone)."""
+    dist = grpo.setup_distributed()
+    args = make_args("--lr", "1e-6", "--grad-clip", "1e9")
+    model = plumbing.load_model(tiny_model_dir, dist, "bfloat16")[0]
+    init = [p.detach().clone() for p in model.parameters()]
+    opt = grpo.make_optimizer(model, args)
+    assert isinstance(opt, grpo.MasterAdamW)
+    if change == "sft_warmup":
+        grpo.sft_loop(model, [([1, 2, 3], [4, 5, 6])], args, dist, lr=1e-2, batch=1, steps=3)
+    else:
+        with torch.no_grad():
+            model.load_state_dict({k: v + 0.5 for k, v in model.state_dict().items()})
+    changed = [p.detach().clone() for p in model.parameters()]
+    assert sum((c != w).sum().item() for c, w in zip(changed, init)) > 0.5 * sum(w.numel() for w in init)
+    grpo.sft_update(model, opt, [([1, 2, 3], [4, 5])], args, dist)   # one step of the old optimizer, lr 1e-6
+    for p, c, m in zip(model.parameters(), changed, opt.masters()):
+        assert torch.allclose(p.float(), c.float(), atol=2e-2, rtol=1e-2) and torch.allclose(m, c.float(), atol=1e-5)
+
+
+# ----- off-policy tokens, forced tokens, logged entropy (issue #24) -----
+
+def _logp_of(model, rs, temperature=1.0):
+    """log π_θ of each rollout token, one row at a time (the samplers' reference point)."""
+    rows = [grpo.collate([(r.prompt_ids, r.ids, [1] * len(r.ids), [0.0] * len(r.ids))], 0, torch.device("cpu")) for r in rs]
+    with torch.no_grad():
+        return [grpo.token_logprobs(model, b, temperature)[0].tolist() for b in rows]
+
+
+def _update(tiny_model_dir, rs, *flags):
+    """One grpo_update with SGD(lr = 1): the weight change is minus the gradient."""
+    model, dist = _fresh(tiny_model_dir)
+    before = {k: v.detach().clone() for k, v in model.named_parameters()}
+    m = grpo.grpo_update(model, None, torch.optim.SGD(model.parameters(), lr=1.0), rs,
+                         make_args("--beta", "0", "--grad-clip", "1e9", "--no-autocast", *flags), dist)
+    return {k: before[k] - v.detach() for k, v in model.named_parameters()}, m
+
+
+def test_tis_weighs_tokens_by_old_over_sampler_and_logs_the_mismatch(tiny_model_dir):
+    """--tis-cap C: π_sampler = 2 π_θold on every token → w = 0.5, the gradient halves; π_sampler = π_θold / 8 → w
+    capped at C = 3; logged: mean |log π_θold − log π_sampler| = log 2 and its k3 KL = 2 − 1 − log 2 (r = 1/2:
+    r − 1 − log r = 0.5 − 1 + log 2)."""
+    model, _ = _fresh(tiny_model_dir)
+    lps = _logp_of(model, _rollouts())
+    def rollouts(shift):
+        rs = _rollouts()
+        for r, lp in zip(rs, lps):
+            r.sample_logp = [x + shift for x in lp]
+        return rs
+    d0, m0 = _update(tiny_model_dir, rollouts(math.log(2)))                            # off: the sampler's log-probs unused
+    d_half, m_half = _update(tiny_model_dir, rollouts(math.log(2)), "--tis-cap", "3")
+    d_cap, _ = _update(tiny_model_dir, rollouts(-math.log(8)), "--tis-cap", "3")
+    for k in d0:
+        assert torch.allclose(d_half[k], 0.5 * d0[k], atol=1e-7, rtol=1e-3), k
+        assert torch.allclose(d_cap[k], 3.0 * d0[k], atol=1e-7, rtol=1e-3), k
+    assert m0["sampler_logp_diff"] == pytest.approx(math.log(2), rel=1e-4)
+    assert m0["sampler_kl_k3"] == pytest.approx(0.5 - 1 + math.log(2), rel=1e-3)
+    assert m_half["tis_weight"] == pytest.approx(0.5, rel=1e-4) and m0["tis_weight"] == 0.0
+
+
+def test_forced_tokens_leave_the_loss_and_the_kl(tiny_model_dir):
+    """Rollout.forced (a grammar allowed one token): the update equals the one with those tokens masked out, the
+    token count excludes them, and it differs from training on them."""
+    forced, masked = _rollouts(), _rollouts()
+    for f, m in zip(forced, masked):
+        f.forced = [1] + [0] * (len(f.ids) - 1) if len(f.ids) > 1 else [0]
+        m.mask = [1 - x for x in f.forced]
+    d_forced, m_forced = _update(tiny_model_dir, forced, "--beta", "0.1")
+    d_masked, m_masked = _update(tiny_model_dir, masked, "--beta", "0.1")
+    d_all, m_all = _update(tiny_model_dir, _rollouts(), "--beta", "0.1")
+    assert m_forced["n_tokens"] == m_masked["n_tokens"] < m_all["n_tokens"]
+    assert all(torch.allclose(d_forced[k], d_masked[k], atol=1e-7) for k in d_all)
+    assert not all(torch.allclose(d_forced[k], d_all[k], atol=1e-6) for k in d_all)
+
+
+def test_logged_entropy_and_frac_groups_zero_std(tiny_model_dir):
+    """entropy = mean over trained tokens of H(π_θ(· | q, o_<t)) at the sampling temperature (a naive loop here);
+    frac_groups_zero_std = share of groups whose rewards all agree (1 of 3 here)."""
+    rs = _rollouts()
+    for r in rs[:2]:                                                                   # group 0: both rewards 1
+        r.reward = 1.0
+    model, _ = _fresh(tiny_model_dir)
+    H = []
+    with torch.no_grad():
+        for r in rs:
+            logits = model(torch.tensor([r.prompt_ids + r.ids])).logits[0, len(r.prompt_ids) - 1:-1] / 0.7
+            H += (-(logits.softmax(-1) * logits.log_softmax(-1)).sum(-1)).tolist()
+    _, m = _update(tiny_model_dir, rs, "--temperature", "0.7")
+    assert m["entropy"] == pytest.approx(sum(H) / len(H), rel=1e-4)
+    assert m["frac_groups_zero_std"] == pytest.approx(1 / 3)
+
+
+def test_dr_grpo_and_gspo_flags_reach_the_loss(tiny_model_dir):
+    """--loss-agg dr_grpo divides the token sum by N · --max-new-tokens (so its gradient is the token mean's times
+    n_tokens / (N · T_max)). --ratio-level sequence: at μ = 1 (s_i = 1, ∂s_i/∂log π_t = 1/|o_i|) GSPO's gradient is
+    the token-level one; at μ = 2 the second pass sees s_i ≠ ρ_{i,t} and the updates part (formulas against TRL:
+    test_trl_agreement.py)."""
+    n_tok = sum(len(r.ids) for r in _rollouts())
+    d_tok, _ = _update(tiny_model_dir, _rollouts(), "--loss-agg", "token")
+    d_dr, _ = _update(tiny_model_dir, _rollouts(), "--loss-agg", "dr_grpo", "--max-new-tokens", "10")
+    d_gspo, _ = _update(tiny_model_dir, _rollouts(), "--loss-agg", "token", "--ratio-level", "sequence")
+    for k in d_tok:
+        assert torch.allclose(d_dr[k], d_tok[k] * n_tok / (6 * 10), atol=1e-7, rtol=1e-4), k
+        assert torch.allclose(d_gspo[k], d_tok[k], atol=1e-7, rtol=1e-4), k
+    d_tok2, _ = _update(tiny_model_dir, _rollouts(), "--passes", "2")
+    d_gspo2, m = _update(tiny_model_dir, _rollouts(), "--passes", "2", "--ratio-level", "sequence")
+    assert m["ratio"] != pytest.approx(1.0, abs=1e-6)
+    assert not all(torch.allclose(d_tok2[k], d_gspo2[k], atol=1e-6) for k in d_tok)
+
+
+def test_hf_sampler_returns_each_sampled_tokens_logprob(tiny_model_dir):
+    """HFSampler's Sample.logprobs = log π(o_t) at the sampling temperature (top-p 1: the trainer's token_logprobs, up
+    to the KV cache's float error); with top-p 0.9 the nucleus renormalises: ≥ the untruncated log-prob."""
+    model, dist = _fresh(tiny_model_dir)
+    sampler = plumbing.HFSampler(model, plumbing.load_model(tiny_model_dir, dist)[1])
+    prompts = [[1, 2, 3], [4, 5, 6, 7]]
+    for top_p in (1.0, 0.9):
+        torch.manual_seed(0)
+        outs = sampler.generate(prompts, 2, 6, 0.7, top_p)
+        rs = [grpo.Rollout(p, s.ids, [1] * len(s.ids)) for p, ss in zip(prompts, outs) for s in ss]
+        ref = _logp_of(model, rs, 0.7)
+        got = [s.logprobs for ss in outs for s in ss]
+        assert all(len(g) == len(r.ids) for g, r in zip(got, rs))
+        flat_g, flat_r = torch.tensor(sum(got, [])), torch.tensor(sum(ref, []))
+        if top_p == 1.0:
+            assert torch.allclose(flat_g, flat_r, atol=1e-4)
+        else:
+            assert (flat_g >= flat_r - 1e-4).all() and (flat_g > flat_r + 1e-3).any()
+
+
+def test_grammar_replay_marks_tokens_the_json_schema_forced(tiny_model_dir):
+    """plumbing.GrammarReplay (vLLM's rollouts): replaying a completion of {"verdict": "A" | "B"} through xgrammar,
+    a token is forced iff exactly one token was allowed; the EOS after the closing brace is the only token allowed
+    there; a token outside the grammar ends the replay (0 after it)."""
+    tok = plumbing.load_model(tiny_model_dir, grpo.Dist())[1]
+    replay = plumbing.GrammarReplay(tok, len(tok))
+    schema = {"type": "object", "properties": {"verdict": {"enum": ["A", "B"]}}, "required": ["verdict"],
+              "additionalProperties": False}
+    ids, other = (tok.encode(json.dumps({"verdict": v}, separators=(",", ":")), add_special_tokens=False) for v in "AB")
+    split = next(i for i, (x, y) in enumerate(zip(ids, other)) if x != y)          # where A and B part: a decision
+    forced = replay.forced(schema, ids + [tok.eos_token_id])
+    assert len(forced) == len(ids) + 1 and forced[-1] == 1 and forced[split] == 0
+    bad = tok.encode('{"verdict":"C"}', add_special_tokens=False)
+    assert replay.forced(schema, bad)[split:] == [0] * (len(bad) - split)
+
+
 # ----- bad inputs -----
 
 def test_bad_inputs_do_not_crash(tiny_model_dir):

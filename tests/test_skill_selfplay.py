@@ -598,7 +598,7 @@ class FixedReply:
         self.text = text
 
     def generate(self, prompts, n, *a, **k):
-        return [[type("S", (), {"text": self.text, "ids": [0]})() for _ in range(n)] for _ in prompts]
+        return [[type("S", (), {"text": self.text, "ids": [0], "logprobs": None, "forced": None})() for _ in range(n)] for _ in prompts]
 
 
 def test_eq10_induction_integrity_and_novelty():
@@ -927,7 +927,7 @@ class ListReply:
         for _ in prompts:
             row = []
             for _ in range(n):
-                row.append(type("S", (), {"text": self.texts[self.i % len(self.texts)], "ids": [0]})())
+                row.append(type("S", (), {"text": self.texts[self.i % len(self.texts)], "ids": [0], "logprobs": None, "forced": None})())
                 self.i += 1
             out.append(row)
         return out
@@ -1237,28 +1237,30 @@ def test_prime_proposer_targets_are_the_worked_examples(monkeypatch):
     as the proposer writes it (after the prefilled opening, or whole under the grammar). grpo.sft_update
     (tested in test_grpo.py) is replaced by a recorder: what is checked here is the data it is given."""
     import torch
+    import grpo
     from grpo import Dist
     tok, pkgs, seen = _tok(), _library("zebra")[:2], []
-    monkeypatch.setattr(S, "sft_update", lambda model, opt, examples, args, dist: seen.extend(examples) or {})
+    monkeypatch.setattr(grpo, "sft_update", lambda model, opt, examples, *a: seen.extend(examples) or {"sft_loss": 0.0})
     args = S.parse_args(["--family", "zebra", "--proposer-sft-steps", "1", "--run-dir", "/tmp/pt-13-prime"])
     model = torch.nn.Linear(1, 1)
     S.prime_proposer(model, tok, pkgs, args, Dist(), grammar=False)
     assert len(seen) == 4
-    for (prompt, target), (pkg, stream) in zip(seen, [(p, s) for p in pkgs for s in (p, None)]):
-        assert prompt == S.prefilled_prompt(tok, S.proposer_messages("zebra", stream), S.PROPOSER_PREFIX["zebra"])
-        assert S.PROPOSER_PREFIX["zebra"] + tok.decode(target[:-1]) == json.dumps(pkg["example"])
-        assert target[-1] == tok.eos_token_id
+    for pkg, stream in [(p, s) for p in pkgs for s in (p, None)]:  # grpo.sft_loop shuffles the batch: any order
+        prompt = S.prefilled_prompt(tok, S.proposer_messages("zebra", stream), S.PROPOSER_PREFIX["zebra"])
+        assert any(p == prompt and t[-1] == tok.eos_token_id
+                   and S.PROPOSER_PREFIX["zebra"] + tok.decode(t[:-1]) == json.dumps(pkg["example"]) for p, t in seen)
     seen.clear()
     S.prime_proposer(model, tok, pkgs, args, Dist(), grammar=True)
-    assert tok.decode(seen[0][1][:-1]) == json.dumps(pkgs[0]["example"])  # ", " and ": ", as xgrammar decodes
+    assert any(tok.decode(t[:-1]) == json.dumps(pkgs[0]["example"]) for _, t in seen)  # ", " and ": ", as xgrammar decodes
 
 
 def test_proposer_sft_batch_draws_that_many_examples(monkeypatch):
     """--proposer-sft-batch B: each SFT step trains on B of the examples, drawn with a seeded rng."""
     import torch
+    import grpo
     from grpo import Dist
     tok, pkgs, seen = _tok(), _library("zebra")[:3], []
-    monkeypatch.setattr(S, "sft_update", lambda model, opt, examples, args, dist: seen.append(examples) or {})
+    monkeypatch.setattr(grpo, "sft_update", lambda model, opt, examples, *a: seen.append(examples) or {"sft_loss": 0.0})
     args = S.parse_args(["--family", "zebra", "--proposer-sft-steps", "3", "--proposer-sft-batch", "2",
                          "--run-dir", "/tmp/pt-13-prime-batch"])
     S.prime_proposer(torch.nn.Linear(1, 1), tok, pkgs, args, Dist(), grammar=False)
@@ -1282,29 +1284,32 @@ def test_prime_solver_targets_are_the_reference_calls(monkeypatch):
     """--solver-sft-steps: the prompt is what the solver sees (with the answer prefix), and prefix + target is a
     reply that tool_reward scores as the scripted task's own reference call (R = 1), not merely as its own parse."""
     import torch
+    import grpo
     from grpo import Dist
     tok, seen = _tok(), []
-    monkeypatch.setattr(S, "sft_warmup", lambda model, examples, *a: seen.extend(examples) or {})
+    monkeypatch.setattr(grpo, "sft_update", lambda model, opt, examples, *a: seen.extend(examples) or {"sft_loss": 0.0})
     args = S.parse_args(["--family", "tool", "--preset", "tiny", "--solver-sft-steps", "2", "--solver-sft-tasks", "6",
                          "--solver-sft-batch", "3", "--run-dir", "/tmp/pt-13-prime-solver"])
     S.prime_solver(torch.nn.Linear(1, 1), tok, args, Dist())
     tasks = S.scripted_tool_tasks(random.Random(f"{args.seed}-solver-sft"), 6)  # the warm-up's own draw
     assert len(seen) == 6
     prefix, _ = S.answer_prefix(args)
-    for (prompt, target), task in zip(seen, tasks):
+    by_prompt = {tok.decode(S.prefilled_prompt(tok, S.solver_messages("tool", t), prefix)): t for t in tasks}
+    assert len(by_prompt) == 6 and {tok.decode(p) for p, _ in seen} == set(by_prompt)
+    for prompt, target in seen:  # grpo.sft_loop shuffles: each example is matched to its task by the prompt
         assert target[-1] == tok.eos_token_id
         reply = prefix + tok.decode(target[:-1])
-        assert S.tool_reward(reply, task["call"])[:3] == (1.0, True, True)
-        assert tok.decode(prompt) == tok.decode(S.prefilled_prompt(tok, S.solver_messages("tool", task), prefix))
+        assert S.tool_reward(reply, by_prompt[tok.decode(prompt)]["call"])[:3] == (1.0, True, True)
 
 
 def test_prime_solver_zebra_targets_are_the_grids_of_puzzles_outside_the_heldout_set(monkeypatch):
     """Zebra warm-up: runtime puzzles of the held-out scales, none equal to a held-out puzzle; each target is
     the JSON grid that Eq. 15 scores as the full solution (R = 1)."""
     import torch
+    import grpo
     from grpo import Dist
     tok, seen = _tok(), []
-    monkeypatch.setattr(S, "sft_warmup", lambda model, examples, *a: seen.extend(examples) or {})
+    monkeypatch.setattr(grpo, "sft_update", lambda model, opt, examples, *a: seen.extend(examples) or {"sft_loss": 0.0})
     args = S.parse_args(["--family", "zebra", "--preset", "tiny", "--solver-sft-steps", "1", "--solver-sft-tasks", "8",
                          "--run-dir", "/tmp/pt-13-prime-solver"])
     S.prime_solver(torch.nn.Linear(1, 1), tok, args, Dist())
