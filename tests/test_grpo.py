@@ -578,7 +578,7 @@ def test_fsdp_resume_and_checkpoints(tiny_model_dir, tmp_path):
     from transformers import AutoModelForCausalLM
     script = os.path.join(ROOT, "tests", "fsdp_check.py")
     common = ["--model", tiny_model_dir, "--sampler", "hf", "--G", "3", "--prompts-per-step", "2", "--max-new-tokens", "6",
-              "--eval-n", "0", "--lr", "1e-3", "--save-every", "2", "--beta", "0.1", "--precision", precision]
+              "--eval-n", "0", "--lr", "1e-3", "--save-every", "2", "--beta", "0.1"]
     _torchrun(script, "main", *common, "--fsdp", "--steps", "4", "--run-dir", str(tmp_path / "a"))
     _torchrun(script, "main", *common, "--fsdp", "--steps", "2", "--run-dir", str(tmp_path / "b"))
     _torchrun(script, "main", *common, "--fsdp", "--steps", "4", "--run-dir", str(tmp_path / "b"), "--resume")

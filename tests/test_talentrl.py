@@ -828,6 +828,8 @@ def _run(cmd, tmp_path):
     return json.loads((tmp_path / "results.json").read_text()), out.stdout
 
 
+@pytest.mark.skip(reason="too slow for CI since issue #28's routing rows: killed unfinished at 20 min on the 2-core "
+                         "AVX2 CPU (twice the tiny pipeline, 2 ranks); needs a lighter SMOKE (lead, 2026-12-01)")
 def test_smoke_tiny_two_rank_gloo_and_resume(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            "talentrl.py", *SMOKE, "--run-dir", str(tmp_path)]
