@@ -479,6 +479,7 @@ class ConstrainedHFSampler(HFSampler):
         m.eval()
         opts = [tok.encode(t[0], add_special_tokens=False) + ([tok.eos_token_id] if len(t) == 1 else []) for t in templates]
         alive, out, fed = list(range(len(opts))), [], []  # fed: tokens after the prompt already in `past`
+        forced, lps = [], []  # per token of `out`: 1 where the grammar allowed only it; its log π_sampler
         logits, past = self._prefill(prompt)
         pending = []  # forced tokens not yet run through the model
 
@@ -490,13 +491,15 @@ class ConstrainedHFSampler(HFSampler):
                 fed.extend(pending)
                 pending = []
 
-        def pick(allowed=None):
+        def pick(allowed=None):  # -> (token, its log-prob in the distribution it was drawn from; nan when greedy)
             scores = logits if allowed is None else logits[allowed]
             if temperature > 0:
-                k = int(torch.multinomial(torch.softmax(scores / temperature, -1), 1))
+                logp = torch.log_softmax(scores / temperature, -1)
+                k = int(torch.multinomial(logp.exp(), 1))
+                lp = float(logp[k])
             else:
-                k = int(scores.argmax())
-            return k if allowed is None else int(allowed[k])
+                k, lp = int(scores.argmax()), float("nan")
+            return (k if allowed is None else int(allowed[k])), lp
 
         while len(alive) > 1:
             done = [i for i in alive if len(out) == len(opts[i])]  # a free string's head fully read: it wins
@@ -506,12 +509,13 @@ class ConstrainedHFSampler(HFSampler):
             nxt = {}
             for i in alive:
                 nxt.setdefault(opts[i][len(out)], []).append(i)
-            lp = 0.0  # log-prob of the token in the constrained distribution: 0 where it was the only one allowed
             if len(nxt) > 1:  # a branch point: the model decides among the allowed tokens
                 run_pending()
-                t = pick(torch.tensor(sorted(nxt), device=logits.device))
-            else:
-                t = next(iter(nxt))
+                t, lp = pick(torch.tensor(sorted(nxt), device=logits.device))
+            else:  # forced: the grammar allows one token, log-prob 0 in the constrained distribution
+                t, lp = next(iter(nxt)), 0.0
+            forced.append(int(len(nxt) == 1))
+            lps.append(lp)
             alive = nxt[t]
             out.append(t)
             pending.append(t)
@@ -521,13 +525,17 @@ class ConstrainedHFSampler(HFSampler):
             rest = opts[k][len(out):]
             out += rest
             pending += rest
+            forced += [1] * len(rest)
+            lps += [0.0] * len(rest)
             max_len, body = templates[k][1], []
             while len(body) < max(max_new_tokens - len(out), 1):
                 run_pending()
-                t = pick()
+                t, lp = pick()
                 if t == tok.eos_token_id:
                     break
                 body.append(t)
+                forced.append(0)
+                lps.append(lp)
                 raw = tok.decode(body)
                 if _string_end(raw) is not None or len(raw) >= max_len:
                     break
@@ -538,10 +546,21 @@ class ConstrainedHFSampler(HFSampler):
             ids = tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]
         else:
             ids = opts[k]
+        # the flags follow the decoded tokens as far as `ids` repeats them (the re-encoded end of a free string
+        # may not); past that: not forced, log-prob not reported (nan), i.e. trained as unconstrained tokens
+        same = 0
+        for a, b in zip(ids, out + body if len(templates[k]) == 3 else out):
+            if a != b:
+                break
+            same += 1
+        if len(templates[k]) == 1:  # a finite instance: every token after the last branch point was forced
+            forced, lps, same = forced + [1] * (len(ids) - len(out)), lps + [0.0] * (len(ids) - len(out)), len(ids)
+        forced = forced[:same] + [0] * (len(ids) - same)
+        lps = lps[:same] + [float("nan")] * (len(ids) - same)
         self.cache.append((list(prompt) + fed, past))
         self.cache = self.cache[-self.max_cached:]
         m.train(was_training)
-        return Sample(ids, text)
+        return Sample(ids, text, logprobs=lps, forced=forced)
 
     def sync(self, model):
         super().sync(model)

@@ -871,3 +871,27 @@ def test_every_readout_and_parser_survives_hostile_output(judgment, text):
     assert S.code_result_used(t) in (None, True, False)
     t.mode, t.candidates = "pointwise", ["a"]
     assert S.code_result_used(t) in (None, True, False)
+
+
+def test_constrained_sampler_records_forced_tokens(tiny_model_dir):
+    """ConstrainedHFSampler marks the tokens its grammar forced (one allowed token) and reports each token's log-prob
+    in the constrained distribution (0 where forced), so grpo_update can drop forced tokens from the loss (issue #24 §2)."""
+    import math
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    prompt = S.chat_ids(tok, [{"role": "user", "content": "Which is better?"}])
+    schema = {"type": "object", "properties": {"verdict": {"enum": ["A", "B"]}}, "required": ["verdict"]}
+    for smp in ConstrainedHFSampler(model, tok).generate([prompt], 3, 16, 1.0, json_schema=schema)[0]:
+        assert len(smp.forced) == len(smp.logprobs) == len(smp.ids)
+        assert sum(1 - f for f in smp.forced) == 1  # one decision (A or B); the keys, quotes and EOS are forced
+        k = smp.forced.index(0)
+        assert tok.decode(smp.ids[:k]).rstrip().endswith('"') and smp.text in ('{"verdict": "A"}', '{"verdict": "B"}')
+        assert all(lp == 0.0 for lp, f in zip(smp.logprobs, smp.forced) if f) and -math.log(2) * 20 < smp.logprobs[k] <= 0
+    free = {"type": "object", "properties": {"code": {"type": "string", "maxLength": 12}}, "required": ["code"]}
+    for smp in ConstrainedHFSampler(model, tok).generate([prompt], 2, 16, 1.0, json_schema=free)[0]:
+        assert len(smp.forced) == len(smp.ids) and smp.forced[0] == 1  # the head '{"code": "' is forced
+        head = smp.forced.index(0) if 0 in smp.forced else len(smp.ids)
+        assert tok.decode(smp.ids[:head]).startswith('{"code')
+        assert all(f == 0 for f in smp.forced[head:])  # the free string and the re-encoded end count as decisions
