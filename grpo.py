@@ -54,6 +54,7 @@ import torch.distributed as torch_dist
 from torch.distributed.fsdp import FSDPModule
 from tqdm import tqdm
 
+import stats
 from plumbing import (add_memory_args, dtype_flag, load_model, load_policy, log_metrics, make_sampler, per_rank,
                       plot_curves, precision_flag, process_group_timeout, resume_checkpoint, save_checkpoint, unwrap)
 
@@ -680,12 +681,14 @@ def toy_batch(tok, step, args, dist):
 
 
 def toy_eval(sampler, tok, args, n=64):
-    """Greedy accuracy on n held-out problems (a seed no training step uses)."""
+    """Greedy correctness (0/1) on n held-out problems (a seed no training step uses), and the chance line: the
+    accuracy of the best constant answer (the most frequent held-out answer, always given)."""
     rng = random.Random(-1 - args.seed)
     probs = [toy_problem(rng) for _ in range(n)]
     prompts = [chat_ids(tok, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}]) for q, _ in probs]
     outs = sampler.generate(prompts, 1, args.max_new_tokens, 0.0)
-    return float(np.mean([toy_reward(o[0].text, a) == 1.0 for o, (_, a) in zip(outs, probs)]))
+    answers = [a for _, a in probs]
+    return [float(toy_reward(o[0].text, a) == 1.0) for o, a in zip(outs, answers)], max(map(answers.count, answers)) / n
 
 # ----- main -----
 
@@ -711,6 +714,8 @@ def build_parser():
 
 def main(argv=None):
     args = parse_with_preset(build_parser(), PRESETS, argv=argv, name="grpo")
+    if args.aggregate:
+        return stats.aggregate_main(args.aggregate)
     dist = setup_distributed()
     per_rank(args.prompts_per_step, dist, "--prompts-per-step")  # before any model loads
     seed_everything(args.seed + dist.rank)
@@ -723,7 +728,8 @@ def main(argv=None):
         print(f"resumed from {args.run_dir}/ckpt at step {ck[0]}", file=sys.stderr)
     sampler = make_sampler(args, model, tok, dist)
     if args.eval_n and "acc_before" not in extra:
-        extra["acc_before"] = toy_eval(sampler, tok, args, args.eval_n)
+        extra["items_before"], extra["chance"] = toy_eval(sampler, tok, args, args.eval_n)
+        extra["acc_before"] = float(np.mean(extra["items_before"]))
     for step in tqdm(range(start, args.steps), disable=not dist.is_main, desc="grpo", dynamic_ncols=True):
         t0 = time.time()
         prompts, answers = toy_batch(tok, step, args, dist)
@@ -739,11 +745,19 @@ def main(argv=None):
         if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
             save_checkpoint(args.run_dir, model, tok, opt, step, extra, dist)
     if args.eval_n:
-        extra["acc_after"] = toy_eval(sampler, tok, args, args.eval_n)
+        items_after = toy_eval(sampler, tok, args, args.eval_n)[0]
+        extra["acc_after"] = float(np.mean(items_after))
     if dist.is_main:
         plot_curves(args.run_dir, ("reward", "accuracy", "kl"))
         print(f"held-out greedy accuracy: before {extra['acc_before']:.3f} → after {extra['acc_after']:.3f}"
               if args.eval_n else "done", f"(curves: {args.run_dir}/curves.png)")
+        if args.eval_n:  # the headline: after vs before, paired over the held-out problems, and after vs a constant answer
+            headline = [stats.compare("held-out greedy accuracy: after vs before GRPO", "after", "before", items_after,
+                                      extra["items_before"], chance=extra["chance"]),
+                        stats.vs_chance("held-out greedy accuracy after GRPO vs the best constant answer", "after",
+                                        items_after, extra["chance"])]
+            stats.write_results(args.run_dir, {k: v for k, v in extra.items() if k != "items_before"}, headline)
+            print(stats.format_headline(headline))
     return extra
 
 

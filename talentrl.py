@@ -90,7 +90,7 @@ PRESETS = {
     # rollouts on vLLM (`auto`: HF generate if vLLM cannot start)
     "tiny": dict(n_people=40, n_places=16, n_orgs=10, n_events=10, n_hamlets=12, n_shared=6, n_train=60, n_test=10,
                  sim_threshold=0.0, K=3, sft_tasks=80, sft_n=1, sft_batch=4, sft_lr=1e-4,
-                 sft_epochs=1, route_epochs=3, exec_epochs=1, talent_sft_init="skillrl-sft", zero_shot=True,
+                 sft_epochs=1, route_epochs=3, exec_epochs=1, talent_sft_init="skillrl-sft",
                  arms=["talentrl"], rl_steps=2, tasks_per_step=2, G=4, train_controls=False, lr=1e-5,
                  max_new_tokens=64, route_max_tokens=64, micro_batch=4,
                  evolve_every=0, val_tasks=4, evolve_max_tokens=48, sampler="auto"),

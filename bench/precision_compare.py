@@ -6,12 +6,12 @@ held-out greedy accuracy before → after as mean ± sd per precision and the pa
 Each run is a fresh `grpo.py` process into runs/precision-<precision>-seed<seed>/ (an existing finished run is
 reused); frozen models load in the same precision as the policy, so each row is one precision end to end."""
 import argparse
+import json
 import os
 import subprocess
 import sys
 import time
 
-import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -28,13 +28,14 @@ acc = {}
 for prec in args.precisions:
     for seed in args.seeds:
         run = os.path.join(args.runs, f"precision-{prec}-seed{seed}")
-        state = os.path.join(run, "ckpt", "state.pt")
+        results = os.path.join(run, "results.json")  # acc_after is measured after the last checkpoint: read it here
         t0 = time.time()
-        if not os.path.exists(state):
+        if not os.path.exists(results):
             cmd = [sys.executable, os.path.join(ROOT, "grpo.py"), "--preset", "tiny", "--precision", prec, "--seed", str(seed),
                    "--dtype", "bfloat16" if prec == "bf16" else "float32", "--run-dir", run, *args.extra]
             subprocess.run(cmd, cwd=ROOT, check=True)
-        extra = torch.load(state, weights_only=False)["extra"]
+        with open(results) as f:
+            extra = json.load(f)
         acc[prec, seed] = (extra["acc_before"], extra["acc_after"])
         print(f"{prec} seed {seed}: held-out {extra['acc_before']:.3f} → {extra['acc_after']:.3f} ({time.time() - t0:.0f} s)", flush=True)
 

@@ -709,6 +709,13 @@ def test_toy_demo_smoke(tmp_path):
     assert "held-out greedy accuracy" in out.stdout and "step     1 |" in out.stdout
     assert (tmp_path / "curves.png").stat().st_size > 1000 and len(plumbing.read_metrics(tmp_path)) == 2
     assert (tmp_path / "ckpt" / "model" / "config.json").exists()
+    res = json.loads((tmp_path / "results.json").read_text())  # the headline: paired after vs before, and vs a constant
+    after_before, vs_const = res["headline"]
+    assert after_before["b"] == "before" and after_before["n_items"] == 4 and 0 < after_before["chance"] <= 1
+    assert vs_const["b"] == "chance" and vs_const["mean_b"] == after_before["chance"] and "acc_after" in res
+    agg = subprocess.run([sys.executable, "grpo.py", "--aggregate", str(tmp_path), str(tmp_path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert agg.returncode == 0 and "| held-out greedy accuracy: after vs before GRPO | after | before |" in agg.stdout
 
 
 def test_hf_sampler_sync_points_at_the_given_model(tiny_model_dir):
