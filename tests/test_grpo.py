@@ -684,13 +684,21 @@ fruit = {"type": "object", "properties": {"fruit": {"enum": ["kiwi", "plum"]}}, 
          "additionalProperties": False}
 one = v.generate(q, 3, 24, 1.0, json_schema=yes_no)[0]                 # one schema for every prompt
 per = v.generate([q[0], q[0]], 2, 24, 1.0, json_schema=[yes_no, fruit])  # one schema per prompt
+import torch
+lp_err = []  # vLLM's reported log π_sampler of each sampled token against the trainer's log-softmax (TIS's input)
+for s in v.generate(q, 2, 8, 1.0)[0]:
+    with torch.no_grad():
+        logits = m(torch.tensor([q[0] + s.ids])).logits[0, len(q[0]) - 1:-1].float()
+    ref = torch.log_softmax(logits, -1).gather(1, torch.tensor(s.ids)[:, None])[:, 0]
+    lp_err.append(float((ref - torch.tensor(s.logprobs)).abs().max()) if len(s.logprobs) == len(s.ids) else 1e9)
 print("RESULT", json.dumps([before, stale, hf.text, vl.text, hf.ids == vl.ids, mixed[0][0].text, mixed[1][0].text,
-                            [s.text for s in one], [[s.text for s in g] for g in per]]))
+                            [s.text for s in one], [[s.text for s in g] for g in per], lp_err]))
 '''
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
     line = [l for l in out.stdout.splitlines() if l.startswith("RESULT")]
     assert line, out.stderr[-3000:]
-    before, stale, hf, vl, same_ids, too_long, short, one, per = json.loads(line[0][len("RESULT "):])
+    before, stale, hf, vl, same_ids, too_long, short, one, per, lp_err = json.loads(line[0][len("RESULT "):])
+    assert max(lp_err) < 2e-2, lp_err  # the sampler's log-probs are the policy's (fp32 here; another kernel)
     assert "banana split" in hf and hf == vl and same_ids
     # json_schema: constrained decoding (structured outputs), one schema for all prompts or one per prompt
     assert all(json.loads(t)["answer"] in ("yes", "no") for t in one)
