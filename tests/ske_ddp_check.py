@@ -13,6 +13,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import grpo  # noqa: E402
 import plumbing  # noqa: E402
 import skill_entropy as se  # noqa: E402
+from rank_exit import exit_ranks  # noqa: E402
 
 
 class ScriptedPolicy:
@@ -37,9 +38,7 @@ class ScriptedPolicy:
 mode, rest = sys.argv[1], sys.argv[2:]
 if mode == "stages":
     se.main(rest)
-    if torch.distributed.is_initialized():
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+    exit_ranks()  # not through interpreter shutdown: tests/rank_exit.py says why
     raise SystemExit
 model_dir, out = rest
 args = se.parse_with_preset(se.build_parser(), se.PRESETS, argv=[
@@ -63,6 +62,4 @@ policy, _ = se.run_grpo(args, dist, tasks, out + ".none", out, reward_fn, list(b
 state = plumbing.full_state_dict(policy)
 if dist.is_main:
     torch.save({"state": state}, os.path.join(out, "state.pt"))
-if dist.world > 1:
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
+exit_ranks()  # not through interpreter shutdown: tests/rank_exit.py says why

@@ -185,16 +185,16 @@ def test_gpu_smoke_dry_mode_on_cpu():
 
 # ----- every script under torchrun: skill_entropy.py and skill_rm.py on two gloo ranks -----
 
-def _two_ranks(port, *argv, timeout=900):
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}", *argv],
+def _two_ranks(*argv, timeout=900):
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *argv],
                           cwd=ROOT, capture_output=True, text=True, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
-def _one_then_two(port, script, model_dir, one, two):
+def _one_then_two(script, model_dir, one, two):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     r1 = subprocess.run([sys.executable, script, model_dir, one], cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
     assert r1.returncode == 0, r1.stdout[-2000:] + r1.stderr[-3000:]
-    r2 = _two_ranks(port, script, model_dir, two)
+    r2 = _two_ranks(script, model_dir, two)
     assert r2.returncode == 0, r2.stdout[-2000:] + r2.stderr[-3000:]
 
 
@@ -206,7 +206,7 @@ def test_skill_entropy_grpo_step_two_gloo_ranks_equal_one_process(smoke_model_di
     r1 = subprocess.run([sys.executable, script, "step", smoke_model_dir, str(tmp_path / "one")], cwd=ROOT,
                         capture_output=True, text=True, timeout=900, env=env)
     assert r1.returncode == 0, r1.stderr[-3000:]
-    r2 = _two_ranks(29561, script, "step", smoke_model_dir, str(tmp_path / "two"))
+    r2 = _two_ranks(script, "step", smoke_model_dir, str(tmp_path / "two"))
     assert r2.returncode == 0, r2.stderr[-3000:]
     one, two = (torch.load(tmp_path / r / "state.pt") for r in ("one", "two"))
     init = plumbing.load_model(smoke_model_dir, grpo.Dist())[0].state_dict()
@@ -229,7 +229,7 @@ def test_skill_entropy_rank0_stages_under_torchrun_do_not_deadlock(smoke_model_d
             "--n-sft", "2", "--n-test", "3", "--train-len", "2,3", "--test-len", "2,3", "--max-new-tokens", "160",
             "--acc-max-new-tokens", "4", "--propose-max-new-tokens", "8", "--label-seeds", "1", "--n-label", "1",
             "--max-model-len", "512", "--baselines", "base"]  # 160: a gold D.2 trace of these tasks fits
-    out = _two_ranks(29562, os.path.join(ROOT, "tests", "ske_ddp_check.py"), "stages", *argv, timeout=600)
+    out = _two_ranks(os.path.join(ROOT, "tests", "ske_ddp_check.py"), "stages", *argv, timeout=600)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     for f in ("bank_labelled.json", "ske_table.json", "tasks.json", "bench.json", "table3.json", "offshelf_labelled.json"):
         assert (run / f).exists(), f
@@ -240,7 +240,7 @@ def test_skill_rm_judging_and_rl_step_two_gloo_ranks_equal_one_process(smoke_mod
     """skill_rm.py on 2 ranks: benchmark judgments dealt over the ranks come back complete and in order, the held-out
     evaluation counts what one process counts, one GRPO step (prompts split over the ranks) moves the weights as
     one process does, and rank 0 alone logs."""
-    _one_then_two(29563, os.path.join(ROOT, "tests", "rm_ddp_check.py"), smoke_model_dir, str(tmp_path / "one.pt"),
+    _one_then_two(os.path.join(ROOT, "tests", "rm_ddp_check.py"), smoke_model_dir, str(tmp_path / "one.pt"),
                   str(tmp_path / "two.pt"))
     one, two = (torch.load(tmp_path / f, weights_only=False) for f in ("one.pt", "two.pt"))
     assert one["judged"] == two["judged"] and len(one["judged"]) == 7
