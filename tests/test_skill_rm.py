@@ -347,7 +347,7 @@ class ScriptedSampler:
 
 
 class CharTok:
-    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=True):
+    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=True, **template_kwargs):  # e.g. enable_thinking, as HF tokenizers take
         return [ord(c) % 256 for m in messages for c in m["content"][:50]]
 
 
