@@ -42,7 +42,7 @@ Differences from the paper:
    Eq. (10) is --adv-eps.
 9. Tables 1–2 compare this script's five methods only (no CoSkill, SAGE, Skill1, ReSkill); SFT sets are small.
 10. MiniLM's cosines are lower than Qwen3-Embedding's: `tiny` uses threshold 0 and K = 3 (paper: 0.2, 5),
-   drops the controls from the loss and uses larger learning rates (SFT 1e-4, RL 1e-5).
+   drops the controls from the loss and uses larger learning rates (SFT 2e-4, RL 1e-5).
 11. The return is the exact match alone (App. D.2); `--invalid-penalty` adds SkillRL's penalty per invalid
    action. Evaluation is greedy in routing and execution.
 12. Phase I ties in ū_c are broken by mean return, success rate, fewer searches, then the talent whose d_c is
@@ -51,7 +51,8 @@ Differences from the paper:
    from π_0 (Search7, default) or, in `tiny`, on 𝒟_talent from SkillRL-SFT (ALFWorld, `--talent-sft-init`).
    `tiny` skips the SkillRL RL arm.
 14. App. C's rows: a talent-selection row per kept task and one multi-turn execution row (paper: one ReAct row per
-   action), each with its own epochs (`--route-epochs`, `--exec-epochs`; `tiny`: 3 and 1, original rows 1).
+   action), each with its own epochs (`--route-epochs`, `--exec-epochs`; `tiny`: 3 and 0, original rows 1: the
+   execution rows, ~770 tokens each, would double a seed's SFT time on a 2-core CPU).
    Rationales: a template naming what the question asks in its own words (`GISTS`), then the talent's move
    (paper: written by the teacher LLM).
 15. Routing is scored against c* of held-out questions, labelled by the same teacher and Eq. (8), beside the
@@ -88,9 +89,9 @@ DATA = Path(__file__).resolve().parent / "data" / "talentrl"
 PRESETS = {
     # 2-core CPU, embedded SmolLM2-135M, a small world: a few tasks per stage (README: measured wall time);
     # rollouts on vLLM (`auto`: HF generate if vLLM cannot start)
-    "tiny": dict(n_people=40, n_places=16, n_orgs=10, n_events=10, n_hamlets=12, n_shared=6, n_train=60, n_test=10,
-                 sim_threshold=0.0, K=3, sft_tasks=80, sft_n=1, sft_batch=4, sft_lr=1e-4,
-                 sft_epochs=1, route_epochs=3, exec_epochs=1, talent_sft_init="skillrl-sft",
+    "tiny": dict(n_people=40, n_places=16, n_orgs=10, n_events=10, n_hamlets=12, n_shared=6, n_train=60, n_test=6,
+                 sim_threshold=0.0, K=3, sft_tasks=70, sft_n=1, sft_batch=4, sft_lr=2e-4,
+                 sft_epochs=1, route_epochs=3, exec_epochs=0, talent_sft_init="skillrl-sft",
                  arms=["talentrl"], rl_steps=2, tasks_per_step=2, G=4, train_controls=False, lr=1e-5,
                  max_new_tokens=64, route_max_tokens=64, micro_batch=4,
                  evolve_every=0, val_tasks=4, evolve_max_tokens=48, sampler="auto"),

@@ -17,6 +17,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 import talentrl as T  # noqa: E402
 
+# one thread per rank: MKL_NUM_THREADS (set by /work/bin/cpu --heavy, say) overrides OMP_NUM_THREADS in torch's
+# thread count, and two ranks of two threads each on a 2-core CPU ran the smoke ~6x slower (measured)
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
 
 # ----- equations -----
 def test_eq1_similarity_topk_threshold_and_recall():
@@ -586,7 +590,7 @@ def test_eq8_phase1_picks_argmax_utility_among_positive(embedder, tok):
 
 
 def test_one_rl_step_two_gloo_ranks_equal_one_process(tiny_model_dir, tmp_path):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, **ONE_THREAD}
     script = str(ROOT / "tests" / "talentrl_ddp_check.py")
     subprocess.run([sys.executable, script, tiny_model_dir, str(tmp_path / "one.pt")], check=True, env=env, timeout=300)
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", script,
@@ -814,27 +818,29 @@ def test_routing_accuracy_against_c_star_and_the_majority_router():
 
 
 # ----- smoke: tiny end to end on two gloo ranks, then a resume that recomputes every row -----
-# a short SFT pushed harder (2 epochs of original rows, 4 of talent-selection rows, at 5e-4) so that routing and answers appear in minutes
-SMOKE = ["--preset", "tiny", "--n-test", "2", "--n-train", "60", "--sft-tasks", "48", "--sft-epochs", "2", "--route-epochs", "4",
-         "--sft-lr", "5e-4", "--max-steps", "2", "--topk-docs", "2", "--K", "2", "--k-reduced", "1",
-         "--rl-steps", "1", "--tasks-per-step", "2", "--G", "2", "--evolve-every", "1",
-         "--val-tasks", "2", "--evolve-max-tokens", "16", "--sampler", "hf"]
+# 28 SFT tasks (4 per question type), 1 epoch of original rows, 3 of talent-selection rows at 5e-4, no execution
+# rows, no zero-shot row, 2 test questions per split, 2 actions per episode
+SMOKE = ["--preset", "tiny", "--n-test", "2", "--n-train", "60", "--sft-tasks", "28", "--sft-epochs", "1", "--route-epochs", "3",
+         "--exec-epochs", "0", "--no-zero-shot", "--sft-lr", "5e-4", "--max-steps", "2", "--topk-docs", "2", "--K", "2",
+         "--k-reduced", "1", "--rl-steps", "1", "--tasks-per-step", "2", "--G", "2", "--evolve-every", "1", "--val-tasks", "2",
+         "--evolve-max-tokens", "16", "--max-new-tokens", "48", "--sampler", "hf"]
 
 
 def _run(cmd, tmp_path):
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1500, env=env)
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env={**os.environ, **ONE_THREAD})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return json.loads((tmp_path / "results.json").read_text()), out.stdout
 
 
-@pytest.mark.skip(reason="too slow for CI since issue #28's routing rows: killed unfinished at 20 min on the 2-core "
-                         "AVX2 CPU (twice the tiny pipeline, 2 ranks); needs a lighter SMOKE (lead, 2026-12-01)")
+@pytest.mark.skip(reason="too slow for CI and no signal at CI size: with SMOKE (1 thread per rank, 2-core AVX2 CPU) the "
+                         "first run took 431 s and its resume ~3 min more, and TalentRL answered 0/14 held-out questions "
+                         "with 12/14 routed to one talent (talent session 2, 2026-12-01); see README TalentRL")
 def test_smoke_tiny_two_rank_gloo_and_resume(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            "talentrl.py", *SMOKE, "--run-dir", str(tmp_path)]
     res, stdout = _run(cmd, tmp_path)
-    rows = ("zero-shot", "skillrl-sft", "talentrl-sft", "talentrl")
+    rows = ("skillrl-sft", "talentrl-sft", "talentrl")
+    assert "zero-shot" not in res  # --no-zero-shot
     for k in rows:
         assert set(res[k]["success"]) == set(T.SPLITS) and 0 <= res[k]["overall"] <= 100
     # signal: TalentRL routes to catalog talents and answers some held-out questions after RL
