@@ -10,7 +10,7 @@ paired rollouts (Eq. 8–9); phase II trains routing with matched-intervention
 contrasts (Eq. 11–13) and execution with group-relative advantages (Eq. 10),
 token by token (Eq. 14), through the clipped, KL-regularised loss (Eq. 15).
 
-    python talentrl.py --preset tiny                             # 2-core CPU (README: measured wall time)
+    python talentrl.py --preset tiny                             # 2-core CPU: over 15 min per seed (README)
     python talentrl.py --aggregate runs/talentrl-s0 runs/talentrl-s1 runs/talentrl-s2   # Table 1, mean ± sd
     torchrun --nproc_per_node=2 talentrl.py --preset tiny         # the same on 2 CPU ranks (gloo)
     torchrun --nproc_per_node=8 talentrl.py --preset paper        # Table 4 settings (GPUs)
@@ -42,7 +42,7 @@ Differences from the paper:
    Eq. (10) is --adv-eps.
 9. Tables 1–2 compare this script's five methods only (no CoSkill, SAGE, Skill1, ReSkill); SFT sets are small.
 10. MiniLM's cosines are lower than Qwen3-Embedding's: `tiny` uses threshold 0 and K = 3 (paper: 0.2, 5),
-   drops the controls from the loss and uses larger learning rates (SFT 2e-4, RL 1e-5).
+   drops the controls from the loss and uses larger learning rates (SFT 1e-4, RL 1e-5).
 11. The return is the exact match alone (App. D.2); `--invalid-penalty` adds SkillRL's penalty per invalid
    action. Evaluation is greedy in routing and execution.
 12. Phase I ties in ū_c are broken by mean return, success rate, fewer searches, then the talent whose d_c is
@@ -51,8 +51,8 @@ Differences from the paper:
    from π_0 (Search7, default) or, in `tiny`, on 𝒟_talent from SkillRL-SFT (ALFWorld, `--talent-sft-init`).
    `tiny` skips the SkillRL RL arm.
 14. App. C's rows: a talent-selection row per kept task and one multi-turn execution row (paper: one ReAct row per
-   action), each with its own epochs (`--route-epochs`, `--exec-epochs`; `tiny`: 3 and 0, original rows 1: the
-   execution rows, ~770 tokens each, would double a seed's SFT time on a 2-core CPU).
+   action), each with its own epochs (`--route-epochs`, `--exec-epochs`; `tiny`: 3 and 1, original rows 1; with
+   0 execution rows the routed policy answered 0/42 held-out questions, README TalentRL).
    Rationales: a template naming what the question asks in its own words (`GISTS`), then the talent's move
    (paper: written by the teacher LLM).
 15. Routing is scored against c* of held-out questions, labelled by the same teacher and Eq. (8), beside the
@@ -87,11 +87,11 @@ from plumbing import (HFSampler, cpu_snapshot, frozen_copy, load_checkpoint, loa
 DATA = Path(__file__).resolve().parent / "data" / "talentrl"
 
 PRESETS = {
-    # 2-core CPU, embedded SmolLM2-135M, a small world: a few tasks per stage (README: measured wall time);
+    # 2-core CPU, embedded SmolLM2-135M, a small world: a few tasks per stage (over 15 min per seed, README);
     # rollouts on vLLM (`auto`: HF generate if vLLM cannot start)
     "tiny": dict(n_people=40, n_places=16, n_orgs=10, n_events=10, n_hamlets=12, n_shared=6, n_train=60, n_test=6,
-                 sim_threshold=0.0, K=3, sft_tasks=70, sft_n=1, sft_batch=4, sft_lr=2e-4,
-                 sft_epochs=1, route_epochs=3, exec_epochs=0, talent_sft_init="skillrl-sft",
+                 sim_threshold=0.0, K=3, sft_tasks=70, sft_n=1, sft_batch=4, sft_lr=1e-4,
+                 sft_epochs=1, route_epochs=3, exec_epochs=1, talent_sft_init="skillrl-sft",
                  arms=["talentrl"], rl_steps=2, tasks_per_step=2, G=4, train_controls=False, lr=1e-5,
                  max_new_tokens=64, route_max_tokens=64, micro_batch=4,
                  evolve_every=0, val_tasks=4, evolve_max_tokens=48, sampler="auto"),
