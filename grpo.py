@@ -55,7 +55,7 @@ from torch.distributed.fsdp import FSDPModule
 from tqdm import tqdm
 
 import stats
-from plumbing import (add_memory_args, dtype_flag, load_model, load_policy, log_metrics, make_sampler, per_rank,
+from plumbing import (add_memory_args, dtype_flag, exit_ranks, load_model, load_policy, log_metrics, make_sampler, per_rank,
                       plot_curves, precision_flag, process_group_timeout, resume_checkpoint, save_checkpoint, unwrap)
 
 # ----- config -----
@@ -763,3 +763,4 @@ def main(argv=None):
 
 if __name__ == "__main__":
     main()
+    exit_ranks()  # under torchrun: barrier, destroy, os._exit (plumbing.exit_ranks says why)

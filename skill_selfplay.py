@@ -90,7 +90,7 @@ import numpy as np
 from grpo import (Rollout, add_grpo_args, barrier, broadcast_object, chat_ids, gather_objects, grpo_update,
                   make_optimizer, parse_with_preset, reduce_metrics, sample_group_rollouts, seed_everything,
                   setup_distributed, sft_loop)
-from plumbing import (HFSampler, frozen_copy, load_checkpoint, load_embedder, load_model, load_policy, log_metrics,
+from plumbing import (HFSampler, exit_ranks, frozen_copy, load_checkpoint, load_embedder, load_model, load_policy, log_metrics,
                       make_sampler, plot_curves, save_checkpoint)
 from stats import aggregate as aggregate_headlines, compare, format_headline, vs_chance, wilson_ci, write_results
 
@@ -2186,3 +2186,4 @@ def bfcl_check(calls, func, ground_truth, category):
 
 if __name__ == "__main__":
     main()
+    exit_ranks()  # under torchrun: barrier, destroy, os._exit (plumbing.exit_ranks says why)

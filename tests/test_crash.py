@@ -41,7 +41,7 @@ def _assert_same_run(a, b):
     wa, wb = _weights(a), _weights(b)
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa), "final weights differ"
     sa, sb = (torch.load(d / "ckpt" / "state.pt", weights_only=False) for d in (a, b))
-    assert sa["step"] == sb["step"] and sa["extra"] == sb["extra"]
+    assert sa["step"] == sb["step"] and plumbing.checkpoint_extra(a) == plumbing.checkpoint_extra(b)
     sa, sb = sa["optimizer"], sb["optimizer"]
     for i in sa["state"]:
         for k, v in sa["state"][i].items():
