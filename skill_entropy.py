@@ -1095,12 +1095,13 @@ def run_grpo(args, dist, tasks, init_dir, out_dir, reward_fn, doms, samplers, cf
     if state == "done":
         load_checkpoint(out_dir, policy, None, dist)
         return policy, tok
-    # the row's own stream (HF generate and the in-process vLLM engine draw from torch's global RNG)
-    seed_everything(seed + dist.rank)
     ref = None
     if args.beta > 0:
         ref = load_model(args.model, dist, args.dtype, trainable=False)[0]
         load_checkpoint(init_dir, ref, None, dist)
+    # the row's own stream (HF generate and the in-process vLLM engine draw from torch's global RNG); after the
+    # loads, which restore the SFT run's RNG state (seeded before them, every row drew SFT's stream when β > 0)
+    seed_everything(seed + dist.rank)
     opt = make_optimizer(policy, args)
     start = 0
     if state == "resume":
