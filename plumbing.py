@@ -218,14 +218,17 @@ def shard_fsdp(model, args):
     return model
 
 
-def full_state_dict(model, dtype=None):
-    """name → full tensor on this rank. Under FSDP each weight is all-gathered in turn (every rank must call
-    this) and cast on the way, so the peak is one full copy in `dtype`."""
-    out = {}
+def full_weights(model, dtype=None):
+    """(name, full tensor) of each weight in turn, cast to `dtype` on the way. Under FSDP each is all-gathered
+    when reached (every rank must run through all of them), so a consumer that keeps none holds one at a time."""
     for k, v in unwrap(model).state_dict().items():
         v = v.full_tensor() if isinstance(v, DTensor) else v
-        out[k] = v.detach().to(dtype or v.dtype)
-    return out
+        yield k, v.detach().to(dtype or v.dtype)
+
+
+def full_state_dict(model, dtype=None):
+    """name → full tensor on this rank (under FSDP a collective: one full copy in `dtype`)."""
+    return dict(full_weights(model, dtype))
 
 
 def cpu_snapshot(model):
@@ -247,8 +250,7 @@ def copy_full_weights(src, dst):
     """dst's weights ← src's full weights (dst a plain module of the same architecture), one tensor at a time:
     under FSDP each is all-gathered (every rank must call this) and cast into dst, so the peak is dst plus one tensor."""
     into = unwrap(dst).state_dict()
-    for k, v in unwrap(src).state_dict().items():
-        v = v.full_tensor() if isinstance(v, DTensor) else v
+    for k, v in full_weights(src):
         if k in into:  # a tied lm_head is the embedding's tensor: written twice, the same values
             into[k].copy_(v)
 
@@ -727,7 +729,8 @@ class VLLMSampler:
     @torch.no_grad()
     def sync(self, model):
         tied = getattr(unwrap(model).config, "tie_word_embeddings", False)
-        weights = [(k, v) for k, v in full_state_dict(model, getattr(torch, self.dtype)).items() if not (tied and k == "lm_head.weight")]
+        # a generator: vLLM loads (and buffers per layer) one gathered tensor after another, no full copy
+        weights = ((k, v) for k, v in full_weights(model, getattr(torch, self.dtype)) if not (tied and k == "lm_head.weight"))
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
 
