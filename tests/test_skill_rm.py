@@ -305,6 +305,45 @@ def test_instruction_checkers_on_hand_made_responses():
     assert s == {"checks": [True, False], "all": 0.0, "frac": 0.5}
 
 
+def test_held_out_checkers_are_ifevals_own_not_the_training_checks():
+    """App. D's held-out score uses Google's IFEval instruction checkers (lm-eval's copy), which differ from ours
+    where IFEval's semantics do: a keyword is a substring there, a '- ' line is a bullet, case needs English text."""
+    c = S.ifeval_check
+    assert c({"type": "lowercase"}, "all good here, my friend.") and not c({"type": "lowercase"}, "Not good.")
+    assert c({"type": "uppercase"}, "YES SIR, THIS IS FINE!") and not c({"type": "uppercase"}, "YES sir")
+    assert c({"type": "max_words", "n": 3}, "one two three") and not c({"type": "max_words", "n": 3}, "one two three four")
+    assert c({"type": "min_words", "n": 2}, "one two") and not c({"type": "min_words", "n": 2}, "one")
+    assert c({"type": "bullets", "n": 2}, "* a\n* b") and not c({"type": "bullets", "n": 2}, "* a\n* b\n* c")
+    assert c({"type": "exclude_word", "word": "very"}, "every day") and not c({"type": "exclude_word", "word": "very"}, "Very nice")
+    assert c({"type": "end_phrase", "phrase": "That is all."}, "Done. That is all.") and not c({"type": "end_phrase", "phrase": "That is all."}, "That is all. Bye")
+    assert c({"type": "quotes"}, '"hello"') and not c({"type": "quotes"}, 'hello"')
+    assert c({"type": "no_commas"}, "no commas here") and not c({"type": "no_commas"}, "a, b")
+    assert c({"type": "title"}, "<<My day>>\nfine") and not c({"type": "title"}, "My day")
+    assert c({"type": "postscript"}, "hi\nP.S. bye") and not c({"type": "postscript"}, "hi")
+    assert c({"type": "start_word", "word": "Today"}, "Today I went") and not c({"type": "start_word", "word": "Today"}, "Yesterday")
+    # where IFEval's checker is not ours
+    kw = {"type": "include_keyword", "word": "river"}
+    assert c(kw, "rivers run") and not S.check_constraint(kw, "rivers run")
+    two = {"type": "bullets", "n": 2}
+    assert c(two, "- a\n- b") and not S.check_constraint(two, "- a\n- b")
+    assert not c({"type": "unknown"}, "anything") and not c({"type": "max_words"}, "no n") and not c("not a dict", "x")
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(sorted(S.IFEVAL_IDS) + ["start_word", "bogus"]),
+       st.dictionaries(st.sampled_from(["n", "word", "phrase"]), st.one_of(st.integers(), st.text(), st.none(), st.lists(st.integers()))),
+       st.text())
+def test_ifeval_check_never_raises_on_hostile_specs_or_text(ctype, fields, text):
+    assert S.ifeval_check({"type": ctype, **fields}, text) in (True, False)
+
+
+def test_eval_if_policy_scores_with_ifevals_checkers():
+    test_set = [{"prompt": "p", "constraints": [{"type": "include_keyword", "word": "river"}]},
+                {"prompt": "q", "constraints": [{"type": "no_commas"}, {"type": "title"}]}]
+    out = S.eval_if_policy(ScriptedSampler(["rivers run", "<<T>> a, b"]), CharTok(), test_set, SimpleNamespace(max_new_tokens=8))
+    assert out["prompt_strict"] == 0.5 and out["inst_level"] == 2 / 3 and out["per_prompt"] == [1.0, 0.5]
+
+
 def test_repair_and_break_build_chosen_and_rejected():
     rng = random.Random(0)
     for p in S.if_prompts(0, 40, "train"):
