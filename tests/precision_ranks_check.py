@@ -13,7 +13,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import grpo  # noqa: E402
 import plumbing  # noqa: E402
 from gpu import smoke  # noqa: E402
-from rank_exit import exit_ranks  # noqa: E402
+from plumbing import exit_ranks  # noqa: E402
 
 mode, model_dir, out = sys.argv[1:]
 dist = grpo.setup_distributed()
@@ -51,4 +51,4 @@ elif mode == "reduce":
     got["master"] = [m.grad.clone() for m in opt.take_grads()]
     got["optimizer"] = type(opt).__name__
 torch.save(got, f"{out}.{dist.rank}")
-exit_ranks()  # not through interpreter shutdown: tests/rank_exit.py says why
+exit_ranks()  # not through interpreter shutdown: plumbing.exit_ranks says why
