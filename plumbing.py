@@ -288,18 +288,21 @@ def process_group_timeout():
 def exit_ranks(code=0):
     """End a torchrun rank (every script's last line; a plain process returns and ends as usual).
 
-    Why not interpreter shutdown: a rank that just returns from main() can die with SIGABRT, stderr "terminate
-    called without an active exception". Gloo runs collectives on its own C++ worker threads
-    (ProcessGroupGloo::runLoop), which destroy_process_group() does not join (torch 2.13 CPU: /proc/self/task
-    counts the same threads after it; bench/gloo_exit_stress.py --exit destroy prints them). A worker that
-    finishes a collective wakes the caller first and drops its references to the work's tensors afterwards; the
-    last reference to a tensor Python created releases its PyObject, which needs the GIL. Once the main thread is
-    finalizing the interpreter, CPython 3.11 ends a thread that asks for the GIL with pthread_exit, whose forced
-    unwind through a noexcept C++ destructor calls std::terminate (pytorch/pytorch#38228). On an idle machine
-    the worker finishes first; with the other core busy it loses the race now and then (counts per exit path:
-    bench/gloo_exit_stress.py). So: a barrier (every rank's collectives are done, no peer still reads this
-    rank's sockets), destroy the group, run the atexit handlers (vLLM's engine shutdown among them), flush, and
-    leave with os._exit, which skips the finalization the race needs. Outputs are written before this call."""
+    Why not interpreter shutdown: a rank that just returns from main() died now and then with SIGABRT, stderr
+    "terminate called without an active exception" (test_ddp_two_gloo_ranks_equal_one_process[token], a loaded
+    2-core CPU). That is std::terminate with no exception in flight, at process teardown while gloo's C++
+    threads are still alive: destroy_process_group() does not end them (bench/gloo_exit_stress.py --exit
+    destroy: 5 OS threads before it and 5 after, torch 2.13 CPU). The likely path: a gloo worker dropping the
+    last reference to a tensor Python created must take the GIL to free its PyObject (torch's PyInterpreter
+    decref does so while Py_IsInitialized()); CPython 3.11 ends a thread that asks for the GIL during
+    finalization with pthread_exit, and that forced unwind through a noexcept C++ destructor calls
+    std::terminate (pytorch/pytorch#38228). The other way to that message, a joinable std::thread destroyed
+    by a C++ static destructor at exit(), is also teardown. Not reproduced in isolation: 0 of 20 aborts for a
+    minimal two-rank DDP program ending through the interpreter with the other core busy, so the counts
+    (bench/gloo_exit_stress.py) test the cure, not the cause. The cure covers both paths: a barrier (every
+    rank's collectives are done, no peer still reads this rank's sockets), destroy the group, run the Python
+    atexit handlers (vLLM's engine shutdown among them), flush, and leave with os._exit, which runs neither
+    the interpreter's finalization nor C++ static destructors. Outputs are written before this call."""
     if not torch_dist.is_initialized():
         return
     torch_dist.barrier()

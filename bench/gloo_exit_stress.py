@@ -5,9 +5,9 @@ without an active exception"). Not run in CI.
     python bench/gloo_exit_stress.py --n 20 --exit plumbing     # how the scripts and tests/*_check.py end
     python bench/gloo_exit_stress.py --n 20 --exit interpreter  # the old way: main() returns, Python finalizes
     python bench/gloo_exit_stress.py --n 20 --exit destroy      # barrier + destroy_process_group, then finalize
-    python bench/gloo_exit_stress.py --n 2 --exit pending       # the race forced: a collective still running at exit
+    python bench/gloo_exit_stress.py --n 2 --exit pending       # a collective completes while Python finalizes
 
-plumbing.exit_ranks's docstring explains the abort; this script is its evidence (counts per exit path)."""
+plumbing.exit_ranks says what is known of the abort; this script counts it per exit path."""
 import argparse
 import os
 import subprocess
@@ -39,9 +39,9 @@ def worker(how):
         opt.zero_grad(), loss.backward(), opt.step()
         torch_dist.all_reduce(loss.detach().clone())
     threads = threading.active_count(), len(os.listdir("/proc/self/task"))
-    if how == "pending":  # the race made certain: rank 0's last all_reduce completes only once its interpreter is
-        # finalizing (rank 1 joins 1 s late; a module global's __del__ keeps finalization busy for 3 s), so gloo's
-        # worker thread drops the last reference to the Python tensor then
+    if how == "pending":  # the suspected race, forced: rank 0's last all_reduce completes only while its interpreter
+        # finalizes (rank 1 joins 1 s late; a module global's __del__ keeps finalization busy for 3 s), so gloo's
+        # worker thread drops its reference to the Python tensor then (seen: 2 of 2 runs ended cleanly)
         global _slow
         _slow = SlowDel()
         if torch_dist.get_rank() == 1:
