@@ -180,7 +180,25 @@ def load_policy(args, dist):
         model = shard_fsdp(model, args)
     elif dist.world > 1:
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dist.device.index] if dist.device.type == "cuda" else None)
+        if args.precision == "bf16":  # bf16 gradients: reduce them in fp32, as FSDP2's policy does
+            model.register_comm_hook(None, fp32_mean_hook)
     return model, tok
+
+
+def fp32_mean_hook(group, bucket):
+    """DDP comm hook: the mean over ranks of a bucket of (bf16) gradients, summed in fp32. Each parameter keeps its
+    fp32 mean as p.grad_fp32, which MasterAdamW.take_grads moves into the masters, and p.grad gets it rounded
+    (a bf16 all-reduce rounds every partial sum; FSDP2 reduce-scatters fp32 too: README 'FSDP or DDP')."""
+    buf = bucket.buffer()
+    total = buf.float().div_(torch_dist.get_world_size(group))
+    fut = torch_dist.all_reduce(total, group=group, async_op=True).get_future()
+
+    def write(fut):
+        mean = fut.value()[0]
+        for p, part in zip(bucket.parameters(), mean.split([g.numel() for g in bucket.gradients()])):
+            p.grad_fp32 = part.view(p.shape)  # the bucket's layout: its gradients end to end, in parameter order
+        return buf.copy_(mean)
+    return fut.then(write)
 
 
 def unwrap(model):
@@ -196,17 +214,21 @@ def shard_fsdp(model, args):
     for layer in [m for m in model.modules() if type(m).__name__ in model._no_split_modules]:  # e.g. LlamaDecoderLayer
         fully_shard(layer, mp_policy=mp)
     fully_shard(model, mp_policy=mp)  # the root keeps its weights from forward to backward (FSDP2's default)
+    model.fsdp_param_dtype = mp.param_dtype or torch.float32  # what forward computes with: replica()'s default dtype
     return model
 
 
-def full_state_dict(model, dtype=None):
-    """name → full tensor on this rank. Under FSDP each weight is all-gathered in turn (every rank must call
-    this) and cast on the way, so the peak is one full copy in `dtype`."""
-    out = {}
+def full_weights(model, dtype=None):
+    """(name, full tensor) of each weight in turn, cast to `dtype` on the way. Under FSDP each is all-gathered
+    when reached (every rank must run through all of them), so a consumer that keeps none holds one at a time."""
     for k, v in unwrap(model).state_dict().items():
         v = v.full_tensor() if isinstance(v, DTensor) else v
-        out[k] = v.detach().to(dtype or v.dtype)
-    return out
+        yield k, v.detach().to(dtype or v.dtype)
+
+
+def full_state_dict(model, dtype=None):
+    """name → full tensor on this rank (under FSDP a collective: one full copy in `dtype`)."""
+    return dict(full_weights(model, dtype))
 
 
 def cpu_snapshot(model):
@@ -223,28 +245,39 @@ def restore_snapshot(model, snap):
         (v.to_local() if isinstance(v, DTensor) else v).copy_(snap[k])
 
 
+@torch.no_grad()
+def copy_full_weights(src, dst):
+    """dst's weights ← src's full weights (dst a plain module of the same architecture), one tensor at a time:
+    under FSDP each is all-gathered (every rank must call this) and cast into dst, so the peak is dst plus one tensor."""
+    into = unwrap(dst).state_dict()
+    for k, v in full_weights(src):
+        if k in into:  # a tied lm_head is the embedding's tensor: written twice, the same values
+            into[k].copy_(v)
+
+
 def replica(model, dtype=None):
     """The policy as a plain module that one rank can run alone (e.g. an evaluation on rank 0): unwrap(model)
     itself, or under FSDP, whose modules refuse deepcopy, a fresh module with the gathered full weights (every
-    rank must call this), cast to `dtype` one tensor at a time (FSDP's shards are fp32)."""
+    rank must call this) in `dtype`, by default the one FSDP computes in (bf16 unless --precision fp32), not
+    the fp32 of its shards."""
     m = unwrap(model)
     if not isinstance(m, FSDPModule):
         return m
     from transformers import AutoModelForCausalLM
-    sd = full_state_dict(m, dtype)
     with torch.random.fork_rng(devices=[]):  # its random init must not move the RNG: resumed runs stay exact
-        c = AutoModelForCausalLM.from_config(m.config, dtype=next(iter(sd.values())).dtype)
-    c.load_state_dict(sd, strict=False)  # a tied lm_head is tied again by from_config
+        c = AutoModelForCausalLM.from_config(m.config, dtype=dtype or getattr(m, "fsdp_param_dtype", torch.float32))
+    c = c.to(next(m.parameters()).device)
+    copy_full_weights(m, c)
     c.name_or_path = m.name_or_path
-    return c.to(next(iter(sd.values())).device).train(m.training)
+    return c.train(m.training)
 
 
 def frozen_copy(model, dtype=None):
-    """A frozen copy of the policy (e.g. π_ref ← π_θ), in `dtype` (default: the weights' own; under FSDP fp32)."""
+    """A frozen copy of the policy (e.g. π_ref ← π_θ), in `dtype` (default: the weights' own; under FSDP the
+    dtype it computes in)."""
     m = unwrap(model)
     c = replica(m, dtype) if isinstance(m, FSDPModule) else copy.deepcopy(m)
     return (c.to(dtype) if dtype else c).eval().requires_grad_(False)
-
 
 
 def process_group_timeout():
@@ -349,11 +382,11 @@ class HFSampler:
     def sync(self, model):
         """HF generate reads the live weights of whichever model it was last pointed at. Under FSDP, where every
         forward is a collective and ranks generate different numbers of tokens, it runs on a plain full copy
-        that this call refreshes (every rank calls sync)."""
+        that this call refreshes in place (every rank calls sync), in the dtype FSDP computes in (replica)."""
         if not isinstance(unwrap(model), FSDPModule):
             self.model = model
         elif getattr(self, "copy_of", None) is model:
-            self.model.load_state_dict(full_state_dict(model), strict=False)
+            copy_full_weights(model, self.model)
         else:
             self.model, self.copy_of = replica(model), model
 
@@ -703,7 +736,8 @@ class VLLMSampler:
     @torch.no_grad()
     def sync(self, model):
         tied = getattr(unwrap(model).config, "tie_word_embeddings", False)
-        weights = [(k, v) for k, v in full_state_dict(model, getattr(torch, self.dtype)).items() if not (tied and k == "lm_head.weight")]
+        # a generator: vLLM loads (and buffers per layer) one gathered tensor after another, no full copy
+        weights = ((k, v) for k, v in full_weights(model, getattr(torch, self.dtype)) if not (tied and k == "lm_head.weight"))
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
 
