@@ -450,10 +450,17 @@ def schema_instances(schema):
     return None
 
 
+def json_text(value, **kw):
+    """JSON as every constrained decoder here writes it: compact (separators "," and ":"), which is what vLLM's
+    xgrammar backend decodes with disable_any_whitespace (VLLMSampler) and what GrammarReplay replays. SFT targets
+    of schema-decoded replies use it too, so training and decoding see the same tokens."""
+    return json.dumps(value, separators=(",", ":"), **kw)
+
+
 def instance_template(value):
-    """An instance's JSON text split at its free string: [text] when it has none, else
+    """An instance's JSON text (json_text) split at its free string: [text] when it has none, else
     [head, max_len, tail] where head ends with the string's opening quote (at most one free string)."""
-    parts = re.split(r"\\ue000(\d+)", json.dumps(value, default=lambda o: f"\ue000{o.max_len}"))
+    parts = re.split(r"\\ue000(\d+)", json_text(value, default=lambda o: f"\ue000{o.max_len}"))
     if len(parts) > 3:
         raise ValueError("instance_template: at most one free string per schema instance")
     return [parts[0], int(parts[1]), parts[2]] if len(parts) == 3 else parts

@@ -81,7 +81,7 @@ import yaml
 from grpo import (Dist, add_grpo_args, chat_ids, gather_objects, grpo_update, make_optimizer, parse_with_preset, reduce_metrics,
                   sft_loop, sample_group_rollouts, seed_everything, setup_distributed)
 from plumbing import (cpu_snapshot, exit_ranks, frozen_copy, load_model, load_policy, log_metrics, make_sampler, per_rank, plot_curves,
-                      restore_snapshot, unwrap, ConstrainedHFSampler, VLLMSampler)
+                      json_text, restore_snapshot, unwrap, ConstrainedHFSampler, VLLMSampler)
 from sandbox import CODE_IMPORTS, run_sandboxed, sandbox_static_check
 from stats import aggregate_main, binomial_p, compare, format_headline, vs_chance, write_results
 
@@ -769,16 +769,16 @@ def scripted_reply(task, skills):
     known label (plain methods: the final answer at once). The oracle upper bound of the tables and
     the SFT traces."""
     if task.method in ("baseline", "appended") or task.force:
-        return json.dumps(scripted_final(task))
+        return json_text(scripted_final(task))  # compact, as the turn schema decodes it (plumbing.json_text)
     if task.skill is None:
-        return json.dumps({"name": "use_skill", "arguments": {"name": oracle_skill(task)}})
+        return json_text({"name": "use_skill", "arguments": {"name": oracle_skill(task)}})
     ran = any(step["call"] and step["call"]["name"] in ("run_verifier", "python_sandbox") for step in task.trace)
     check = oracle_verifier(task)
     if not ran and check == "python_sandbox":
-        return json.dumps({"name": "python_sandbox", "arguments": {"code": MATH_CHECK_CODE}})
+        return json_text({"name": "python_sandbox", "arguments": {"code": MATH_CHECK_CODE}})
     if not ran and check and task.skill.resource(check):
-        return json.dumps({"name": "run_verifier", "arguments": {"id": check}})
-    return json.dumps({"name": "final_answer", "arguments": scripted_final(task)})
+        return json_text({"name": "run_verifier", "arguments": {"id": check}})
+    return json_text({"name": "final_answer", "arguments": scripted_final(task)})
 
 
 # ----- rewards: §3 deterministic readout, App. D reward variants -----

@@ -90,7 +90,7 @@ from grpo import (Rollout, add_grpo_args, barrier, broadcast_object, chat_ids, g
                   make_optimizer, parse_with_preset, reduce_metrics, sample_group_rollouts, seed_everything,
                   setup_distributed, sft_loop)
 from plumbing import (HFSampler, exit_ranks, frozen_copy, load_embedder, load_model, load_policy, log_metrics,
-                      make_sampler, plot_curves, resume_checkpoint, save_checkpoint)
+                      json_text, make_sampler, plot_curves, resume_checkpoint, save_checkpoint)
 from stats import aggregate as aggregate_headlines, compare, format_headline, vs_chance, wilson_ci, write_results
 
 # ----- config -----
@@ -756,8 +756,8 @@ def answer_schemas(args, puzzles):
 
 def answer_budget(args, tok, solutions):
     """Token budget of a solver answer. Zebra: --max-new-tokens, raised until the longest gold grid among
-    `solutions` fits, written with ", " and ": " (what xgrammar decodes without optional whitespace) plus a
-    quarter for other tokenisations and EOS; under the grammar a reply ends when its grid closes, so the room costs nothing.
+    `solutions` fits, written with ", " and ": " (longer than the compact JSON the grid schema decodes, and what
+    free decoding tends to write) plus a quarter for other tokenisations and EOS; under the grammar a reply ends when its grid closes, so the room costs nothing.
     Derived from the largest grid in play (the held-out set; a batch of probes or solver tasks), never fixed: a
     budget below the answer scores a grid 0 by truncation and steers the proposer towards small puzzles."""
     if args.family != "zebra" or not solutions:
@@ -957,12 +957,12 @@ def collection_pass(t, proposer_sampler, probe_sampler, tok, pkgs, stats, args, 
 def prime_proposer(proposer, tok, pkgs, args, dist, grammar):
     """--proposer-sft-steps (difference 13): SFT warm-up of the proposer on the worked examples of S(0), before
     iteration 0. Each package's skill-stream prompt is paired with its own example, the exploration prompt with
-    every example; the target is the example as the proposer would write it (JSON with ", " and ": ", as the
-    grammar decodes it; without the grammar, after the prefilled opening). Returns grpo.sft_loop's summary."""
+    every example; the target is the example as the proposer would write it (compact JSON, plumbing.json_text, as
+    the grammar decodes it; without the grammar, after the spaced prefilled opening). Returns grpo.sft_loop's summary."""
     prefix = "" if grammar else PROPOSER_PREFIX[args.family]
     examples = []
     for pkg in pkgs:
-        text = json.dumps(pkg["example"])  # ", " and ": ": what xgrammar decodes without optional whitespace
+        text = json_text(pkg["example"]) if grammar else json.dumps(pkg["example"])  # as each decoding writes it
         if not text.startswith(prefix):
             continue
         target = tok.encode(text[len(prefix):], add_special_tokens=False) + [tok.eos_token_id]
@@ -977,8 +977,8 @@ def prime_solver(solver, tok, args, dist):
     """--solver-sft-steps (difference 14): SFT warm-up of the solver before iteration 0 on tasks disjoint from
     S(0) and the held-out sets, the reference answers as targets, written as the reward parses them. Tool:
     scripted tool tasks (scripted_tool_tasks), the call after the answer prefix. Zebra: runtime puzzles of the
-    held-out scales from a training-side seed (a puzzle equal to a held-out one is skipped), the grid as JSON
-    with ", " and ": " (as xgrammar decodes the grid schema). Returns grpo.sft_loop's summary."""
+    held-out scales from a training-side seed (a puzzle equal to a held-out one is skipped), the grid as compact
+    JSON (plumbing.json_text, as the grid schema decodes it). Returns grpo.sft_loop's summary."""
     prefix, _ = answer_prefix(args)
     rng, examples = random.Random(f"{args.seed}-solver-sft"), []
     if args.family == "tool":
@@ -993,7 +993,7 @@ def prime_solver(solver, tok, args, dist):
         for _, p, sol in make_zebra_puzzles(f"{args.data_seed}-solver-sft", scales, per_scale):
             if render_zebra_prompt(p) in seen:
                 continue
-            answer = json.dumps(sol)  # ", " and ": ", as the grid schema decodes it under xgrammar
+            answer = json_text(sol)  # compact, as the grid schema decodes it (vLLM and ConstrainedHFSampler alike)
             target = tok.encode(answer, add_special_tokens=False) + [tok.eos_token_id]
             examples.append((prefilled_prompt(tok, solver_messages("zebra", p), ""), target))
     return sft_loop(solver, examples, args, dist, args.solver_sft_lr, args.solver_sft_batch, args.solver_sft_steps,

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import skill_rm as S  # noqa: E402
-from plumbing import ConstrainedHFSampler, FreeString, schema_instances  # noqa: E402
+from plumbing import ConstrainedHFSampler, FreeString, json_text, schema_instances  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "data" / "skill_rm"))
 import prepare as P  # noqa: E402  (the benchmark builder)
@@ -671,13 +671,13 @@ def test_constrained_hf_sampler_only_emits_allowed_replies(tiny_model_dir):
     skills = S.load_skills(SKILLS)
     t = S.JudgeTask("q", ["a", "b"], "pairwise", "skill_rm")
     schema = S.turn_schema(t, skills, judge_args())
-    allowed = [json.dumps(v) for v in schema_instances(schema)]
+    allowed = [json_text(v) for v in schema_instances(schema)]
     prompt = S.chat_ids(tok, [{"role": "user", "content": "Which is better, A or B?"}])
     for temperature in (0.0, 1.0):
         outs = sampler.generate([prompt, prompt[:-3]], 3, 16, temperature, json_schema=schema)
         assert all(s.text in allowed and S.parse_tool_call(s.text) for o in outs for s in o)
     # greedy choice = the allowed first token with the highest logit (checked at the one branch point)
-    texts = ['{"verdict": "A"}', '{"verdict": "B"}', '{"verdict": "Tie"}']
+    texts = ['{"verdict":"A"}', '{"verdict":"B"}', '{"verdict":"Tie"}']  # compact: plumbing.json_text, as vLLM decodes
     opts = [tok.encode(a, add_special_tokens=False) for a in texts]
     k = next(i for i in range(min(map(len, opts))) if len({o[i] for o in opts}) > 1)
     assert len({o[k] for o in opts}) == 3 and all(o[:k] == opts[0][:k] for o in opts)
@@ -696,8 +696,8 @@ def test_constrained_sampler_decodes_a_bounded_free_code_string(tiny_model_dir):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from plumbing import _json_string_body, _string_end, instance_template
-    assert instance_template({"code": FreeString(9)}) == ['{"code": "', 9, '"}']
-    assert instance_template({"verdict": "A"}) == ['{"verdict": "A"}']
+    assert instance_template({"code": FreeString(9)}) == ['{"code":"', 9, '"}']
+    assert instance_template({"verdict": "A"}) == ['{"verdict":"A"}']
     assert _string_end('ab\\"c"d') == 5 and _string_end('a\\\\"') == 3 and _string_end("abc") is None
     assert _json_string_body('x\nq\\', 50) == 'x\\nq\\\\' and _json_string_body("abcdef", 3) == "abc"
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -926,11 +926,11 @@ def test_constrained_sampler_records_forced_tokens(tiny_model_dir):
         assert len(smp.forced) == len(smp.logprobs) == len(smp.ids)
         assert sum(1 - f for f in smp.forced) == 1  # one decision (A or B); the keys, quotes and EOS are forced
         k = smp.forced.index(0)
-        assert tok.decode(smp.ids[:k]).rstrip().endswith('"') and smp.text in ('{"verdict": "A"}', '{"verdict": "B"}')
+        assert tok.decode(smp.ids[:k]).rstrip().endswith('"') and smp.text in ('{"verdict":"A"}', '{"verdict":"B"}')
         assert all(lp == 0.0 for lp, f in zip(smp.logprobs, smp.forced) if f) and -math.log(2) * 20 < smp.logprobs[k] <= 0
     free = {"type": "object", "properties": {"code": {"type": "string", "maxLength": 12}}, "required": ["code"]}
     for smp in ConstrainedHFSampler(model, tok).generate([prompt], 2, 16, 1.0, json_schema=free)[0]:
-        assert len(smp.forced) == len(smp.ids) and smp.forced[0] == 1  # the head '{"code": "' is forced
+        assert len(smp.forced) == len(smp.ids) and smp.forced[0] == 1  # the head '{"code":"' is forced
         head = smp.forced.index(0) if 0 in smp.forced else len(smp.ids)
         assert tok.decode(smp.ids[:head]).startswith('{"code')
         assert all(f == 0 for f in smp.forced[head:])  # the free string and the re-encoded end count as decisions

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import skill_selfplay as S  # noqa: E402
-from plumbing import checkpoint_extra  # noqa: E402
+from plumbing import checkpoint_extra, json_text  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -1259,7 +1259,7 @@ def test_prime_proposer_targets_are_the_worked_examples(monkeypatch):
                    and S.PROPOSER_PREFIX["zebra"] + tok.decode(t[:-1]) == json.dumps(pkg["example"]) for p, t in seen)
     seen.clear()
     S.prime_proposer(model, tok, pkgs, args, Dist(), grammar=True)
-    assert any(tok.decode(t[:-1]) == json.dumps(pkgs[0]["example"]) for _, t in seen)  # ", " and ": ", as xgrammar decodes
+    assert any(tok.decode(t[:-1]) == json_text(pkgs[0]["example"]) for _, t in seen)  # compact, as the grammar decodes
 
 
 def test_proposer_sft_batch_draws_that_many_examples(monkeypatch):
@@ -1437,25 +1437,27 @@ def test_trivial_baselines_are_scored_by_the_same_checker_and_printed(tmp_path, 
 
 
 def test_task_and_grid_schemas_compile_under_xgrammar_and_admit_the_gold_grid():
-    """What vLLM gets (structured outputs, xgrammar, no optional whitespace): TASK_SCHEMA of both families and
-    every held-out puzzle's grid_schema compile with the embedded tokenizer, and the grid schema's matcher takes
-    the gold grid, token by token as JSON with ", " and ": " (what answer_budget and the warm-ups write; compact
-    JSON is refused), then EOS: the grammar admits the answer it scores as right."""
+    """What vLLM gets (structured outputs, xgrammar with disable_any_whitespace: no optional whitespace and the
+    separators "," and ":", as VLLMSampler asks): TASK_SCHEMA of both families and every held-out puzzle's
+    grid_schema compile with the embedded tokenizer, and the grid schema's matcher takes the gold grid, token by
+    token as compact JSON (json_text: what the solver warm-up writes; ", "-spaced JSON is refused), then EOS: the
+    grammar admits the answer it scores as right, in the form the warm-up teaches."""
     import xgrammar as xgr
     tok = _tok()
     compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tok))
     for family in ("tool", "zebra"):
-        assert compiler.compile_json_schema(json.dumps(S.TASK_SCHEMA[family]), any_whitespace=False) is not None
+        assert compiler.compile_json_schema(json.dumps(S.TASK_SCHEMA[family]), any_whitespace=False, separators=(",", ":")) is not None
     args = S.parse_args(["--family", "zebra", "--preset", "tiny"])
     puzzles, _ = S.zebra_heldout(args)
     for _, p, sol in puzzles[::10] + puzzles[-1:]:
-        matcher = xgr.GrammarMatcher(compiler.compile_json_schema(json.dumps(S.grid_schema(p)), any_whitespace=False))
-        ids = tok.encode(json.dumps(sol), add_special_tokens=False)
+        vllm_grammar = compiler.compile_json_schema(json.dumps(S.grid_schema(p)), any_whitespace=False, separators=(",", ":"))
+        matcher = xgr.GrammarMatcher(vllm_grammar)
+        ids = tok.encode(json_text(sol), add_special_tokens=False)
         assert all(matcher.accept_token(i) for i in ids) and matcher.accept_token(tok.eos_token_id)
         assert matcher.is_terminated()
-        compact = xgr.GrammarMatcher(compiler.compile_json_schema(json.dumps(S.grid_schema(p)), any_whitespace=False))
-        assert not all(compact.accept_token(i) for i in tok.encode(json.dumps(sol, separators=(",", ":")),
-                                                                   add_special_tokens=False))
+        spaced = xgr.GrammarMatcher(vllm_grammar)
+        assert not all(spaced.accept_token(i) for i in tok.encode(json.dumps(sol), add_special_tokens=False))
+        assert S.answer_budget(args, tok, [sol]) >= len(ids) + 1  # the budget (spaced, x 1.25) fits it and EOS
 
 
 class _StopBeforeIteration(Exception):
