@@ -180,7 +180,25 @@ def load_policy(args, dist):
         model = shard_fsdp(model, args)
     elif dist.world > 1:
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dist.device.index] if dist.device.type == "cuda" else None)
+        if args.precision == "bf16":  # bf16 gradients: reduce them in fp32, as FSDP2's policy does
+            model.register_comm_hook(None, fp32_mean_hook)
     return model, tok
+
+
+def fp32_mean_hook(group, bucket):
+    """DDP comm hook: the mean over ranks of a bucket of (bf16) gradients, summed in fp32. Each parameter keeps its
+    fp32 mean as p.grad_fp32, which MasterAdamW.take_grads moves into the masters, and p.grad gets it rounded
+    (a bf16 all-reduce rounds every partial sum; FSDP2 reduce-scatters fp32 too: README 'FSDP or DDP')."""
+    buf = bucket.buffer()
+    total = buf.float().div_(torch_dist.get_world_size(group))
+    fut = torch_dist.all_reduce(total, group=group, async_op=True).get_future()
+
+    def write(fut):
+        mean = fut.value()[0]
+        for p, part in zip(bucket.parameters(), mean.split([g.numel() for g in bucket.gradients()])):
+            p.grad_fp32 = part.view(p.shape)  # the bucket's layout: its gradients end to end, in parameter order
+        return buf.copy_(mean)
+    return fut.then(write)
 
 
 def unwrap(model):
@@ -196,17 +214,21 @@ def shard_fsdp(model, args):
     for layer in [m for m in model.modules() if type(m).__name__ in model._no_split_modules]:  # e.g. LlamaDecoderLayer
         fully_shard(layer, mp_policy=mp)
     fully_shard(model, mp_policy=mp)  # the root keeps its weights from forward to backward (FSDP2's default)
+    model.fsdp_param_dtype = mp.param_dtype or torch.float32  # what forward computes with: replica()'s default dtype
     return model
 
 
-def full_state_dict(model, dtype=None):
-    """name → full tensor on this rank. Under FSDP each weight is all-gathered in turn (every rank must call
-    this) and cast on the way, so the peak is one full copy in `dtype`."""
-    out = {}
+def full_weights(model, dtype=None):
+    """(name, full tensor) of each weight in turn, cast to `dtype` on the way. Under FSDP each is all-gathered
+    when reached (every rank must run through all of them), so a consumer that keeps none holds one at a time."""
     for k, v in unwrap(model).state_dict().items():
         v = v.full_tensor() if isinstance(v, DTensor) else v
-        out[k] = v.detach().to(dtype or v.dtype)
-    return out
+        yield k, v.detach().to(dtype or v.dtype)
+
+
+def full_state_dict(model, dtype=None):
+    """name → full tensor on this rank (under FSDP a collective: one full copy in `dtype`)."""
+    return dict(full_weights(model, dtype))
 
 
 def cpu_snapshot(model):
@@ -223,33 +245,72 @@ def restore_snapshot(model, snap):
         (v.to_local() if isinstance(v, DTensor) else v).copy_(snap[k])
 
 
+@torch.no_grad()
+def copy_full_weights(src, dst):
+    """dst's weights ← src's full weights (dst a plain module of the same architecture), one tensor at a time:
+    under FSDP each is all-gathered (every rank must call this) and cast into dst, so the peak is dst plus one tensor."""
+    into = unwrap(dst).state_dict()
+    for k, v in full_weights(src):
+        if k in into:  # a tied lm_head is the embedding's tensor: written twice, the same values
+            into[k].copy_(v)
+
+
 def replica(model, dtype=None):
     """The policy as a plain module that one rank can run alone (e.g. an evaluation on rank 0): unwrap(model)
     itself, or under FSDP, whose modules refuse deepcopy, a fresh module with the gathered full weights (every
-    rank must call this), cast to `dtype` one tensor at a time (FSDP's shards are fp32)."""
+    rank must call this) in `dtype`, by default the one FSDP computes in (bf16 unless --precision fp32), not
+    the fp32 of its shards."""
     m = unwrap(model)
     if not isinstance(m, FSDPModule):
         return m
     from transformers import AutoModelForCausalLM
-    sd = full_state_dict(m, dtype)
     with torch.random.fork_rng(devices=[]):  # its random init must not move the RNG: resumed runs stay exact
-        c = AutoModelForCausalLM.from_config(m.config, dtype=next(iter(sd.values())).dtype)
-    c.load_state_dict(sd, strict=False)  # a tied lm_head is tied again by from_config
+        c = AutoModelForCausalLM.from_config(m.config, dtype=dtype or getattr(m, "fsdp_param_dtype", torch.float32))
+    c = c.to(next(m.parameters()).device)
+    copy_full_weights(m, c)
     c.name_or_path = m.name_or_path
-    return c.to(next(iter(sd.values())).device).train(m.training)
+    return c.train(m.training)
 
 
 def frozen_copy(model, dtype=None):
-    """A frozen copy of the policy (e.g. π_ref ← π_θ), in `dtype` (default: the weights' own; under FSDP fp32)."""
+    """A frozen copy of the policy (e.g. π_ref ← π_θ), in `dtype` (default: the weights' own; under FSDP the
+    dtype it computes in)."""
     m = unwrap(model)
     c = replica(m, dtype) if isinstance(m, FSDPModule) else copy.deepcopy(m)
     return (c.to(dtype) if dtype else c).eval().requires_grad_(False)
 
 
-
 def process_group_timeout():
     """torchrun's process-group timeout: NANOSKILL_DIST_TIMEOUT_MIN minutes (default 24 h, not NCCL's 10 min)."""
     return datetime.timedelta(minutes=float(os.environ.get("NANOSKILL_DIST_TIMEOUT_MIN", 24 * 60)))
+
+
+def exit_ranks(code=0):
+    """End a torchrun rank (every script's last line; a plain process returns and ends as usual).
+
+    Why not interpreter shutdown: a rank that just returns from main() died now and then with SIGABRT, stderr
+    "terminate called without an active exception" (test_ddp_two_gloo_ranks_equal_one_process[token], a loaded
+    2-core CPU). That is std::terminate with no exception in flight, at process teardown while gloo's C++
+    threads are still alive: destroy_process_group() does not end them (bench/gloo_exit_stress.py --exit
+    destroy: 5 OS threads before it and 5 after, torch 2.13 CPU). The likely path: a gloo worker dropping the
+    last reference to a tensor Python created must take the GIL to free its PyObject (torch's PyInterpreter
+    decref does so while Py_IsInitialized()); CPython 3.11 ends a thread that asks for the GIL during
+    finalization with pthread_exit, and that forced unwind through a noexcept C++ destructor calls
+    std::terminate (pytorch/pytorch#38228). The other way to that message, a joinable std::thread destroyed
+    by a C++ static destructor at exit(), is also teardown. Not reproduced in isolation: 0 of 20 aborts for a
+    minimal two-rank DDP program ending through the interpreter with the other core busy, so the counts
+    (bench/gloo_exit_stress.py) test the cure, not the cause. The cure covers both paths: a barrier (every
+    rank's collectives are done, no peer still reads this rank's sockets), destroy the group, run the Python
+    atexit handlers (vLLM's engine shutdown among them), flush, and leave with os._exit, which runs neither
+    the interpreter's finalization nor C++ static destructors. Outputs are written before this call."""
+    if not torch_dist.is_initialized():
+        return
+    torch_dist.barrier()
+    torch_dist.destroy_process_group()
+    import atexit
+    atexit._run_exitfuncs()
+    sys.stdout.flush(), sys.stderr.flush()
+    os._exit(code)
 
 
 def per_rank(n, dist, flag):
@@ -349,11 +410,11 @@ class HFSampler:
     def sync(self, model):
         """HF generate reads the live weights of whichever model it was last pointed at. Under FSDP, where every
         forward is a collective and ranks generate different numbers of tokens, it runs on a plain full copy
-        that this call refreshes (every rank calls sync)."""
+        that this call refreshes in place (every rank calls sync), in the dtype FSDP computes in (replica)."""
         if not isinstance(unwrap(model), FSDPModule):
             self.model = model
         elif getattr(self, "copy_of", None) is model:
-            self.model.load_state_dict(full_state_dict(model), strict=False)
+            copy_full_weights(model, self.model)
         else:
             self.model, self.copy_of = replica(model), model
 
@@ -389,10 +450,17 @@ def schema_instances(schema):
     return None
 
 
+def json_text(value, **kw):
+    """JSON as every constrained decoder here writes it: compact (separators "," and ":"), which is what vLLM's
+    xgrammar backend decodes with disable_any_whitespace (VLLMSampler) and what GrammarReplay replays. SFT targets
+    of schema-decoded replies use it too, so training and decoding see the same tokens."""
+    return json.dumps(value, separators=(",", ":"), **kw)
+
+
 def instance_template(value):
-    """An instance's JSON text split at its free string: [text] when it has none, else
+    """An instance's JSON text (json_text) split at its free string: [text] when it has none, else
     [head, max_len, tail] where head ends with the string's opening quote (at most one free string)."""
-    parts = re.split(r"\\ue000(\d+)", json.dumps(value, default=lambda o: f"\ue000{o.max_len}"))
+    parts = re.split(r"\\ue000(\d+)", json_text(value, default=lambda o: f"\ue000{o.max_len}"))
     if len(parts) > 3:
         raise ValueError("instance_template: at most one free string per schema instance")
     return [parts[0], int(parts[1]), parts[2]] if len(parts) == 3 else parts
@@ -696,7 +764,8 @@ class VLLMSampler:
     @torch.no_grad()
     def sync(self, model):
         tied = getattr(unwrap(model).config, "tie_word_embeddings", False)
-        weights = [(k, v) for k, v in full_state_dict(model, getattr(torch, self.dtype)).items() if not (tied and k == "lm_head.weight")]
+        # a generator: vLLM loads (and buffers per layer) one gathered tensor after another, no full copy
+        weights = ((k, v) for k, v in full_weights(model, getattr(torch, self.dtype)) if not (tied and k == "lm_head.weight"))
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
 
@@ -716,10 +785,11 @@ def make_sampler(args, model, tok, dist, max_model_len=None):
 # A run killed anywhere (SIGKILL, the OOM killer, a pre-empted node) resumes to the same result:
 #   save: everything goes to ckpt.tmp/, each file fsynced, then COMPLETE (the step) last; then ckpt/ → ckpt.old/,
 #         ckpt.tmp/ → ckpt/, and only then ckpt.old/ is deleted. A kill at any point leaves one complete copy.
+#         Several models saved as one checkpoint (a dict) commit together: a resume never mixes two steps.
 #   load: the newest complete one of ckpt/, ckpt.tmp/, ckpt.old/ (saying which when it is not ckpt/); a
 #         corrupt one is one error line naming the file, never a fresh start.
-#   log:  metrics.jsonl is only appended to; the checkpoint records its size, and resume_checkpoint cuts the
-#         rows logged after it (they belong to steps that are about to run again), so no row is ever doubled.
+#   log:  metrics.jsonl is only appended to; the checkpoint records its size (of each log it covers), and
+#         resume_checkpoint cuts the rows logged after it (they belong to steps that are about to run again), so no row is ever doubled.
 # Kill points: kill_point(name, step) SIGKILLs this process when NANOSKILL_KILL_AT is "name:step<step>"
 # (e.g. ckpt:after_tmp_rename:step2), so tests can crash a run at a named moment; any script may add its own.
 
@@ -797,7 +867,7 @@ def _complete_step(folder):
     if mark.exists():
         try:
             return int(mark.read_text())
-        except ValueError:
+        except (ValueError, OSError):  # OSError: rank 0 deleted this stale folder meanwhile (_load)
             return None
     return float("inf") if folder.name == "ckpt" and (folder / "state.pt").exists() else None
 
@@ -810,9 +880,19 @@ def latest_checkpoint(run_dir):
     return max(found)[2] if found else None
 
 
-def save_checkpoint(run_dir, model, tok, optimizer, step, extra, dist):
-    """<run_dir>/ckpt: model/ (HF format), state.pt (optimizer, step, extra, the size of metrics.jsonl),
-    rng_<rank>.pt, COMPLETE (the step, written last). Committed atomically: see the banner above."""
+def _named(model, optimizer):
+    """{folder: model} and {folder: optimizer or None}: one model is "model"; a dict {name: model} is several
+    committed together (Skill-SP's proposer and solver), with optimizer a dict of the same names or None."""
+    if not isinstance(model, dict):
+        return {"model": model}, {"model": optimizer}
+    return dict(model), {name: (optimizer or {}).get(name) for name in model}
+
+
+def save_checkpoint(run_dir, model, tok, optimizer, step, extra, dist, logs=("",)):
+    """<run_dir>/ckpt: model/ (HF format; one folder per name when model is a dict), state.pt (optimizer,
+    step, the sizes of the metrics.jsonl in each folder of `logs`, relative to run_dir), extra.pt (`extra`,
+    readable without the optimizer state: checkpoint_extra), rng_<rank>.pt, COMPLETE (the step, written last).
+    Committed atomically: see the banner above."""
     run_dir = Path(run_dir)
     tmp, final, old = run_dir / "ckpt.tmp", run_dir / "ckpt", run_dir / "ckpt.old"
     barrier = torch_dist.barrier if dist.world > 1 else lambda: None  # grpo.barrier (plumbing does not import grpo)
@@ -823,18 +903,26 @@ def save_checkpoint(run_dir, model, tok, optimizer, step, extra, dist):
         tmp.mkdir(parents=True)
     barrier()
     torch.save(_rng_state(), tmp / f"rng_{dist.rank}.pt")
-    model_sd, optim_sd = _gather_for_save(model, optimizer)
-    barrier()
+    models, optimizers = _named(model, optimizer)
     if dist.is_main:
         kill_point("ckpt:begin", step)
-        unwrap(model).save_pretrained(tmp / "model", state_dict=model_sd)
-        tok.save_pretrained(tmp / "model")
+    optim_sd = {}
+    for name, m in models.items():
+        model_sd, optim_sd[name] = _gather_for_save(m, optimizers[name])  # a collective under FSDP
+        if dist.is_main:
+            unwrap(m).save_pretrained(tmp / name, state_dict=model_sd)
+            tok.save_pretrained(tmp / name)
+    barrier()  # every rank's RNG file is in
+    if dist.is_main:
         kill_point("ckpt:after_model", step)
-        log = run_dir / "metrics.jsonl"
-        torch.save({"optimizer": optim_sd, "step": step, "extra": extra,
-                    "metrics_bytes": log.stat().st_size if log.exists() else 0}, tmp / "state.pt")
-        if log.exists():
-            _fsync_tree(log)
+        sizes = {sub: (run_dir / sub / "metrics.jsonl") for sub in logs}
+        torch.save({"optimizer": optim_sd if isinstance(model, dict) else optim_sd["model"], "step": step,
+                    "metrics_bytes": {sub: f.stat().st_size if f.exists() else 0 for sub, f in sizes.items()}},
+                   tmp / "state.pt")
+        torch.save(extra, tmp / "extra.pt")
+        for f in sizes.values():
+            if f.exists():
+                _fsync_tree(f)
         _fsync_tree(tmp)
         kill_point("ckpt:before_complete", step)
         (tmp / "COMPLETE").write_text(str(step))
@@ -872,8 +960,38 @@ def _check_fits(model, sd, path):
                               f"{tuple(own[k].shape)} in this model ({len(wrong)} tensors differ)")
 
 
+def _read_extra(ck):
+    """`extra` of the checkpoint folder ck: extra.pt, or state.pt's "extra" in a checkpoint made before extra.pt."""
+    f = ck / "extra.pt" if (ck / "extra.pt").exists() else ck / "state.pt"
+    try:
+        return torch.load(f, map_location="cpu", weights_only=False)["extra"] if f.name == "state.pt" else \
+            torch.load(f, weights_only=False)
+    except Exception as e:
+        raise _unusable(f, e)
+
+
+def checkpoint_extra(run_dir):
+    """`extra` of the newest complete checkpoint of run_dir (None when there is none), read without any weight or
+    optimizer state (to decide whether it is reusable, or what a resume will continue)."""
+    ck = latest_checkpoint(run_dir)
+    return None if ck is None else _read_extra(ck)
+
+
+def _load_optimizer(optimizer, saved, path):
+    try:
+        own = [p for g in optimizer.param_groups for p in g["params"]]
+        for i, st in saved["state"].items():  # torch checks counts, not shapes
+            bad = [k for k, v in st.items() if torch.is_tensor(v) and v.dim() and v.shape != own[i].shape]
+            if bad:
+                raise ValueError(f"{bad[0]} of parameter {i} is {tuple(st[bad[0]].shape)}, the parameter "
+                                 f"{tuple(own[i].shape)}")
+        optimizer.load_state_dict(saved)
+    except Exception as e:
+        raise _unusable(path, f"its optimizer state does not fit this model's optimizer ({e})")
+
+
 def _load(run_dir, model, optimizer, dist):
-    """load_checkpoint's work; returns (folder, state) or (None, None)."""
+    """load_checkpoint's work; returns (folder, state with its extra) or (None, None)."""
     from safetensors.torch import load_file
     ck = latest_checkpoint(run_dir)
     if ck is None:
@@ -881,45 +999,43 @@ def _load(run_dir, model, optimizer, dist):
     if ck.name != "ckpt":
         print(f"nanoskill: {Path(run_dir) / 'ckpt'} is missing or incomplete (a run killed while saving); "
               f"loading the last complete checkpoint, {ck}", file=sys.stderr)
-    fsdp = isinstance(model, FSDPModule)
-    sd = {}
-    files = sorted((ck / "model").glob("*.safetensors"))
-    if not files:
-        raise _unusable(ck / "model", "no *.safetensors weights in it")
-    for f in files if dist.is_main or not fsdp else []:
-        try:
-            sd.update(load_file(f, device="cpu" if fsdp else str(dist.device)))
-        except Exception as e:
-            raise _unusable(f, e)
-    if dist.is_main or not fsdp:
-        _check_fits(model, sd, files[0])
+    models, optimizers = _named(model, optimizer)
+    any_fsdp = any(isinstance(m, FSDPModule) for m in models.values())
     try:
-        state = torch.load(ck / "state.pt", map_location="cpu" if fsdp else dist.device, weights_only=False)
-        state["step"], state["extra"]
+        state = torch.load(ck / "state.pt", map_location="cpu" if any_fsdp else dist.device, weights_only=False)
+        state["step"]
     except Exception as e:
         raise _unusable(ck / "state.pt", e)
-    if fsdp:
-        _load_fsdp(model, optimizer, sd, state["optimizer"], dist)
-        state["optimizer"] = None
-    else:
-        unwrap(model).load_state_dict(sd, strict=False)  # strict=False: a tied lm_head is not saved twice
-    if optimizer is not None and state["optimizer"] is not None:
-        try:
-            own = [p for g in optimizer.param_groups for p in g["params"]]
-            for i, saved in state["optimizer"]["state"].items():  # torch checks counts, not shapes
-                bad = [k for k, v in saved.items() if torch.is_tensor(v) and v.dim() and v.shape != own[i].shape]
-                if bad:
-                    raise ValueError(f"{bad[0]} of parameter {i} is {tuple(saved[bad[0]].shape)}, the parameter "
-                                     f"{tuple(own[i].shape)}")
-            optimizer.load_state_dict(state["optimizer"])
-        except Exception as e:
-            raise _unusable(ck / "state.pt", f"its optimizer state does not fit this model's optimizer ({e})")
+    state["extra"] = _read_extra(ck)
+    saved = state["optimizer"] if isinstance(model, dict) else {"model": state["optimizer"]}
+    for name, m in models.items():
+        fsdp, sd = isinstance(m, FSDPModule), {}
+        files = sorted((ck / name).glob("*.safetensors"))
+        if not files:
+            raise _unusable(ck / name, "no *.safetensors weights in it")
+        for f in files if dist.is_main or not fsdp else []:
+            try:
+                sd.update(load_file(f, device="cpu" if fsdp else str(dist.device)))
+            except Exception as e:
+                raise _unusable(f, e)
+        if dist.is_main or not fsdp:
+            _check_fits(m, sd, files[0])
+        osd = (saved or {}).get(name) if optimizers[name] is not None else None
+        if fsdp:
+            _load_fsdp(m, optimizers[name], sd, osd, dist)
+        else:
+            unwrap(m).load_state_dict(sd, strict=False)  # strict=False: a tied lm_head is not saved twice
+            if osd is not None:
+                _load_optimizer(optimizers[name], osd, ck / "state.pt")
     rng_file = ck / f"rng_{dist.rank}.pt"
     if rng_file.exists():
         try:
             _set_rng_state(torch.load(rng_file, weights_only=False))
         except Exception as e:
             raise _unusable(rng_file, e)
+    if dist.is_main and ck.name == "ckpt":  # what an interrupted save left beside it is older or incomplete
+        for stale in ("ckpt.tmp", "ckpt.old"):
+            shutil.rmtree(Path(run_dir) / stale, ignore_errors=True)
     return ck, state
 
 
@@ -930,28 +1046,26 @@ def load_checkpoint(run_dir, model, optimizer, dist):
     return None if ck is None else (state["step"], state["extra"])
 
 
-def resume_checkpoint(run_dir, model, optimizer, dist):
-    """--resume: load_checkpoint, and cut metrics.jsonl back to the rows it held when that checkpoint was saved
-    (rows after it are of steps that run again: kept, they would appear twice). With no checkpoint it is a fresh
-    start, said so, and the killed attempt's rows go. Returns (step, extra) or None."""
+def resume_checkpoint(run_dir, model, optimizer, dist, logs=("",)):
+    """--resume: load_checkpoint, and cut each metrics.jsonl (in the folders `logs`, relative to run_dir) back to
+    the rows it held when that checkpoint was saved (rows after it are of steps that run again: kept, they would
+    appear twice). With no checkpoint it is a fresh start, said so, and the killed attempt's rows go.
+    Returns (step, extra) or None."""
     ck, state = _load(run_dir, model, optimizer, dist)
-    keep = state.get("metrics_bytes") if ck is not None else 0
-    log = Path(run_dir) / "metrics.jsonl"
-    if dist.is_main and keep is not None and log.exists() and log.stat().st_size > keep:
-        with open(log, "rb+") as f:
-            tail = f.read()[keep:]
-            f.truncate(keep)
-        n, torn = tail.count(b"\n"), " and a torn last line" if not tail.endswith(b"\n") else ""
-        print(f"nanoskill: {log}: dropped {n} row(s){torn} logged after the checkpoint; those steps run again",
-              file=sys.stderr)
+    keep = {sub: 0 for sub in logs} if ck is None else state.get("metrics_bytes", {})
+    keep = {"": keep} if isinstance(keep, int) else keep or {}  # an int: made before several logs were covered
+    for sub, size in keep.items() if dist.is_main else ():
+        log = Path(run_dir) / sub / "metrics.jsonl"
+        if log.exists() and log.stat().st_size > size:
+            with open(log, "rb+") as f:
+                tail = f.read()[size:]
+                f.truncate(size)
+            n, torn = tail.count(b"\n"), " and a torn last line" if not tail.endswith(b"\n") else ""
+            print(f"nanoskill: {log}: dropped {n} row(s){torn} logged after the checkpoint; those steps run again",
+                  file=sys.stderr)
     if ck is None:
         print(f"nanoskill: --resume: no checkpoint in {run_dir}, starting from the beginning", file=sys.stderr)
         return None
-    if dist.world > 1:
-        torch_dist.barrier()  # every rank has read the folder
-    if dist.is_main and ck.name == "ckpt":  # what an interrupted save left beside it is older or incomplete
-        for stale in ("ckpt.tmp", "ckpt.old"):
-            shutil.rmtree(Path(run_dir) / stale, ignore_errors=True)
     return state["step"], state["extra"]
 
 # ----- logging -----

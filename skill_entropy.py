@@ -88,7 +88,7 @@ import torch
 
 from grpo import (add_grpo_args, barrier, chat_ids, group_advantages, grpo_update, make_optimizer, parse_with_preset,
                   reduce_metrics, sample_group_rollouts, seed_everything, setup_distributed, sft_loop)
-from plumbing import (HFSampler, dtype_flag, latest_checkpoint, load_checkpoint, load_embedder, load_model, load_policy,
+from plumbing import (HFSampler, checkpoint_extra, dtype_flag, exit_ranks, load_checkpoint, load_embedder, load_model, load_policy,
                       log_metrics, make_sampler, plot_curves, read_metrics, replica, resolve_model, resume_checkpoint,
                       save_checkpoint, unwrap)
 from stats import aggregate_main, compare, format_headline, write_results
@@ -986,13 +986,8 @@ def checkpoint_state(run_dir, cfg, resume):
     """'done' when <run_dir>/ckpt is a finished checkpoint made with exactly these settings,
     'resume' when it is an unfinished one with these settings and --resume is on, else None:
     a checkpoint made with other settings (λ, --rl-steps, --n-train, …) is never reused."""
-    ck = latest_checkpoint(run_dir)  # ckpt/, or the complete copy a save killed mid-commit left
-    f = ck / "state.pt" if ck is not None else None
-    if f is None or not f.exists():
-        return None
-    import torch
-    extra = torch.load(f, map_location="cpu", weights_only=False)["extra"] or {}
-    if extra.get("config") != cfg:
+    extra = checkpoint_extra(run_dir)  # ckpt/, or the complete copy a save killed mid-commit left
+    if not extra or extra.get("config") != cfg:
         return None
     return "done" if extra.get("done") else ("resume" if resume else None)
 
@@ -1100,12 +1095,13 @@ def run_grpo(args, dist, tasks, init_dir, out_dir, reward_fn, doms, samplers, cf
     if state == "done":
         load_checkpoint(out_dir, policy, None, dist)
         return policy, tok
-    # the row's own stream (HF generate and the in-process vLLM engine draw from torch's global RNG)
-    seed_everything(seed + dist.rank)
     ref = None
     if args.beta > 0:
         ref = load_model(args.model, dist, args.dtype, trainable=False)[0]
         load_checkpoint(init_dir, ref, None, dist)
+    # the row's own stream (HF generate and the in-process vLLM engine draw from torch's global RNG); after the
+    # loads, which restore the SFT run's RNG state (seeded before them, every row drew SFT's stream when β > 0)
+    seed_everything(seed + dist.rank)
     opt = make_optimizer(policy, args)
     start = 0
     if state == "resume":
@@ -1989,3 +1985,4 @@ def score_steps(steps, preds, args, judge=None):
 
 if __name__ == "__main__":
     main()
+    exit_ranks()  # under torchrun: barrier, destroy, os._exit (plumbing.exit_ranks says why)

@@ -60,11 +60,12 @@ Differences from the paper:
   10. Verifier resources print a report when run without code, so run_verifier needs none. The tables
       add a scripted `oracle` judge (same loop, knows the label) as the upper bound.
   11. Held-out IF evaluation: test prompts use their own tasks, half of them a constraint type (title,
-      postscript) no training prompt has.
+      postscript) no training prompt has, scored by IFEval's own checkers (lm-eval's copy), not ours.
 """
 import argparse
 import ast
 import copy
+import functools
 import json
 import math
 import random
@@ -79,8 +80,8 @@ import yaml
 
 from grpo import (Dist, add_grpo_args, chat_ids, gather_objects, grpo_update, make_optimizer, parse_with_preset, reduce_metrics,
                   sft_loop, sample_group_rollouts, seed_everything, setup_distributed)
-from plumbing import (cpu_snapshot, frozen_copy, load_model, load_policy, log_metrics, make_sampler, per_rank, plot_curves,
-                      restore_snapshot, unwrap, ConstrainedHFSampler, VLLMSampler)
+from plumbing import (cpu_snapshot, exit_ranks, frozen_copy, load_model, load_policy, log_metrics, make_sampler, per_rank, plot_curves,
+                      json_text, restore_snapshot, unwrap, ConstrainedHFSampler, VLLMSampler)
 from sandbox import CODE_IMPORTS, run_sandboxed, sandbox_static_check
 from stats import aggregate_main, binomial_p, compare, format_headline, vs_chance, write_results
 
@@ -768,16 +769,16 @@ def scripted_reply(task, skills):
     known label (plain methods: the final answer at once). The oracle upper bound of the tables and
     the SFT traces."""
     if task.method in ("baseline", "appended") or task.force:
-        return json.dumps(scripted_final(task))
+        return json_text(scripted_final(task))  # compact, as the turn schema decodes it (plumbing.json_text)
     if task.skill is None:
-        return json.dumps({"name": "use_skill", "arguments": {"name": oracle_skill(task)}})
+        return json_text({"name": "use_skill", "arguments": {"name": oracle_skill(task)}})
     ran = any(step["call"] and step["call"]["name"] in ("run_verifier", "python_sandbox") for step in task.trace)
     check = oracle_verifier(task)
     if not ran and check == "python_sandbox":
-        return json.dumps({"name": "python_sandbox", "arguments": {"code": MATH_CHECK_CODE}})
+        return json_text({"name": "python_sandbox", "arguments": {"code": MATH_CHECK_CODE}})
     if not ran and check and task.skill.resource(check):
-        return json.dumps({"name": "run_verifier", "arguments": {"id": check}})
-    return json.dumps({"name": "final_answer", "arguments": scripted_final(task)})
+        return json_text({"name": "run_verifier", "arguments": {"id": check}})
+    return json_text({"name": "final_answer", "arguments": scripted_final(task)})
 
 
 # ----- rewards: §3 deterministic readout, App. D reward variants -----
@@ -1190,12 +1191,12 @@ def best_of_n(judge_sampler, tok, pools, method, skills, args, seeds, dist=None)
 # --- App. D: the trained policy on held-out instructions, scored by the hidden checkers ---
 
 def eval_if_policy(sampler, tok, test_set, args, dist=None):
-    """Greedy responses on held-out instructions, scored by the hidden checkers:
-    prompt-level strict accuracy (all constraints) and instruction-level accuracy (IFEval's metrics)."""
+    """Greedy responses on held-out instructions, scored by IFEval's own checkers (`ifeval_check`, not the
+    training checks): prompt-level strict accuracy (all constraints) and instruction-level accuracy (IFEval's metrics)."""
     dist = dist or Dist()
     idx = list(range(dist.rank, len(test_set), dist.world))  # this rank's share; the scores of all are gathered, in order
     outs = sampler.generate(policy_prompt_ids(tok, [test_set[i]["prompt"] for i in idx]), 1, args.max_new_tokens, 0.0)
-    sc = [c for _, c in sorted(gather_objects([(i, constraint_scores(test_set[i]["constraints"], o[0].text))
+    sc = [c for _, c in sorted(gather_objects([(i, constraint_scores(test_set[i]["constraints"], o[0].text, ifeval_check))
                                                for i, o in zip(idx, outs)], dist), key=lambda x: x[0])]
     n_inst = sum(len(t["constraints"]) for t in test_set)
     return {"prompt_strict": sum(s["all"] for s in sc) / max(len(sc), 1),
@@ -1565,10 +1566,63 @@ def check_constraint(c, response):
     return False
 
 
-def constraint_scores(constraints, response):
+def constraint_scores(constraints, response, check=check_constraint):
     """Per-constraint pass/fail, the prompt-level 'all pass' and the satisfied fraction."""
-    ok = [check_constraint(c, response) for c in constraints]
+    ok = [check(c, response) for c in constraints]
     return {"checks": ok, "all": float(all(ok)), "frac": sum(ok) / max(len(ok), 1)}
+
+
+# The held-out evaluation uses IFEval's own instruction checkers (Google's registry, as shipped in lm-eval),
+# not the training checks above: our constraint type -> (IFEval instruction id, its build_description kwargs).
+# IFEval has no "start with the word X" (its first-word check also fixes the paragraph count): start_word keeps ours.
+IFEVAL_IDS = {
+    "lowercase": ("change_case:english_lowercase", lambda c: {}),
+    "uppercase": ("change_case:english_capital", lambda c: {}),
+    "max_words": ("length_constraints:number_words", lambda c: {"num_words": c["n"] + 1, "relation": "less than"}),
+    "min_words": ("length_constraints:number_words", lambda c: {"num_words": c["n"], "relation": "at least"}),
+    "bullets": ("detectable_format:number_bullet_lists", lambda c: {"num_bullets": c["n"]}),
+    "include_keyword": ("keywords:existence", lambda c: {"keywords": [c["word"]]}),
+    "exclude_word": ("keywords:forbidden_words", lambda c: {"forbidden_words": [c["word"]]}),
+    "end_phrase": ("startend:end_checker", lambda c: {"end_phrase": c["phrase"]}),
+    "quotes": ("startend:quotation", lambda c: {}),
+    "no_commas": ("punctuation:no_comma", lambda c: {}),
+    "title": ("detectable_format:title", lambda c: {}),
+    "postscript": ("detectable_content:postscript", lambda c: {"postscript_marker": "P.S."}),
+}
+
+
+@functools.cache
+def ifeval_registry():
+    """lm-eval's `instructions_registry.INSTRUCTION_DICT`, imported without lm-eval's task manager: lm-eval is
+    installed --no-deps (its evaluator needs sacrebleu, datasets, ...), so `lm_eval.tasks` is bound to its folder
+    before the import instead of running its __init__. IFEval's case checks use langdetect: seeded, so exact."""
+    import importlib.util
+    import sys
+    import types
+    import langdetect
+    langdetect.DetectorFactory.seed = 0
+    if "lm_eval.tasks" not in sys.modules:
+        tasks = types.ModuleType("lm_eval.tasks")
+        tasks.__path__ = [str(Path(importlib.util.find_spec("lm_eval").origin).parent / "tasks")]
+        sys.modules["lm_eval.tasks"] = tasks
+    from lm_eval.tasks.ifeval import instructions_registry
+    return instructions_registry.INSTRUCTION_DICT
+
+
+def ifeval_check(c, response):
+    """IFEval's checker of one constraint (ours for a type IFEval lacks); a malformed spec or a checker that
+    raises on the response is False (model output is hostile input)."""
+    if not isinstance(c, dict) or not isinstance(response, str):
+        return False
+    try:
+        if c.get("type") not in IFEVAL_IDS:
+            return bool(check_constraint(c, response))
+        iid, kwargs = IFEVAL_IDS[c["type"]]
+        checker = ifeval_registry()[iid](iid)
+        checker.build_description(**kwargs(c))
+        return bool(checker.check_following(response))
+    except Exception:  # noqa: BLE001 -- a checker's assert or regex error on hostile text is a failed check
+        return False
 
 
 # ----- answers built from a prompt's checkers (the SFT split; data/skill_rm/prepare.py too) -----
@@ -1709,3 +1763,4 @@ def write_jsonl(path, rows):
 
 if __name__ == "__main__":
     main()
+    exit_ranks()  # under torchrun: barrier, destroy, os._exit (plumbing.exit_ranks says why)

@@ -81,7 +81,6 @@ import math
 import os
 import random
 import re
-import shutil
 import sys
 import time
 
@@ -90,8 +89,8 @@ import numpy as np
 from grpo import (Rollout, add_grpo_args, barrier, broadcast_object, chat_ids, gather_objects, grpo_update,
                   make_optimizer, parse_with_preset, reduce_metrics, sample_group_rollouts, seed_everything,
                   setup_distributed, sft_loop)
-from plumbing import (HFSampler, frozen_copy, load_checkpoint, load_embedder, load_model, load_policy, log_metrics,
-                      make_sampler, plot_curves, save_checkpoint)
+from plumbing import (HFSampler, exit_ranks, frozen_copy, load_embedder, load_model, load_policy, log_metrics,
+                      json_text, make_sampler, plot_curves, resume_checkpoint, save_checkpoint)
 from stats import aggregate as aggregate_headlines, compare, format_headline, vs_chance, wilson_ci, write_results
 
 # ----- config -----
@@ -757,8 +756,8 @@ def answer_schemas(args, puzzles):
 
 def answer_budget(args, tok, solutions):
     """Token budget of a solver answer. Zebra: --max-new-tokens, raised until the longest gold grid among
-    `solutions` fits, written with ", " and ": " (what xgrammar decodes without optional whitespace) plus a
-    quarter for other tokenisations and EOS; under the grammar a reply ends when its grid closes, so the room costs nothing.
+    `solutions` fits, written with ", " and ": " (longer than the compact JSON the grid schema decodes, and what
+    free decoding tends to write) plus a quarter for other tokenisations and EOS; under the grammar a reply ends when its grid closes, so the room costs nothing.
     Derived from the largest grid in play (the held-out set; a batch of probes or solver tasks), never fixed: a
     budget below the answer scores a grid 0 by truncation and steers the proposer towards small puzzles."""
     if args.family != "zebra" or not solutions:
@@ -958,12 +957,12 @@ def collection_pass(t, proposer_sampler, probe_sampler, tok, pkgs, stats, args, 
 def prime_proposer(proposer, tok, pkgs, args, dist, grammar):
     """--proposer-sft-steps (difference 13): SFT warm-up of the proposer on the worked examples of S(0), before
     iteration 0. Each package's skill-stream prompt is paired with its own example, the exploration prompt with
-    every example; the target is the example as the proposer would write it (JSON with ", " and ": ", as the
-    grammar decodes it; without the grammar, after the prefilled opening). Returns grpo.sft_loop's summary."""
+    every example; the target is the example as the proposer would write it (compact JSON, plumbing.json_text, as
+    the grammar decodes it; without the grammar, after the spaced prefilled opening). Returns grpo.sft_loop's summary."""
     prefix = "" if grammar else PROPOSER_PREFIX[args.family]
     examples = []
     for pkg in pkgs:
-        text = json.dumps(pkg["example"])  # ", " and ": ": what xgrammar decodes without optional whitespace
+        text = json_text(pkg["example"]) if grammar else json.dumps(pkg["example"])  # as each decoding writes it
         if not text.startswith(prefix):
             continue
         target = tok.encode(text[len(prefix):], add_special_tokens=False) + [tok.eos_token_id]
@@ -978,8 +977,8 @@ def prime_solver(solver, tok, args, dist):
     """--solver-sft-steps (difference 14): SFT warm-up of the solver before iteration 0 on tasks disjoint from
     S(0) and the held-out sets, the reference answers as targets, written as the reward parses them. Tool:
     scripted tool tasks (scripted_tool_tasks), the call after the answer prefix. Zebra: runtime puzzles of the
-    held-out scales from a training-side seed (a puzzle equal to a held-out one is skipped), the grid as JSON
-    with ", " and ": " (as xgrammar decodes the grid schema). Returns grpo.sft_loop's summary."""
+    held-out scales from a training-side seed (a puzzle equal to a held-out one is skipped), the grid as compact
+    JSON (plumbing.json_text, as the grid schema decodes it). Returns grpo.sft_loop's summary."""
     prefix, _ = answer_prefix(args)
     rng, examples = random.Random(f"{args.seed}-solver-sft"), []
     if args.family == "tool":
@@ -994,7 +993,7 @@ def prime_solver(solver, tok, args, dist):
         for _, p, sol in make_zebra_puzzles(f"{args.data_seed}-solver-sft", scales, per_scale):
             if render_zebra_prompt(p) in seen:
                 continue
-            answer = json.dumps(sol)  # ", " and ": ", as the grid schema decodes it under xgrammar
+            answer = json_text(sol)  # compact, as the grid schema decodes it (vLLM and ConstrainedHFSampler alike)
             target = tok.encode(answer, add_special_tokens=False) + [tok.eos_token_id]
             examples.append((prefilled_prompt(tok, solver_messages("zebra", p), ""), target))
     return sft_loop(solver, examples, args, dist, args.solver_sft_lr, args.solver_sft_batch, args.solver_sft_steps,
@@ -1498,74 +1497,17 @@ def plot_diagnostics(run_dir, rows, recs_by_iter):
 
 # ----- main -----
 
-# Checkpoints: iteration t's pair lies in <run-dir>/checkpoints/iter_<t+1>/{proposer,solver}/ckpt; the pointer
-# <run-dir>/checkpoints/last.json (the iteration, history, table rows and library folder) is written after both,
-# atomically, so it commits the pair: a crash before it leaves the previous pair, still whole, as the last one.
-
-def checkpoint_dir(run_dir, iteration):
-    return os.path.join(run_dir, "checkpoints", f"iter_{iteration}")
-
-
-def checkpoint_extra(run_dir):
-    """The committed `extra` (iteration, history, rows, library) from its own JSON file, or None; no weight or
-    optimizer state is read."""
-    path = os.path.join(run_dir, "checkpoints", "last.json")
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        return json.load(f)
-
-
-def commit_checkpoints(run_dir, extra, dist):
-    """Rank 0, after both checkpoints of an iteration are written: the pointer (tmp file, fsync, rename), then the
-    older pairs are deleted."""
-    if dist.is_main:
-        path = os.path.join(run_dir, "checkpoints", "last.json")
-        with open(path + ".tmp", "w") as f:
-            json.dump(extra, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(path + ".tmp", path)
-        keep = os.path.basename(checkpoint_dir(run_dir, extra["iteration"]))
-        for name in os.listdir(os.path.join(run_dir, "checkpoints")):
-            if name.startswith("iter_") and name != keep:
-                shutil.rmtree(os.path.join(run_dir, "checkpoints", name), ignore_errors=True)
-    barrier(dist)
-
-
-def resume(run_dir, proposer, solver, opt_p, opt_s, dist):
-    """--resume: the extra dict of the last committed iteration, whose proposer and solver (weights, optimizer,
-    RNG) are loaded; None for a fresh start (nothing committed)."""
-    extra = checkpoint_extra(run_dir)
-    if extra is None:
-        return None
-    folder = checkpoint_dir(run_dir, extra["iteration"])
-    load_checkpoint(os.path.join(folder, "proposer"), proposer, opt_p, dist)
-    load_checkpoint(os.path.join(folder, "solver"), solver, opt_s, dist)
-    return extra
-
-
-def trim_logs(args, start, dist):
-    """Before iteration `start` runs (0: a fresh start): the metrics rows written after the last commit (a crash
-    between log_metrics and the commit) are dropped, so the rerun of an iteration does not log it twice."""
-    if not dist.is_main:
-        return
-    keep = {"": lambda k: k <= start, "proposer": lambda k: k < start * args.proposer_steps,
-            "solver": lambda k: k < start * args.solver_steps,
-            "proposer_sft": lambda k: start > 0, "solver_sft": lambda k: start > 0}
-    for sub, ok in keep.items():
-        path = os.path.join(args.run_dir, sub, "metrics.jsonl")
-        if os.path.exists(path):
-            rows = [line for line in open(path) if line.strip() and ok(json.loads(line)["step"])]
-            with open(path + ".tmp", "w") as f:
-                f.writelines(rows)
-            os.replace(path + ".tmp", path)
+# Checkpoints: one plumbing checkpoint <run-dir>/ckpt holds iteration t's proposer and solver (weights, optimizers,
+# RNG) and, in extra.pt, the iteration, history, table rows and library folder: the pair commits together, so a
+# kill anywhere resumes from the last complete pair. It also records the sizes of these logs, which a resume cuts
+# back (a row logged after the commit belongs to an iteration that runs again):
+LOGS = ("", "proposer", "solver", "proposer_sft", "solver_sft")
 
 
 def save_iteration(t, P, pkgs, stats, changes, recs, rows, history, args, dist):
     """Files of iteration t (rank 0): the library S(t+1), its change log, the records and the metrics row
-    (rows[-1]); then both checkpoints, committed together (commit_checkpoints). A rerun of iteration t (a resume
-    after a crash before the commit) replaces the iteration's lines of library_changes.jsonl."""
+    (rows[-1]); then the checkpoint of both players. A rerun of iteration t (a resume after a crash before the
+    commit) replaces the iteration's lines of library_changes.jsonl."""
     run_dir, lib_t = args.run_dir, os.path.join(args.run_dir, "library", f"iter_{t + 1}")
     if dist.is_main:
         save_library(lib_t, pkgs, stats)
@@ -1583,10 +1525,8 @@ def save_iteration(t, P, pkgs, stats, changes, recs, rows, history, args, dist):
     log_metrics(run_dir, t + 1, rows[-1], dist, keys=("pool_size", "valid_rate_skill", "valid_rate_explore",
                                                       "v_solve_skill", "v_solve_explore", "lib_size", "active_skills",
                                                       "n_eff", "bfcl_avg" if args.family == "tool" else "zebra_grid"))
-    folder = checkpoint_dir(run_dir, t + 1)
-    save_checkpoint(os.path.join(folder, "proposer"), P.proposer, P.tok, P.opt_p, t, None, dist)
-    save_checkpoint(os.path.join(folder, "solver"), P.solver, P.tok, P.opt_s, t, None, dist)
-    commit_checkpoints(run_dir, {"iteration": t + 1, "history": history, "rows": rows, "library": lib_t}, dist)
+    save_checkpoint(run_dir, {"proposer": P.proposer, "solver": P.solver}, P.tok, {"proposer": P.opt_p, "solver": P.opt_s},
+                    t, {"iteration": t + 1, "history": history, "rows": rows, "library": lib_t}, dist, logs=LOGS)
 
 
 def main(argv=None):
@@ -1607,13 +1547,19 @@ def main(argv=None):
     pkgs, stats = load_library(lib_dir, args.family)
     if not pkgs and not args.unguided:
         raise SystemExit(f"no valid skill package in {lib_dir}")
-    start, history, rows = 0, [], []
-    extra = resume(args.run_dir, proposer, solver, opt_p, opt_s, dist) if args.resume else None
+    start, history, rows, extra = 0, [], [], None
+    if args.resume:  # the last complete pair, and each log cut back to its commit (LOGS)
+        ck = resume_checkpoint(args.run_dir, {"proposer": proposer, "solver": solver}, {"proposer": opt_p, "solver": opt_s},
+                               dist, logs=LOGS)
+        extra = ck[1] if ck else None
+    elif dist.is_main:  # a fresh start: no rows of an earlier run
+        for log in (os.path.join(args.run_dir, sub, "metrics.jsonl") for sub in LOGS):
+            if os.path.exists(log):
+                os.remove(log)
     if extra:
         start, history, rows = extra["iteration"], extra["history"], extra["rows"]
         pkgs, stats = load_library(extra["library"], args.family)
         say(f"resumed {args.run_dir} after iteration {start} (library {extra['library']})")
-    trim_logs(args, start, dist)
     p_sampler, s_sampler = make_sampler(args, proposer, tok, dist), make_sampler(args, solver, tok, dist)
     # One decoding regime for every row of the table: the solver's own sampler (schema, temperature, budget),
     # the base row included, taken before any warm-up while the solver is still π^(0).
@@ -1682,7 +1628,7 @@ def main(argv=None):
         for sub in ("proposer", "solver"):
             if os.path.exists(os.path.join(args.run_dir, sub, "metrics.jsonl")):
                 plot_curves(os.path.join(args.run_dir, sub), ("reward", "kl"))
-    return {"history": history, "rows": rows}  # the process group is left to exit (vLLM's engines tear down their own)
+    return {"history": history, "rows": rows}
 
 
 # ----- task environments (below main, which reads as Algorithm 2): tool-call checker, zebra runtime, BFCL -----
@@ -2186,3 +2132,4 @@ def bfcl_check(calls, func, ground_truth, category):
 
 if __name__ == "__main__":
     main()
+    exit_ranks()  # under torchrun: barrier, destroy, os._exit (plumbing.exit_ranks says why)

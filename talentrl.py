@@ -80,7 +80,7 @@ import stats
 from grpo import (Rollout, add_grpo_args, all_reduce_sum, broadcast_object, chat_ids, gather_objects, group_advantages,
                   grpo_update, make_optimizer, multi_turn_rollouts, parse_with_preset, reduce_metrics, seed_everything,
                   setup_distributed, sft_loop)
-from plumbing import (HFSampler, cpu_snapshot, frozen_copy, load_checkpoint, load_embedder, load_model, load_policy,
+from plumbing import (HFSampler, cpu_snapshot, exit_ranks, frozen_copy, load_checkpoint, load_embedder, load_model, load_policy,
                       log_metrics, make_sampler, plot_curves, restore_snapshot, resume_checkpoint, save_checkpoint, unwrap)
 
 # ----- config -----
@@ -1652,3 +1652,4 @@ def scripted_rollouts(tok, W, eps, info, args):
 
 if __name__ == "__main__":
     main()
+    exit_ranks()  # under torchrun: barrier, destroy, os._exit (plumbing.exit_ranks says why)

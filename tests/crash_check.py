@@ -1,7 +1,9 @@
 """Run by tests/test_crash.py as a plain process, killed (SIGKILL) at a named point by NANOSKILL_KILL_AT and
 resumed with --resume:
     grpo ARGS...                    grpo.main(ARGS), with a dense reward so the random tiny model's weights move
-    talentrl MODEL RUN_DIR ARGS...  talentrl.phase2_rl (TalentRL's GRPO loop) on a small World, scripted rollouts"""
+    talentrl MODEL RUN_DIR ARGS...  talentrl.phase2_rl (TalentRL's GRPO loop) on a small World, scripted rollouts
+    skill_entropy MODEL RUN_DIR     skill_entropy.run_sft then run_grpo (§4.2's SFT warm-up, GRPO from it: the parts
+                                    with checkpoints) on 4 two-step tasks, rollouts from the HF sampler"""
 import os
 import sys
 
@@ -34,5 +36,29 @@ elif mode == "talentrl":
     sampler = ScriptedPolicy(tok, {t["question"]: t["answer"] for t in tasks})
     sampler.sync = lambda m: None
     T.phase2_rl(True, model, sampler, tok, W, tasks, Path(run_dir), args, dist)
+elif mode == "skill_entropy":
+    from pathlib import Path
+
+    import skill_entropy as se
+    model_dir, run_dir = rest
+    args = se.parse_with_preset(se.build_parser(), se.PRESETS, argv=[
+        "--preset", "tiny", "--model", model_dir, "--sampler", "hf", "--precision", "fp32", "--sft-epochs", "2",
+        "--sft-lr", "1e-3", "--rl-steps", "5", "--save-every", "2", "--prompts-per-step", "2", "--G", "3",
+        "--max-new-tokens", "6", "--micro-batch", "3", "--beta", "0.1", "--lr", "1e-3", "--resume"])
+    dist = grpo.setup_distributed()
+    grpo.seed_everything(args.seed)
+    bank = se.load_bank(se.DATA / "bank.json", 1, "math,logic")
+    a, b = se.bank_keys(bank)[:2]
+    tasks = []
+    for i in range(4):
+        seeds = [se.make_seed(bank, *a, i), se.make_seed(bank, *b, i)]
+        tasks.append(se.make_task(seeds, f"Scenario {i}.", [x["question"] for x in seeds]) | {"skills": [list(a), list(b)]})
+    run, doms = Path(run_dir), list(bank)
+    # the teacher replies nothing, so SFT trains on the gold traces (--sft-gold-fallback 1, its default)
+    se.run_sft(args, dist, tasks[:2], lambda prompts, n: [""] * len(prompts), None, doms, run / "sft", {"sft": 1})
+    # Eq. (5)'s parts are 0 for a random model's text: a dense reward instead, so every step moves the weights
+    reward = lambda texts, batch: [dict(reward=(len(t) % 5) / 4, r_ans=0.0, r_ent=0.0, format_ok=0.0, matched=0.0)
+                                   for t in texts]
+    se.run_grpo(args, dist, tasks, run / "sft", run / "grpo", reward, doms, {}, {"row": "grpo"}, 1, 1.0)
 else:
     raise SystemExit(f"crash_check.py: unknown mode {mode}")

@@ -10,7 +10,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import grpo  # noqa: E402
 import plumbing  # noqa: E402
-from rank_exit import exit_ranks  # noqa: E402
+from plumbing import exit_ranks  # noqa: E402
 
 model_dir, out, agg, *extra = sys.argv[1:]
 p = argparse.ArgumentParser()
@@ -38,4 +38,4 @@ metrics = grpo.grpo_update(model, ref, opt, mine, args, dist)
 state = plumbing.full_state_dict(model)  # under FSDP a collective: every rank calls it
 if dist.is_main:
     torch.save({"state": state, "metrics": metrics}, out)
-exit_ranks()  # not through interpreter shutdown: tests/rank_exit.py says why
+exit_ranks()  # not through interpreter shutdown: plumbing.exit_ranks says why

@@ -10,13 +10,13 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import grpo  # noqa: E402
 import plumbing  # noqa: E402
-from rank_exit import exit_ranks  # noqa: E402
+from plumbing import exit_ranks  # noqa: E402
 
 mode, rest = sys.argv[1], sys.argv[2:]
 if mode == "main":
     grpo.toy_reward = lambda text, answer: (len(text) % 5) / 4  # the arithmetic reward is all zero for a random model
     grpo.main(rest)
-    exit_ranks()  # not through interpreter shutdown: tests/rank_exit.py says why
+    exit_ranks()  # not through interpreter shutdown: plumbing.exit_ranks says why
     raise SystemExit
 p = argparse.ArgumentParser()
 grpo.add_grpo_args(p)
@@ -41,4 +41,4 @@ elif mode == "vllm":
     hf, vl = h.generate(q, 1, 12, 0.0)[0][0], v.generate(q, 1, 12, 0.0)[0][0]
     with open(f"{rest[1]}.{dist.rank}", "w") as f:
         json.dump(dict(before=before, stale=stale, hf=hf.text, vllm=vl.text, same_ids=hf.ids == vl.ids), f)
-exit_ranks()
+exit_ranks()  # not through interpreter shutdown: plumbing.exit_ranks says why

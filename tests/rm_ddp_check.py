@@ -12,7 +12,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import grpo  # noqa: E402
 import plumbing  # noqa: E402
 import skill_rm as S  # noqa: E402
-from rank_exit import exit_ranks  # noqa: E402
+from plumbing import exit_ranks  # noqa: E402
 
 
 class ScriptedPolicy:
@@ -64,4 +64,4 @@ state = plumbing.full_state_dict(policy)
 if dist.is_main:
     torch.save({"state": state, "judged": judged, "eval": evaluated, "train": train,
                 "metrics_lines": len((run_dir / "metrics.jsonl").read_text().splitlines())}, out)
-exit_ranks()  # not through interpreter shutdown: tests/rank_exit.py says why
+exit_ranks()  # not through interpreter shutdown: plumbing.exit_ranks says why

@@ -13,7 +13,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import grpo  # noqa: E402
 import plumbing  # noqa: E402
 import skill_entropy as se  # noqa: E402
-from rank_exit import exit_ranks  # noqa: E402
+from plumbing import exit_ranks  # noqa: E402
 
 
 class ScriptedPolicy:
@@ -38,7 +38,7 @@ class ScriptedPolicy:
 mode, rest = sys.argv[1], sys.argv[2:]
 if mode == "stages":
     se.main(rest)
-    exit_ranks()  # not through interpreter shutdown: tests/rank_exit.py says why
+    exit_ranks()  # not through interpreter shutdown: plumbing.exit_ranks says why
     raise SystemExit
 model_dir, out = rest
 args = se.parse_with_preset(se.build_parser(), se.PRESETS, argv=[
@@ -62,4 +62,4 @@ policy, _ = se.run_grpo(args, dist, tasks, out + ".none", out, reward_fn, list(b
 state = plumbing.full_state_dict(policy)
 if dist.is_main:
     torch.save({"state": state}, os.path.join(out, "state.pt"))
-exit_ranks()  # not through interpreter shutdown: tests/rank_exit.py says why
+exit_ranks()  # not through interpreter shutdown: plumbing.exit_ranks says why

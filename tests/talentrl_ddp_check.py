@@ -10,7 +10,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import grpo  # noqa: E402
 import plumbing  # noqa: E402
 import talentrl as T  # noqa: E402
-from rank_exit import exit_ranks  # noqa: E402
+from plumbing import exit_ranks  # noqa: E402
 
 
 class ScriptedPolicy:
@@ -59,4 +59,4 @@ if __name__ == "__main__":
     metrics = grpo.grpo_update(model, ref, opt, rollouts, args, dist)
     if dist.is_main:
         torch.save({"state": plumbing.unwrap(model).state_dict(), "metrics": metrics}, out)
-    exit_ranks()  # not through interpreter shutdown: tests/rank_exit.py says why
+    exit_ranks()  # not through interpreter shutdown: plumbing.exit_ranks says why

@@ -41,7 +41,7 @@ def _assert_same_run(a, b):
     wa, wb = _weights(a), _weights(b)
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa), "final weights differ"
     sa, sb = (torch.load(d / "ckpt" / "state.pt", weights_only=False) for d in (a, b))
-    assert sa["step"] == sb["step"] and sa["extra"] == sb["extra"]
+    assert sa["step"] == sb["step"] and plumbing.checkpoint_extra(a) == plumbing.checkpoint_extra(b)
     sa, sb = sa["optimizer"], sb["optimizer"]
     for i in sa["state"]:
         for k, v in sa["state"][i].items():
@@ -100,6 +100,35 @@ def test_talentrl_killed_at_five_points_resumes_bit_identical(tiny_model_dir, tm
     out = _run(["talentrl", tiny_model_dir, str(run), "--resume"])
     assert out.returncode == 0, out.stderr[-3000:]
     _assert_same_run(ref, run)
+
+
+def test_skill_entropy_killed_at_five_points_resumes_bit_identical(tiny_model_dir, tmp_path):
+    """skill_entropy's SFT warm-up and a GRPO row (run_sft, run_grpo: checkpoint_state decides what is reused),
+    rollouts from the HF sampler on the tiny model. The kills: inside SFT's checkpoint write (SFT reruns), after
+    it committed and inside GRPO's first checkpoint (GRPO starts afresh from the SFT weights), a torn GRPO row,
+    between the renames of a commit, and after the final ("done") commit (the run only loads it)."""
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    out = _run(["skill_entropy", tiny_model_dir, str(ref)])
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert len(_rows(ref / "sft")) == 2 and len(_rows(ref / "grpo")) == 5
+    assert any(not torch.equal(_weights(ref / "sft")[k], v) for k, v in _weights(ref / "grpo").items()), \
+        "GRPO never moved the weights"
+    kills = ["ckpt:before_complete:step2", "ckpt:after_model:step1", "metrics:torn:step2", "ckpt:between_renames:step3",
+             "ckpt:after_tmp_rename:step4"]
+    said = ""
+    for point in kills:
+        out = _run(["skill_entropy", tiny_model_dir, str(run)], kill_at=point)
+        assert out.returncode == -9, f"the kill at {point} did not happen (rc {out.returncode}): {out.stderr[-2000:]}"
+        said += out.stderr
+    out = _run(["skill_entropy", tiny_model_dir, str(run)])
+    assert out.returncode == 0, out.stderr[-3000:]
+    for sub in ("sft", "grpo"):
+        assert _rows(ref / sub) == _rows(run / sub), sub
+        wa, wb = _weights(ref / sub), _weights(run / sub)
+        assert all(torch.equal(wa[k], wb[k]) for k in wa), f"{sub}: final weights differ"
+        assert plumbing.checkpoint_extra(ref / sub) == plumbing.checkpoint_extra(run / sub)
+        assert sorted(p.name for p in (run / sub).iterdir() if p.name.startswith("ckpt")) == ["ckpt"]
+    assert "and a torn last line" in said and "loading the last complete checkpoint" in said
 
 
 # ----- the checkpoint commit, point by point (in-process: a "kill" is an exception that abandons the save) -----

@@ -251,6 +251,80 @@ def test_skill_rm_judging_and_rl_step_two_gloo_ranks_equal_one_process(smoke_mod
     assert two["train"]["reward"] == pytest.approx(one["train"]["reward"]) and two["metrics_lines"] == 1
 
 
+# ----- precision: the full copies under FSDP, DDP's gradient mean, logit chunks, vLLM's eager mode -----
+
+def test_fsdp_hf_sampler_copy_is_in_the_compute_dtype(smoke_model_dir, tmp_path):
+    """Under --fsdp the HF sampler generates from a full copy of the policy on every rank: bf16 (2 B/param, not the
+    shards' fp32 4 B/param) unless --precision fp32; sync refreshes the same tensors in place with the gathered
+    weights; frozen_copy's default dtype is the same."""
+    out = _two_ranks(os.path.join(ROOT, "tests", "precision_ranks_check.py"), "replica", smoke_model_dir, str(tmp_path / "r"))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    for rank in range(2):
+        got = torch.load(tmp_path / f"r.{rank}", weights_only=False)
+        for precision, dtype, size in (("bf16", "torch.bfloat16", 2), ("fp32", "torch.float32", 4)):
+            r = got[precision]
+            assert r["dtypes"] == r["frozen"] == {dtype} and r["bytes"] == size * r["n_params"], (rank, precision, r)
+            assert r["same_object"] and r["synced"], (rank, precision)
+
+
+def test_ddp_reduces_bf16_gradients_in_fp32(smoke_model_dir, tmp_path):
+    """DDP with bf16 weights: the gradient MasterAdamW's fp32 masters receive is the fp32 mean of the two ranks' own
+    gradients (to fp32 rounding), and p.grad that mean rounded once to bf16. Most of the masters' values lie
+    between two bf16 numbers, so no bf16 reduction could have produced them."""
+    out = _two_ranks(os.path.join(ROOT, "tests", "precision_ranks_check.py"), "reduce", smoke_model_dir, str(tmp_path / "g"))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    r0, r1 = (torch.load(tmp_path / f"g.{rank}", weights_only=False) for rank in range(2))
+    assert r0["optimizer"] == "MasterAdamW"
+    n_off_grid = n = 0
+    for a, b, m0, m1, g0 in zip(r0["local"], r1["local"], r0["master"], r1["master"], r0["grad"]):
+        mean = (a + b) / 2                                                   # fp32, exact for two bf16 values
+        assert not torch.equal(a, b)                                         # the ranks had different batches
+        assert torch.allclose(m0, mean, rtol=1e-6, atol=1e-12) and torch.equal(m0, m1)
+        assert torch.equal(g0, mean.to(torch.bfloat16).float())              # p.grad: one rounding of the fp32 mean
+        n_off_grid, n = n_off_grid + int((m0 != g0).sum()), n + m0.numel()
+    assert n_off_grid > 0.5 * n, (n_off_grid, n)
+
+
+def test_chunk_rows_by_device():
+    """ChunkedTokenLogProb's chunk: 8 rows on a CPU; on CUDA a 64 MiB fp32 chunk (110 rows at Qwen3's 151,936), so a
+    16k-row micro-batch takes ~150 Python iterations, not 2k. The chunk size leaves the values unchanged."""
+    assert grpo.chunk_rows("cpu", 151936) == grpo.chunk_rows(torch.device("cpu"), 49152) == 8
+    rows = grpo.chunk_rows(torch.device("cuda", 3), 151936)
+    assert rows == 110 and rows * 151936 * 4 <= 64 * 2**20 < (rows + 1) * 151936 * 4 and -(-16384 // rows) == 149
+    assert grpo.chunk_rows("cuda", 10**9) == 1
+    z = torch.randn(300, 500, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    y = torch.randint(0, 500, (300,), generator=torch.Generator().manual_seed(1))
+    outs, grads = [], []
+    for r in (None, 8, 110):
+        x = z.clone().requires_grad_(True)
+        out = grpo.ChunkedTokenLogProb.apply(x, y, 0.7, r)
+        out.sum().backward()
+        outs.append(out), grads.append(x.grad)
+    assert all(torch.equal(outs[0], o) and torch.equal(grads[0], g) for o, g in zip(outs, grads))
+    assert torch.equal(grpo.token_entropy(z, 0.7), grpo.token_entropy(z, 0.7, rows=110))
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_vllm_eager_only_on_cpu(smoke_model_dir, monkeypatch, device):
+    """VLLMSampler asks vLLM for CUDA graphs on a GPU (enforce_eager=False) and for eager mode only on the CPU backend;
+    on CUDA it also passes the utilisation computed from the free memory. (vllm.LLM is replaced by a recorder: the
+    arguments are what is checked; a CUDA device needs no GPU to be named.)"""
+    import vllm
+    seen = {}
+
+    def recorder(**kw):
+        seen.update(kw)
+        raise RuntimeError("recorded")
+    monkeypatch.setattr(vllm, "LLM", recorder)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d: (70 * GiB, 80 * GiB))
+    model, tok = plumbing.load_model(smoke_model_dir, grpo.Dist())
+    args = smoke.grpo_args("--model", smoke_model_dir, "--max-model-len", "512")
+    with pytest.raises(RuntimeError, match="recorded"):
+        plumbing.VLLMSampler(model, tok, args, grpo.Dist(device=torch.device(device)))
+    assert seen["enforce_eager"] is (device == "cpu")
+    assert ("gpu_memory_utilization" in seen) is (device == "cuda")
+
+
 def test_make_cuda_check_is_one_clear_line():
     """`make install`'s cuda-check, told a GPU is there (GPU=yes, as nvidia-smi would): with a CPU torch it stops with
     one line naming the cause; with a CUDA torch it passes."""

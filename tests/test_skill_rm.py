@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import skill_rm as S  # noqa: E402
-from plumbing import ConstrainedHFSampler, FreeString, schema_instances  # noqa: E402
+from plumbing import ConstrainedHFSampler, FreeString, json_text, schema_instances  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "data" / "skill_rm"))
 import prepare as P  # noqa: E402  (the benchmark builder)
@@ -303,6 +303,45 @@ def test_instruction_checkers_on_hand_made_responses():
     assert not c({"type": "unknown"}, "anything")
     s = S.constraint_scores([{"type": "lowercase"}, {"type": "no_commas"}], "hello, world")
     assert s == {"checks": [True, False], "all": 0.0, "frac": 0.5}
+
+
+def test_held_out_checkers_are_ifevals_own_not_the_training_checks():
+    """App. D's held-out score uses Google's IFEval instruction checkers (lm-eval's copy), which differ from ours
+    where IFEval's semantics do: a keyword is a substring there, a '- ' line is a bullet, case needs English text."""
+    c = S.ifeval_check
+    assert c({"type": "lowercase"}, "all good here, my friend.") and not c({"type": "lowercase"}, "Not good.")
+    assert c({"type": "uppercase"}, "YES SIR, THIS IS FINE!") and not c({"type": "uppercase"}, "YES sir")
+    assert c({"type": "max_words", "n": 3}, "one two three") and not c({"type": "max_words", "n": 3}, "one two three four")
+    assert c({"type": "min_words", "n": 2}, "one two") and not c({"type": "min_words", "n": 2}, "one")
+    assert c({"type": "bullets", "n": 2}, "* a\n* b") and not c({"type": "bullets", "n": 2}, "* a\n* b\n* c")
+    assert c({"type": "exclude_word", "word": "very"}, "every day") and not c({"type": "exclude_word", "word": "very"}, "Very nice")
+    assert c({"type": "end_phrase", "phrase": "That is all."}, "Done. That is all.") and not c({"type": "end_phrase", "phrase": "That is all."}, "That is all. Bye")
+    assert c({"type": "quotes"}, '"hello"') and not c({"type": "quotes"}, 'hello"')
+    assert c({"type": "no_commas"}, "no commas here") and not c({"type": "no_commas"}, "a, b")
+    assert c({"type": "title"}, "<<My day>>\nfine") and not c({"type": "title"}, "My day")
+    assert c({"type": "postscript"}, "hi\nP.S. bye") and not c({"type": "postscript"}, "hi")
+    assert c({"type": "start_word", "word": "Today"}, "Today I went") and not c({"type": "start_word", "word": "Today"}, "Yesterday")
+    # where IFEval's checker is not ours
+    kw = {"type": "include_keyword", "word": "river"}
+    assert c(kw, "rivers run") and not S.check_constraint(kw, "rivers run")
+    two = {"type": "bullets", "n": 2}
+    assert c(two, "- a\n- b") and not S.check_constraint(two, "- a\n- b")
+    assert not c({"type": "unknown"}, "anything") and not c({"type": "max_words"}, "no n") and not c("not a dict", "x")
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(sorted(S.IFEVAL_IDS) + ["start_word", "bogus"]),
+       st.dictionaries(st.sampled_from(["n", "word", "phrase"]), st.one_of(st.integers(), st.text(), st.none(), st.lists(st.integers()))),
+       st.text())
+def test_ifeval_check_never_raises_on_hostile_specs_or_text(ctype, fields, text):
+    assert S.ifeval_check({"type": ctype, **fields}, text) in (True, False)
+
+
+def test_eval_if_policy_scores_with_ifevals_checkers():
+    test_set = [{"prompt": "p", "constraints": [{"type": "include_keyword", "word": "river"}]},
+                {"prompt": "q", "constraints": [{"type": "no_commas"}, {"type": "title"}]}]
+    out = S.eval_if_policy(ScriptedSampler(["rivers run", "<<T>> a, b"]), CharTok(), test_set, SimpleNamespace(max_new_tokens=8))
+    assert out["prompt_strict"] == 0.5 and out["inst_level"] == 2 / 3 and out["per_prompt"] == [1.0, 0.5]
 
 
 def test_repair_and_break_build_chosen_and_rejected():
@@ -632,13 +671,13 @@ def test_constrained_hf_sampler_only_emits_allowed_replies(tiny_model_dir):
     skills = S.load_skills(SKILLS)
     t = S.JudgeTask("q", ["a", "b"], "pairwise", "skill_rm")
     schema = S.turn_schema(t, skills, judge_args())
-    allowed = [json.dumps(v) for v in schema_instances(schema)]
+    allowed = [json_text(v) for v in schema_instances(schema)]
     prompt = S.chat_ids(tok, [{"role": "user", "content": "Which is better, A or B?"}])
     for temperature in (0.0, 1.0):
         outs = sampler.generate([prompt, prompt[:-3]], 3, 16, temperature, json_schema=schema)
         assert all(s.text in allowed and S.parse_tool_call(s.text) for o in outs for s in o)
     # greedy choice = the allowed first token with the highest logit (checked at the one branch point)
-    texts = ['{"verdict": "A"}', '{"verdict": "B"}', '{"verdict": "Tie"}']
+    texts = ['{"verdict":"A"}', '{"verdict":"B"}', '{"verdict":"Tie"}']  # compact: plumbing.json_text, as vLLM decodes
     opts = [tok.encode(a, add_special_tokens=False) for a in texts]
     k = next(i for i in range(min(map(len, opts))) if len({o[i] for o in opts}) > 1)
     assert len({o[k] for o in opts}) == 3 and all(o[:k] == opts[0][:k] for o in opts)
@@ -657,8 +696,8 @@ def test_constrained_sampler_decodes_a_bounded_free_code_string(tiny_model_dir):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from plumbing import _json_string_body, _string_end, instance_template
-    assert instance_template({"code": FreeString(9)}) == ['{"code": "', 9, '"}']
-    assert instance_template({"verdict": "A"}) == ['{"verdict": "A"}']
+    assert instance_template({"code": FreeString(9)}) == ['{"code":"', 9, '"}']
+    assert instance_template({"verdict": "A"}) == ['{"verdict":"A"}']
     assert _string_end('ab\\"c"d') == 5 and _string_end('a\\\\"') == 3 and _string_end("abc") is None
     assert _json_string_body('x\nq\\', 50) == 'x\\nq\\\\' and _json_string_body("abcdef", 3) == "abc"
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -887,11 +926,11 @@ def test_constrained_sampler_records_forced_tokens(tiny_model_dir):
         assert len(smp.forced) == len(smp.logprobs) == len(smp.ids)
         assert sum(1 - f for f in smp.forced) == 1  # one decision (A or B); the keys, quotes and EOS are forced
         k = smp.forced.index(0)
-        assert tok.decode(smp.ids[:k]).rstrip().endswith('"') and smp.text in ('{"verdict": "A"}', '{"verdict": "B"}')
+        assert tok.decode(smp.ids[:k]).rstrip().endswith('"') and smp.text in ('{"verdict":"A"}', '{"verdict":"B"}')
         assert all(lp == 0.0 for lp, f in zip(smp.logprobs, smp.forced) if f) and -math.log(2) * 20 < smp.logprobs[k] <= 0
     free = {"type": "object", "properties": {"code": {"type": "string", "maxLength": 12}}, "required": ["code"]}
     for smp in ConstrainedHFSampler(model, tok).generate([prompt], 2, 16, 1.0, json_schema=free)[0]:
-        assert len(smp.forced) == len(smp.ids) and smp.forced[0] == 1  # the head '{"code": "' is forced
+        assert len(smp.forced) == len(smp.ids) and smp.forced[0] == 1  # the head '{"code":"' is forced
         head = smp.forced.index(0) if 0 in smp.forced else len(smp.ids)
         assert tok.decode(smp.ids[:head]).startswith('{"code')
         assert all(f == 0 for f in smp.forced[head:])  # the free string and the re-encoded end count as decisions

@@ -6,6 +6,7 @@ import json
 import math
 import os
 import random
+import shutil
 import subprocess
 import sys
 
@@ -14,6 +15,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import skill_selfplay as S  # noqa: E402
+from plumbing import checkpoint_extra, json_text  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -687,7 +689,7 @@ def test_smoke_tiny(tmp_path, tiny_model_dir):
     # fp32 masters of the base weights and write them back (the warm-up undone at the first step)
     from safetensors.torch import load_file
     base = load_file(os.path.join(tiny_model_dir, "model.safetensors"))
-    primed = load_file(str(run / "checkpoints" / "iter_1" / "proposer" / "ckpt" / "model" / "model.safetensors"))
+    primed = load_file(str(run / "ckpt" / "proposer" / "model.safetensors"))
     assert max((primed[k].float() - base[k].float()).abs().max().item() for k in base if k in primed) > 0.05
     (step,) = [json.loads(line) for line in open(run / "solver" / "metrics.jsonl")]
     assert step["grad_norm"] > 0 and step["skipped"] == 0.0                 # the solver trained on D(t)
@@ -695,8 +697,8 @@ def test_smoke_tiny(tmp_path, tiny_model_dir):
     assert len(recs) == row["n_proposals_parsed"]
     assert sum(r["valid"] for r in recs) == row["n_accepted_skill"] + row["n_accepted_explore"]
     assert all(r["reject"] in (None,) + S.REJECT_TYPES and (r["valid"] or r["why"]) for r in recs)
-    assert os.path.exists(run / "checkpoints" / "iter_1" / "solver" / "ckpt" / "state.pt")
-    assert S.checkpoint_extra(str(run))["iteration"] == 1
+    assert os.path.exists(run / "ckpt" / "solver" / "model.safetensors") and os.path.exists(run / "ckpt" / "state.pt")
+    assert checkpoint_extra(run)["iteration"] == 1
     assert os.path.exists(run / "library" / "iter_1" / "stats.json")
     with open(run / "metrics.jsonl") as f:
         assert json.loads(f.readline())["iteration"] == 1
@@ -746,9 +748,10 @@ def test_smoke_two_rank_gloo_and_resume(tmp_path, tiny_model_dir):
         stats = json.load(open(tmp_path / "library" / f"iter_{t}" / "stats.json"))
         assert sum(st["a"] for st in stats.values()) == 6 * t
         assert len(stats) == rows[t - 1]["lib_size"]
-    ck = tmp_path / "checkpoints" / "iter_2"
-    assert os.path.exists(ck / "proposer" / "ckpt" / "state.pt") and os.path.exists(ck / "solver" / "ckpt" / "model")
-    assert os.path.exists(ck / "proposer" / "ckpt" / "rng_1.pt") and not os.path.exists(tmp_path / "checkpoints" / "iter_1")
+    ck = tmp_path / "ckpt"  # iteration 2's pair, one commit; iteration 1's is gone
+    assert checkpoint_extra(tmp_path)["iteration"] == 2 and os.path.exists(ck / "rng_1.pt")
+    assert os.path.exists(ck / "proposer" / "model.safetensors") and os.path.exists(ck / "solver" / "model.safetensors")
+    assert not os.path.exists(tmp_path / "ckpt.old") and not os.path.exists(tmp_path / "ckpt.tmp")
     stdout = run([sys.executable] + flags + ["--T", "2", "--resume"])  # the other launcher: nothing left to do
     assert "resumed" in stdout and stdout.count("Avg.") == 1
     assert len(open(tmp_path / "metrics.jsonl").readlines()) == 2
@@ -983,35 +986,28 @@ def _players(model, opt, tok):
 
 
 class Killed(Exception):
-    """The process dies here (raised at a named point of save_iteration)."""
+    """The process dies here (raised at a named point of save_iteration's checkpoint: plumbing.kill_point)."""
 
 
-def _kill_at(monkeypatch, point):
-    """Kill the run at a named point of an iteration's save: "proposer" or "solver" = in that checkpoint's write
-    (after the metrics row was logged), "commit" = after both checkpoints, before the pointer is renamed."""
-    real_save, real_replace = S.save_checkpoint, os.replace
-
-    def save(folder, *a, **k):
-        if os.path.basename(folder) == point:
-            raise Killed(point)
-        return real_save(folder, *a, **k)
-
-    def replace(src, dst):
-        if point == "commit" and str(dst).endswith("last.json"):
-            raise Killed(point)
-        return real_replace(src, dst)
-    monkeypatch.setattr(S, "save_checkpoint", save)
-    monkeypatch.setattr(S.os, "replace", replace)
+def _resume(tmp_path, tiny_model_dir, args):
+    """A fresh proposer and solver (and optimizers) loaded by --resume's call; (extra, the two models)."""
+    from grpo import Dist, make_optimizer
+    from plumbing import load_model, resume_checkpoint
+    models = {name: load_model(tiny_model_dir, Dist(), args.dtype)[0] for name in ("proposer", "solver")}
+    opts = {name: make_optimizer(m, args) for name, m in models.items()}
+    ck = resume_checkpoint(tmp_path, models, opts, Dist(), logs=S.LOGS)
+    return (ck[1] if ck else None), models
 
 
-@pytest.mark.parametrize("point", ["proposer", "solver", "commit"])
+@pytest.mark.parametrize("point", ["ckpt:begin", "ckpt:after_model", "ckpt:before_complete"])
 def test_resume_after_a_kill_in_an_iterations_save_uses_the_last_complete_pair(point, tiny_model_dir, tmp_path,
                                                                                monkeypatch):
-    """Iteration 1 commits; the run is killed while saving iteration 2 (after its metrics row was logged). It
-    used to leave the proposer one iteration ahead of the solver, the old pair deleted: no resume possible, and a
-    rerun logged iteration 2's row twice. Now the pair of iteration 1 is still whole and is what resume loads
-    (weights of both), and the rerun of iteration 2 leaves one metrics row per iteration."""
+    """Iteration 1 commits; the run is killed while saving iteration 2 (after its metrics row was logged): before
+    the proposer's weights were written, after both players', before the commit mark. The pair of iteration 1 is
+    what resume loads (weights of both), the row logged after its commit is cut, and the rerun of iteration 2
+    leaves one metrics row per iteration. (A kill at the later points of a commit: tests/test_crash.py.)"""
     import torch
+    import plumbing
     from grpo import Dist, make_optimizer
     from plumbing import load_model, read_metrics
     args = _tiny_args(tiny_model_dir, tmp_path, "--family", "zebra")
@@ -1024,58 +1020,70 @@ def test_resume_after_a_kill_in_an_iterations_save_uses_the_last_complete_pair(p
     with torch.no_grad():
         for v in model.parameters():
             v.add_(1.0)                                                     # iteration 2 trained the weights
+
+    def die(name, step=None):
+        if name == point:
+            raise Killed(name)
     with monkeypatch.context() as m:
-        _kill_at(m, point)
+        m.setattr(plumbing, "kill_point", die)
         with pytest.raises(Killed):
             S.save_iteration(1, _players(model, opt, tok), pkgs, stats, [], [], [{"pool_size": 1}, {"pool_size": 2}],
                              [], args, Dist())
     assert len(open(tmp_path / "metrics.jsonl").readlines()) == 2          # iteration 2's row was logged
-    fresh, _ = load_model(tiny_model_dir, Dist(), args.dtype)
-    fresh2, _ = load_model(tiny_model_dir, Dist(), args.dtype)
-    extra = S.resume(str(tmp_path), fresh, fresh2, make_optimizer(fresh, args), make_optimizer(fresh2, args), Dist())
+    extra, players = _resume(tmp_path, tiny_model_dir, args)
     assert extra["iteration"] == 1 and extra["rows"] == [{"pool_size": 1}]
-    for m_ in (fresh, fresh2):                                              # both from iteration 1's pair
+    for m_ in players.values():                                             # both from iteration 1's pair
         assert all(torch.equal(saved[k], v) for k, v in m_.state_dict().items())
-    S.trim_logs(args, extra["iteration"], Dist())
+    assert [json.loads(line)["step"] for line in open(tmp_path / "metrics.jsonl")] == [1]
     S.save_iteration(1, _players(model, opt, tok), pkgs, stats, [], [], [{"pool_size": 1}, {"pool_size": 2}], [],
                      args, Dist())
     assert [json.loads(line)["step"] for line in open(tmp_path / "metrics.jsonl")] == [1, 2]
-    assert sorted(read_metrics(tmp_path)) == [1, 2] and S.checkpoint_extra(str(tmp_path))["iteration"] == 2
-    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["iter_2", "last.json"]  # the older pair is gone
+    assert sorted(read_metrics(tmp_path)) == [1, 2] and checkpoint_extra(tmp_path)["iteration"] == 2
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("ckpt")) == ["ckpt"]
 
 
-def test_checkpoint_extra_reads_no_pickle(tiny_model_dir, tmp_path, monkeypatch):
-    """`extra` lives in its own JSON file: reading it never unpickles an optimizer state (≈ 48 GB at 4B)."""
+def test_checkpoint_extra_reads_no_optimizer_state(tiny_model_dir, tmp_path, monkeypatch):
+    """`extra` lives in its own file (extra.pt): reading it never unpickles an optimizer state (≈ 48 GB at 4B)."""
+    import torch
     from grpo import Dist, make_optimizer
     from plumbing import load_model
     args = _tiny_args(tiny_model_dir, tmp_path, "--family", "zebra")
     model, tok = load_model(tiny_model_dir, Dist(), args.dtype)
     S.save_iteration(0, _players(model, make_optimizer(model, args), tok), [], {}, [], [], [{"pool_size": 0}],
                      [["base", {"zebra_cell": 0.5}]], args, Dist())
-    import torch
-
-    def no_load(*a, **k):
-        raise AssertionError("torch.load called")
-    monkeypatch.setattr(torch, "load", no_load)
-    extra = S.checkpoint_extra(str(tmp_path))
+    real, read = torch.load, []
+    monkeypatch.setattr(torch, "load", lambda f, *a, **k: read.append(os.path.basename(f)) or real(f, *a, **k))
+    extra = checkpoint_extra(tmp_path)
     assert extra["iteration"] == 1 and extra["history"] == [["base", {"zebra_cell": 0.5}]]
-    assert S.checkpoint_extra(str(tmp_path / "fresh")) is None
+    assert read == ["extra.pt"] and checkpoint_extra(tmp_path / "fresh") is None
 
 
-def test_trim_logs_drops_rows_after_the_last_commit(tmp_path):
-    """Resume from iteration 1: the loop's rows after it (main, proposer and solver logs) are dropped; a fresh
-    start (0) drops every row, the warm-ups' too (they run again)."""
-    from grpo import Dist
-    args = S.parse_args(["--family", "zebra", "--preset", "tiny", "--proposer-steps", "2", "--solver-steps", "3",
-                         "--run-dir", str(tmp_path)])
-    for sub, steps in (("", [1, 2]), ("proposer", [0, 1, 2, 3]), ("solver", [0, 1, 2, 3, 4, 5]), ("proposer_sft", [0])):
-        (tmp_path / sub).mkdir(exist_ok=True)
-        (tmp_path / sub / "metrics.jsonl").write_text("".join(json.dumps({"step": k}) + "\n" for k in steps))
-    S.trim_logs(args, 1, Dist())
+def test_resume_cuts_every_log_back_to_the_commit(tiny_model_dir, tmp_path):
+    """Resume from iteration 1: the rows written after its commit (main, proposer, solver logs) are dropped, the
+    warm-ups' rows (before it) stay; resume with nothing committed drops every row, the warm-ups' too (they run
+    again)."""
+    from grpo import Dist, make_optimizer
+    from plumbing import load_model
+    args = _tiny_args(tiny_model_dir, tmp_path, "--family", "zebra")
     steps = lambda sub: [json.loads(x)["step"] for x in open(tmp_path / sub / "metrics.jsonl")]
-    assert (steps(""), steps("proposer"), steps("solver"), steps("proposer_sft")) == ([1], [0, 1], [0, 1, 2], [0])
-    S.trim_logs(args, 0, Dist())
-    assert (steps(""), steps("proposer"), steps("solver"), steps("proposer_sft")) == ([], [], [], [])
+
+    def log(sub, ks):
+        (tmp_path / sub).mkdir(exist_ok=True)
+        with open(tmp_path / sub / "metrics.jsonl", "a") as f:
+            f.write("".join(json.dumps({"step": k}) + "\n" for k in ks))
+    for sub, ks in (("proposer_sft", [0]), ("solver_sft", [0, 1]), ("proposer", [0, 1]), ("solver", [0, 1, 2])):
+        log(sub, ks)
+    model, tok = load_model(tiny_model_dir, Dist(), args.dtype)
+    S.save_iteration(0, _players(model, make_optimizer(model, args), tok), [], {}, [], [], [{"pool_size": 0}], [],
+                     args, Dist())                                          # logs row 1 of the main log, commits
+    for sub, ks in (("", [2]), ("proposer", [2, 3]), ("solver", [3, 4, 5])):
+        log(sub, ks)                                                        # iteration 2, killed before its commit
+    assert _resume(tmp_path, tiny_model_dir, args)[0]["iteration"] == 1
+    assert [steps(s) for s in S.LOGS] == [[1], [0, 1], [0, 1, 2], [0], [0, 1]]
+    for f in tmp_path.glob("ckpt*"):
+        shutil.rmtree(f)                                                    # nothing committed: a fresh start
+    assert _resume(tmp_path, tiny_model_dir, args)[0] is None
+    assert [steps(s) for s in S.LOGS] == [[]] * 5
 
 
 def test_save_iteration_rerun_does_not_duplicate_library_changes(tiny_model_dir, tmp_path):
@@ -1095,7 +1103,7 @@ def test_save_iteration_rerun_does_not_duplicate_library_changes(tiny_model_dir,
         S.save_iteration(t, _players(model, opt, tok), pkgs, stats, changes, [], [row], [], args, Dist())
     lines = [json.loads(line) for line in open(tmp_path / "library_changes.jsonl")]
     assert [(c["iteration"], c["skill"]) for c in lines] == [(0, "a"), (1, "b")]
-    assert S.checkpoint_extra(str(tmp_path))["iteration"] == 2
+    assert checkpoint_extra(tmp_path)["iteration"] == 2
     assert (tmp_path / "library" / "iter_2" / "stats.json").exists()
 
 
@@ -1251,7 +1259,7 @@ def test_prime_proposer_targets_are_the_worked_examples(monkeypatch):
                    and S.PROPOSER_PREFIX["zebra"] + tok.decode(t[:-1]) == json.dumps(pkg["example"]) for p, t in seen)
     seen.clear()
     S.prime_proposer(model, tok, pkgs, args, Dist(), grammar=True)
-    assert any(tok.decode(t[:-1]) == json.dumps(pkgs[0]["example"]) for _, t in seen)  # ", " and ": ", as xgrammar decodes
+    assert any(tok.decode(t[:-1]) == json_text(pkgs[0]["example"]) for _, t in seen)  # compact, as the grammar decodes
 
 
 def test_proposer_sft_batch_draws_that_many_examples(monkeypatch):
@@ -1429,25 +1437,27 @@ def test_trivial_baselines_are_scored_by_the_same_checker_and_printed(tmp_path, 
 
 
 def test_task_and_grid_schemas_compile_under_xgrammar_and_admit_the_gold_grid():
-    """What vLLM gets (structured outputs, xgrammar, no optional whitespace): TASK_SCHEMA of both families and
-    every held-out puzzle's grid_schema compile with the embedded tokenizer, and the grid schema's matcher takes
-    the gold grid, token by token as JSON with ", " and ": " (what answer_budget and the warm-ups write; compact
-    JSON is refused), then EOS: the grammar admits the answer it scores as right."""
+    """What vLLM gets (structured outputs, xgrammar with disable_any_whitespace: no optional whitespace and the
+    separators "," and ":", as VLLMSampler asks): TASK_SCHEMA of both families and every held-out puzzle's
+    grid_schema compile with the embedded tokenizer, and the grid schema's matcher takes the gold grid, token by
+    token as compact JSON (json_text: what the solver warm-up writes; ", "-spaced JSON is refused), then EOS: the
+    grammar admits the answer it scores as right, in the form the warm-up teaches."""
     import xgrammar as xgr
     tok = _tok()
     compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tok))
     for family in ("tool", "zebra"):
-        assert compiler.compile_json_schema(json.dumps(S.TASK_SCHEMA[family]), any_whitespace=False) is not None
+        assert compiler.compile_json_schema(json.dumps(S.TASK_SCHEMA[family]), any_whitespace=False, separators=(",", ":")) is not None
     args = S.parse_args(["--family", "zebra", "--preset", "tiny"])
     puzzles, _ = S.zebra_heldout(args)
     for _, p, sol in puzzles[::10] + puzzles[-1:]:
-        matcher = xgr.GrammarMatcher(compiler.compile_json_schema(json.dumps(S.grid_schema(p)), any_whitespace=False))
-        ids = tok.encode(json.dumps(sol), add_special_tokens=False)
+        vllm_grammar = compiler.compile_json_schema(json.dumps(S.grid_schema(p)), any_whitespace=False, separators=(",", ":"))
+        matcher = xgr.GrammarMatcher(vllm_grammar)
+        ids = tok.encode(json_text(sol), add_special_tokens=False)
         assert all(matcher.accept_token(i) for i in ids) and matcher.accept_token(tok.eos_token_id)
         assert matcher.is_terminated()
-        compact = xgr.GrammarMatcher(compiler.compile_json_schema(json.dumps(S.grid_schema(p)), any_whitespace=False))
-        assert not all(compact.accept_token(i) for i in tok.encode(json.dumps(sol, separators=(",", ":")),
-                                                                   add_special_tokens=False))
+        spaced = xgr.GrammarMatcher(vllm_grammar)
+        assert not all(spaced.accept_token(i) for i in tok.encode(json.dumps(sol), add_special_tokens=False))
+        assert S.answer_budget(args, tok, [sol]) >= len(ids) + 1  # the budget (spaced, x 1.25) fits it and EOS
 
 
 class _StopBeforeIteration(Exception):
