@@ -833,7 +833,7 @@ def _run(cmd, tmp_path):
 
 
 @pytest.mark.skip(reason="too slow for CI and no signal at CI size: with SMOKE (1 thread per rank, 2-core AVX2 CPU) the "
-                         "first run took 431 s and its resume ~3 min more, and TalentRL answered 0/14 held-out questions "
+                         "first run took 431 s (its resume was not timed), and TalentRL answered 0/14 held-out questions "
                          "with 12/14 routed to one talent (talent session 2, 2026-12-01); see README TalentRL")
 def test_smoke_tiny_two_rank_gloo_and_resume(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
