@@ -151,7 +151,7 @@ def check_torchrun(model_dir, tmp, device):
     """One rank under torchrun (NCCL on a GPU, gloo on CPU): updates with and without --fsdp, then an
     uninterrupted 4-step run against 2 steps + --resume to 4 (weights and AdamW state bit-identical)."""
     from safetensors.torch import load_file
-    env = {**os.environ, "PORT": str(29600 + os.getpid() % 300), "CUBLAS_WORKSPACE_CONFIG": ":4096:8", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PORT": str(29600 + os.getpid() % 300), "CUBLAS_WORKSPACE_CONFIG": ":4096:8", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     common = ["--model", model_dir, "--sampler", "hf", "--G", "4", "--prompts-per-step", "2", "--max-new-tokens", "8",
               "--eval-n", "0", "--lr", "1e-3", "--save-every", "2", "--beta", "0.1", "--micro-batch", "4"]
     backend = "NCCL" if device.type == "cuda" else "gloo"
@@ -247,7 +247,7 @@ def script_commands(model_dir, n, tmp):
 
 
 def check_scripts(model_dir, tmp, n):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     for k, (name, argv) in enumerate(script_commands(model_dir, n, tmp).items()):
         log = tmp / f"{name}.log"
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={n}", f"--master_port={29900 + k}", *argv,

@@ -524,7 +524,7 @@ def test_missing_model_path_is_one_clear_error(tmp_path):
 
 @pytest.mark.parametrize("agg", ["token", "seq"])
 def test_ddp_two_gloo_ranks_equal_one_process(tiny_model_dir, tmp_path, agg):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     script = os.path.join(ROOT, "tests", "ddp_check.py")
     subprocess.run([sys.executable, script, tiny_model_dir, str(tmp_path / "one.pt"), agg], check=True, env=env, timeout=300)
     _torchrun(script, tiny_model_dir, str(tmp_path / "two.pt"), agg)
@@ -552,7 +552,7 @@ def test_gather_and_broadcast_objects_two_gloo_ranks(tmp_path):
 def _torchrun(*argv, timeout=900):
     """2 gloo ranks; --standalone: the rendezvous binds a free port the OS picks, never a fixed number."""
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *argv],
-                   check=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=timeout)
+                   check=True, env={**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}, timeout=timeout)
 
 
 @pytest.mark.parametrize("agg", ["token", "seq"])
@@ -560,7 +560,7 @@ def test_fsdp_two_gloo_ranks_equal_one_process(tiny_model_dir, tmp_path, agg):
     # --grad-clip 0.05 is below this batch's gradient norm (about 0.1): clip_grad_norm_ over DTensor shards is checked too
     script = os.path.join(ROOT, "tests", "ddp_check.py")
     subprocess.run([sys.executable, script, tiny_model_dir, str(tmp_path / "one.pt"), agg, "--grad-clip", "0.05"],
-                   check=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+                   check=True, env={**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}, timeout=300)
     _torchrun(script, tiny_model_dir, str(tmp_path / "two.pt"), agg, "--grad-clip", "0.05", "--fsdp")
     one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
     assert set(one["state"]) == set(two["state"])
