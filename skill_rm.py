@@ -1614,11 +1614,12 @@ def ifeval_check(c, response):
     raises on the response is False (model output is hostile input)."""
     if not isinstance(c, dict) or not isinstance(response, str):
         return False
+    registry = ifeval_registry()  # outside the try: a missing lm-eval is an ImportError, not every check False
     try:
         if c.get("type") not in IFEVAL_IDS:
             return bool(check_constraint(c, response))
         iid, kwargs = IFEVAL_IDS[c["type"]]
-        checker = ifeval_registry()[iid](iid)
+        checker = registry[iid](iid)
         checker.build_description(**kwargs(c))
         return bool(checker.check_following(response))
     except Exception:  # noqa: BLE001 -- a checker's assert or regex error on hostile text is a failed check
