@@ -916,6 +916,48 @@ def test_eq7_constant_rewards_leave_solver_unchanged(tiny_model_dir, tmp_path):
     assert all(torch.equal(before[k], v) for k, v in solver.state_dict().items())
 
 
+def _forced_bench():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("forced_gradnorm", os.path.join(ROOT, "bench", "forced_gradnorm.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_forced_grid_tokens_leave_the_solver_loss(tiny_model_dir, tmp_path):
+    """Difference 11: a solver batch of zebra grids decoded under grid_schema (ConstrainedHFSampler, through
+    solver_round, as bench/forced_gradnorm.py measures it) trains exactly the tokens the grammar did not force;
+    without the mask (Rollout.forced = None) every generated token, with another gradient. A batch whose every
+    token was forced (a one-house puzzle: the schema has one instance) has no decision to learn from, and
+    grpo_update documents what it does then: no step (skipped, weights untouched), while the same batch with
+    the mask dropped would move them."""
+    import torch
+    from grpo import Dist
+    from plumbing import ConstrainedHFSampler, load_model, load_policy
+    bench = _forced_bench()
+    r = bench.measure(["--model", tiny_model_dir, "--tasks", "8", "--solver-G", "4", "--no-autocast"])
+    assert r["n_rollouts"] == 32 and 0 < r["forced"] < r["generated"]
+    assert r["off"]["n_tokens"] == r["generated"] and r["on"]["n_tokens"] == r["generated"] - r["forced"]
+    assert r["on"]["grad_norm"] > 0 and r["off"]["grad_norm"] > 0 and r["on"]["grad_norm"] != r["off"]["grad_norm"]
+    args = S.parse_args(["--family", "zebra", "--preset", "tiny", "--solver-aid", "on", "--model", tiny_model_dir,
+                         "--solver-G", "4", "--no-autocast", "--run-dir", str(tmp_path)])
+    dist = Dist()
+    solver, tok = load_policy(args, dist)
+    ref = load_model(args.model, dist, args.dtype, trainable=False)[0]
+    one = {"houses": 1, "attributes": {"Name": ["Ann"], "Pet": ["Cat"]}, "clues": []}
+    D = [{"task": one, "contract": {"House 1": {"Name": "Ann", "Pet": "Cat"}}}]
+    rollouts = S.solver_round(D, ConstrainedHFSampler(solver, tok), tok, args, random.Random(0), dist)
+    assert len(rollouts) == 4 and all(r.forced == [1] * len(r.ids) and r.ids for r in rollouts)
+    for k, ro in enumerate(rollouts):  # rewards that vary, so that the unmasked arm has an advantage to follow
+        ro.reward = float(k % 2)
+    m_on, on = bench.update(solver, ref, rollouts, args, dist, masked=True)
+    assert m_on["skipped"] == 1.0 and m_on["n_tokens"] == 0 and "grad_norm" not in m_on
+    assert all(torch.equal(v, on.state_dict()[k]) for k, v in solver.state_dict().items())
+    m_off, off = bench.update(solver, ref, rollouts, args, dist, masked=False)
+    assert m_off["skipped"] == 0.0 and m_off["n_tokens"] == sum(len(ro.ids) for ro in rollouts) and m_off["grad_norm"] > 0
+    assert any(not torch.equal(v, off.state_dict()[k]) for k, v in solver.state_dict().items())
+
+
 # ----- bugs of the loop (each test failed before its fix) -----
 
 class ListReply:
