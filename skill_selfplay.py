@@ -60,7 +60,8 @@ Differences from the paper:
     --solver-aid on (tool-call prefill, zebra grid schema), temperature 0.7; its held-out numbers are not the paper's.
 11. Sampling: held-out evaluation does not apply Table 5's top-k 40; every row (base included) is decoded by the
     solver's own sampler, schema and budget. Rollouts decoded under a grammar get their GRPO log-probs from the
-    unconstrained π_θ (off-policy, not corrected; forced tokens still trained); the paper preset uses no grammar.
+    unconstrained π_θ (off-policy, not corrected); the tokens it forced leave the loss (grpo.trained_mask;
+    bench/forced_gradnorm.py). The paper preset uses no grammar.
 12. Tool answers: a reply's answer is its first well-formed <tool_call>; ExactCall (Eq. 14) and the probe
     vote (Eq. 4) compare it with the reference by call_key (argument order ignored, 1 ≡ 1.0, True ≢ 1).
 13. --proposer-sft-steps N (paper 0): SFT warm-up of the proposer on S(0)'s worked examples before

@@ -3,7 +3,8 @@ resumed with --resume:
     grpo ARGS...                    grpo.main(ARGS), with a dense reward so the random tiny model's weights move
     talentrl MODEL RUN_DIR ARGS...  talentrl.phase2_rl (TalentRL's GRPO loop) on a small World, scripted rollouts
     skill_entropy MODEL RUN_DIR     skill_entropy.run_sft then run_grpo (§4.2's SFT warm-up, GRPO from it: the parts
-                                    with checkpoints) on 4 two-step tasks, rollouts from the HF sampler"""
+                                    with checkpoints) on 4 two-step tasks, rollouts from the HF sampler
+    skill_selfplay ARGS...          skill_selfplay.main(ARGS), the proposer scripted (selfplay_ddp_check.py)"""
 import os
 import sys
 
@@ -60,5 +61,12 @@ elif mode == "skill_entropy":
     reward = lambda texts, batch: [dict(reward=(len(t) % 5) / 4, r_ans=0.0, r_ent=0.0, format_ok=0.0, matched=0.0)
                                    for t in texts]
     se.run_grpo(args, dist, tasks, run / "sft", run / "grpo", reward, doms, {}, {"row": "grpo"}, 1, 1.0)
+elif mode == "skill_selfplay":
+    # a random model writes no puzzle: the proposer's sampler is scripted, so proposals pass the gate, D(t) is not
+    # empty and both players' GRPO steps move their weights; the solver samples (probes, rollouts) on HF generate
+    import skill_selfplay as S
+    from selfplay_ddp_check import script_players
+    script_players(rest, roles=("proposer",))
+    S.main(rest)
 else:
     raise SystemExit(f"crash_check.py: unknown mode {mode}")

@@ -31,9 +31,15 @@ def _rows(run_dir, drop=("time", "time_gen", "time_step")):
     return [{k: v for k, v in json.loads(line).items() if k not in drop} for line in lines]
 
 
-def _weights(run_dir):
+def _weights(run_dir, name="model"):
     from safetensors.torch import load_file
-    return load_file(run_dir / "ckpt" / "model" / "model.safetensors")
+    return load_file(run_dir / "ckpt" / name / "model.safetensors")
+
+
+def _assert_same_optimizer(sa, sb):
+    for i in sa["state"]:
+        for k, v in sa["state"][i].items():
+            assert torch.equal(v, sb["state"][i][k]), (i, k)
 
 
 def _assert_same_run(a, b):
@@ -42,10 +48,20 @@ def _assert_same_run(a, b):
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa), "final weights differ"
     sa, sb = (torch.load(d / "ckpt" / "state.pt", weights_only=False) for d in (a, b))
     assert sa["step"] == sb["step"] and plumbing.checkpoint_extra(a) == plumbing.checkpoint_extra(b)
-    sa, sb = sa["optimizer"], sb["optimizer"]
-    for i in sa["state"]:
-        for k, v in sa["state"][i].items():
-            assert torch.equal(v, sb["state"][i][k]), (i, k)
+    _assert_same_optimizer(sa["optimizer"], sb["optimizer"])
+
+
+def _kill_at_each(argv, kills, resume="--resume"):
+    """Run argv once per kill point, SIGKILLed there, each run after the first resuming; then once to the end.
+    Returns everything the runs wrote to stderr."""
+    said = ""
+    for i, point in enumerate(kills):
+        out = _run(argv + ([resume] if i else []), kill_at=point)
+        assert out.returncode == -9, f"the kill at {point} did not happen (rc {out.returncode}): {out.stderr[-2000:]}"
+        said += out.stderr
+    out = _run(argv + [resume])
+    assert out.returncode == 0, out.stderr[-3000:]
+    return said + out.stderr
 
 
 # ----- grpo.py: killed at six points across the run, resumed each time -----
@@ -129,6 +145,54 @@ def test_skill_entropy_killed_at_five_points_resumes_bit_identical(tiny_model_di
         assert plumbing.checkpoint_extra(ref / sub) == plumbing.checkpoint_extra(run / sub)
         assert sorted(p.name for p in (run / sub).iterdir() if p.name.startswith("ckpt")) == ["ckpt"]
     assert "and a torn last line" in said and "loading the last complete checkpoint" in said
+
+
+SELFPLAY = ["skill_selfplay", "--family", "zebra", "--preset", "tiny", "--T", "3", "--proposer-prompts", "2",
+            "--proposer-G", "2", "--collect-prompts", "0", "--K", "2", "--solver-G", "2", "--solver-batch", "2",
+            "--solver-steps", "1", "--solver-sft-steps", "1", "--solver-sft-tasks", "2", "--solver-sft-batch", "2",
+            "--solver-sft-lr", "1e-2", "--lr", "1e-3", "--max-new-tokens", "16", "--zebra-eval-per-scale", "1",
+            "--zebra-eval-scales", "small", "--rg-eval-n", "0", "--controller-max-new-tokens", "8", "--sampler", "hf",
+            "--precision", "fp32", "--no-plots"]
+
+
+def test_skill_selfplay_killed_at_five_points_resumes_bit_identical(tiny_model_dir, tmp_path):
+    """Skill-SP's loop (zebra, 3 iterations; proposer and solver in one checkpoint per iteration, the library, σ
+    and the table rows in its extra; the solver on the HF sampler, the proposer scripted: crash_check.py). The
+    kills: inside the first checkpoint write (a fresh start), a torn main-log row of iteration 1, between the
+    renames of iteration 1's commit (the resume loads ckpt.tmp), a row after iteration 2's proposer and solver
+    rows (three logs cut back), after the final commit; then the same rows, weights, optimizers and extra."""
+    from test_skill_selfplay import TINY_ZEBRA_PACKAGE  # one 2 × 2 package: short gold grids, short answer budgets
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "zebra_tiny.md").write_text(TINY_ZEBRA_PACKAGE)
+    argv = SELFPLAY + ["--model", tiny_model_dir, "--library", str(tmp_path / "lib")]
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    out = _run(argv + ["--run-dir", str(ref)])
+    assert out.returncode == 0, out.stderr[-3000:]
+    logs = ("", "proposer", "solver", "solver_sft")
+    times = ("time", "time_propose", "time_collect", "time_solve", "time_evolve", "time_eval")
+    assert [len(_rows(ref / sub)) for sub in logs] == [3, 3, 3, 1]
+    assert all(r["pool_size"] >= 1 for r in _rows(ref)) and all(r["grad_norm"] > 0 for r in _rows(ref / "solver"))
+    kills = ["ckpt:after_model:step0", "metrics:torn:step2", "ckpt:between_renames:step1", "metrics:after_row:step3",
+             "ckpt:after_tmp_rename:step2"]
+    said = _kill_at_each(argv + ["--run-dir", str(run)], kills)
+    for sub in logs:
+        assert _rows(ref / sub, times) == _rows(run / sub, times), sub
+    for name in ("proposer", "solver"):
+        wa, wb = _weights(ref, name), _weights(run, name)
+        assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa), f"{name}: final weights differ"
+    sa, sb = (torch.load(d / "ckpt" / "state.pt", weights_only=False) for d in (ref, run))
+    for name in ("proposer", "solver"):
+        _assert_same_optimizer(sa["optimizer"][name], sb["optimizer"][name])
+    untimed = lambda d: {**d, "rows": [{k: v for k, v in r.items() if k not in times} for r in d["rows"]]}
+    ea, eb = plumbing.checkpoint_extra(ref), plumbing.checkpoint_extra(run)
+    assert ea["iteration"] == eb["iteration"] == 3 and untimed(ea) == untimed({**eb, "library": ea["library"]})
+    ra, rb = (json.loads((d / "results.json").read_text()) for d in (ref, run))
+    assert untimed(ra) == untimed(rb)
+    for f in ("library_changes.jsonl", "records/iter_2.jsonl", "library/iter_3/stats.json", "eval/iter_3.jsonl"):
+        assert (ref / f).read_text() == (run / f).read_text(), f
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith("ckpt")) == ["ckpt"]
+    assert said.count("no checkpoint in") == 1 and "and a torn last line" in said
+    assert "loading the last complete checkpoint" in said and "dropped 1 row(s) logged after the checkpoint" in said
 
 
 # ----- the checkpoint commit, point by point (in-process: a "kill" is an exception that abandons the save) -----

@@ -710,51 +710,76 @@ def test_smoke_tiny(tmp_path, tiny_model_dir):
 
 def test_smoke_two_rank_gloo_and_resume(tmp_path, tiny_model_dir):
     """torchrun with 2 gloo ranks on the tiny random model (tool family): one iteration, a torchrun resume
-    that runs the second, then a plain-python resume with nothing left to do. Checks that the gathered
-    batch, σ, the broadcast library and the sharded evaluation are whole, and that only rank 0 prints."""
-    flags = ["skill_selfplay.py", "--family", "tool", "--preset", "tiny", "--model", tiny_model_dir,
-             "--proposer-prompts", "4", "--proposer-G", "2", "--proposer-max-new-tokens", "12", "--K", "2",
-             "--max-new-tokens", "8", "--solver-steps", "1", "--eval-n", "3", "--controller-max-new-tokens", "8",
-             "--prune-min-attempts", "99", "--collect-prompts", "2", "--sampler", "hf", "--no-autocast", "--no-plots",
-             "--run-dir", str(tmp_path)]
+    that runs the second, then a plain-python resume with nothing left to do; and one plain process running
+    both iterations. The proposer's and solver's samplers are scripted (tests/selfplay_ddp_check.py: the
+    random model writes no valid tool task), the rest is the real loop. Checks signal (valid proposals, a
+    non-empty D(t), solver steps with a non-zero gradient), that the gathered batch, σ, the broadcast library
+    and the sharded evaluation are whole, that only rank 0 prints, and that the resumed two-rank run equals
+    the one process: the same metrics rows, records and final weights."""
+    import torch
+    from safetensors.torch import load_file
+    flags = [os.path.join(ROOT, "tests", "selfplay_ddp_check.py"), "--family", "tool", "--preset", "tiny",
+             "--model", tiny_model_dir, "--proposer-prompts", "4", "--proposer-G", "2", "--K", "2", "--max-new-tokens", "8",
+             "--solver-steps", "1", "--eval-n", "3", "--controller-max-new-tokens", "8", "--prune-min-attempts", "99",
+             "--collect-prompts", "2", "--proposer-sft-steps", "1", "--solver-sft-steps", "1", "--proposer-grammar", "off",
+             "--sampler", "hf", "--no-autocast", "--no-plots"]
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    one, two = tmp_path / "one", tmp_path / "two"
 
-    def run(cmd):
-        out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    def run(cmd, run_dir):
+        out = subprocess.run(cmd + ["--run-dir", str(run_dir)], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                             env=env)
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
         return out.stdout
 
-    stdout = run(torchrun + flags + ["--T", "1"])
+    run([sys.executable] + flags + ["--T", "2"], one)
+    stdout = run(torchrun + flags + ["--T", "1"], two)
     assert stdout.count("held-out eval of the base model") == 1  # rank 0 prints, rank 1 is silent
     assert stdout.count("Avg.") == 2                             # the table: base, then after iteration 1
-    stdout = run(torchrun + flags + ["--T", "2", "--resume"])
+    stdout = run(torchrun + flags + ["--T", "2", "--resume"], two)
     assert "resumed" in stdout and "held-out eval of the base model" not in stdout
-    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    rows = [json.loads(line) for line in open(two / "metrics.jsonl")]
     assert [r["iteration"] for r in rows] == [1, 2]
     keys = {"n_proposals_parsed", "pool_size", "lib_size", "valid_rate_skill", "valid_rate_explore", "v_solve_skill",
             "active_skills", "n_eff", "n_induced", "n_refined", "n_pruned", "bfcl_simple_python", "bfcl_live_simple",
             "bfcl_avg", "time_propose", "time_eval"}
     assert keys <= set(rows[0]) and keys <= set(rows[1])
     B = 4 * 2 + 2 * 2  # proposer rollouts of one step plus the collection pass (2 prompts × G), over both ranks
-    prop = [json.loads(line) for line in open(tmp_path / "proposer" / "metrics.jsonl")]
+    prop = [json.loads(line) for line in open(two / "proposer" / "metrics.jsonl")]
     assert [r["step"] for r in prop] == [0, 1] and {"reward", "n_unparsed", "n_valid", "kl", "grad_norm"} <= set(prop[0])
-    for t, (row, p) in enumerate(zip(rows, prop)):
+    solver = [json.loads(line) for line in open(two / "solver" / "metrics.jsonl")]
+    for t, (row, p, s) in enumerate(zip(rows, prop, solver)):
         assert row["n_proposals_parsed"] + row["n_proposals_unparsed"] == B  # gathered: both ranks, both passes
         assert row["n_proposals_unparsed"] >= p["n_unparsed"]
-        with open(tmp_path / "records" / f"iter_{t}.jsonl") as f:
+        # signal: valid proposals of both streams, a non-empty D(t), a solver step with a gradient
+        assert row["n_accepted_skill"] >= 1 and row["n_accepted_explore"] >= 1 and p["n_valid"] >= 1, row
+        assert row["pool_size"] >= 1 and s["step"] == t and s["grad_norm"] > 0 and p["grad_norm"] > 0
+        with open(two / "records" / f"iter_{t}.jsonl") as f:
             assert len(f.readlines()) == row["n_proposals_parsed"]
     for t in (1, 2):  # σ counts every skill-stream attempt of both ranks: (2 + 1) skill prompts × G = 2 per iteration
-        stats = json.load(open(tmp_path / "library" / f"iter_{t}" / "stats.json"))
+        stats = json.load(open(two / "library" / f"iter_{t}" / "stats.json"))
         assert sum(st["a"] for st in stats.values()) == 6 * t
         assert len(stats) == rows[t - 1]["lib_size"]
-    ck = tmp_path / "ckpt"  # iteration 2's pair, one commit; iteration 1's is gone
-    assert checkpoint_extra(tmp_path)["iteration"] == 2 and os.path.exists(ck / "rng_1.pt")
-    assert os.path.exists(ck / "proposer" / "model.safetensors") and os.path.exists(ck / "solver" / "model.safetensors")
-    assert not os.path.exists(tmp_path / "ckpt.old") and not os.path.exists(tmp_path / "ckpt.tmp")
-    stdout = run([sys.executable] + flags + ["--T", "2", "--resume"])  # the other launcher: nothing left to do
+    ck = two / "ckpt"  # iteration 2's pair, one commit; iteration 1's is gone
+    assert checkpoint_extra(two)["iteration"] == 2 and os.path.exists(ck / "rng_1.pt")
+    assert not os.path.exists(two / "ckpt.old") and not os.path.exists(two / "ckpt.tmp")
+    # two ranks (and a resume) = one process: rows, records, weights
+    for sub, n in (("", 2), ("proposer", 2), ("solver", 2), ("proposer_sft", 1), ("solver_sft", 1)):
+        a, b = ([{k: v for k, v in json.loads(line).items() if not k.startswith("time")}
+                 for line in open(d / sub / "metrics.jsonl")] for d in (one, two))
+        assert len(a) == len(b) == n and all(x.keys() == y.keys() for x, y in zip(a, b)), sub
+        for x, y in zip(a, b):  # floats to rounding (DDP sums in another order), the rest exactly
+            assert all(x[k] == (pytest.approx(y[k], rel=1e-5, abs=1e-7, nan_ok=True) if isinstance(y[k], float) else y[k])
+                       for k in x), (sub, x, y)
+    for t in (0, 1):
+        assert open(one / "records" / f"iter_{t}.jsonl").read() == open(two / "records" / f"iter_{t}.jsonl").read()
+    for name in ("proposer", "solver"):
+        wa, wb = (load_file(str(d / "ckpt" / name / "model.safetensors")) for d in (one, two))
+        assert all(torch.allclose(wa[k], wb[k], atol=1e-6) for k in wa), name
+    stdout = run([sys.executable] + flags + ["--T", "2", "--resume"], two)  # the other launcher: nothing left to do
     assert "resumed" in stdout and stdout.count("Avg.") == 1
-    assert len(open(tmp_path / "metrics.jsonl").readlines()) == 2
+    assert len(open(two / "metrics.jsonl").readlines()) == 2
 
 
 # ----- solver phase (Eq. 6-7) on a curriculum of real tasks -----
@@ -914,6 +939,48 @@ def test_eq7_constant_rewards_leave_solver_unchanged(tiny_model_dir, tmp_path):
     D, (m,) = S.solver_phase(recs, 0, solver, ref, opt, sampler, tok, args, random.Random(0), Dist())
     assert len(D) == 2 and m["reward"] == 0.0 and m["skipped"] == 0.0 and m["n_tokens"] > 0 and m["grad_norm"] == 0.0
     assert all(torch.equal(before[k], v) for k, v in solver.state_dict().items())
+
+
+def _forced_bench():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("forced_gradnorm", os.path.join(ROOT, "bench", "forced_gradnorm.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_forced_grid_tokens_leave_the_solver_loss(tiny_model_dir, tmp_path):
+    """Difference 11: a solver batch of zebra grids decoded under grid_schema (ConstrainedHFSampler, through
+    solver_round, as bench/forced_gradnorm.py measures it) trains exactly the tokens the grammar did not force;
+    without the mask (Rollout.forced = None) every generated token, with another gradient. A batch whose every
+    token was forced (a one-house puzzle: the schema has one instance) has no decision to learn from, and
+    grpo_update documents what it does then: no step (skipped, weights untouched), while the same batch with
+    the mask dropped would move them."""
+    import torch
+    from grpo import Dist
+    from plumbing import ConstrainedHFSampler, load_model, load_policy
+    bench = _forced_bench()
+    r = bench.measure(["--model", tiny_model_dir, "--tasks", "8", "--solver-G", "4", "--no-autocast"])
+    assert r["n_rollouts"] == 32 and 0 < r["forced"] < r["generated"]
+    assert r["off"]["n_tokens"] == r["generated"] and r["on"]["n_tokens"] == r["generated"] - r["forced"]
+    assert r["on"]["grad_norm"] > 0 and r["off"]["grad_norm"] > 0 and r["on"]["grad_norm"] != r["off"]["grad_norm"]
+    args = S.parse_args(["--family", "zebra", "--preset", "tiny", "--solver-aid", "on", "--model", tiny_model_dir,
+                         "--solver-G", "4", "--no-autocast", "--run-dir", str(tmp_path)])
+    dist = Dist()
+    solver, tok = load_policy(args, dist)
+    ref = load_model(args.model, dist, args.dtype, trainable=False)[0]
+    one = {"houses": 1, "attributes": {"Name": ["Ann"], "Pet": ["Cat"]}, "clues": []}
+    D = [{"task": one, "contract": {"House 1": {"Name": "Ann", "Pet": "Cat"}}}]
+    rollouts = S.solver_round(D, ConstrainedHFSampler(solver, tok), tok, args, random.Random(0), dist)
+    assert len(rollouts) == 4 and all(r.forced == [1] * len(r.ids) and r.ids for r in rollouts)
+    for k, ro in enumerate(rollouts):  # rewards that vary, so that the unmasked arm has an advantage to follow
+        ro.reward = float(k % 2)
+    m_on, on = bench.update(solver, ref, rollouts, args, dist, masked=True)
+    assert m_on["skipped"] == 1.0 and m_on["n_tokens"] == 0 and "grad_norm" not in m_on
+    assert all(torch.equal(v, on.state_dict()[k]) for k, v in solver.state_dict().items())
+    m_off, off = bench.update(solver, ref, rollouts, args, dist, masked=False)
+    assert m_off["skipped"] == 0.0 and m_off["n_tokens"] == sum(len(ro.ids) for ro in rollouts) and m_off["grad_norm"] > 0
+    assert any(not torch.equal(v, off.state_dict()[k]) for k, v in solver.state_dict().items())
 
 
 # ----- bugs of the loop (each test failed before its fix) -----
