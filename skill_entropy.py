@@ -113,7 +113,7 @@ GPU_SKILLS = ("math/arithmetic_operations,math/multiplication,math/linear_equati
               "context_retrieval/cross_step_reference,instruction_following/format_compliance,instruction_following/keyword_inclusion")
 
 PRESETS = {
-    # ≈ 8 min on an idle 2-core CPU: the three domains with two screened seeds each
+    # 625–820 s per seed on a 2-core CPU without native bf16 (seeds 0–2): the three domains with two screened seeds each
     # (bank.json screen_acc in [0.2, 0.7]), 8 step-wise chains per Acc cell as at paper scale, short
     # generations, 2 GRPO steps per Table 3 row. 192 new tokens fit a length-4 gold trace;
     # 6 SFT epochs are what it takes the 135M model to emit the D.2 format at all (2 epochs:
