@@ -107,12 +107,12 @@ clean:
 	rm -rf runs
 
 # skill_entropy.py: Skill-Entropy RL against its controls over 3 seeds: the headline entries (Table 3 paired over
-# test tasks × seeds, single vs cross step-2 accuracy) pooled by --aggregate, and each SkE statistic against
-# its permutation null. One seed per process (`make ske-seed-1` runs one; stages ske, synth, train).
+# test tasks × seeds, single vs cross step-2 accuracy, Skill²-Bench single vs cross) pooled by --aggregate, and
+# each SkE statistic against its permutation null. One seed per process (`make ske-seed-1` runs one; every stage).
 SKE_SEEDS ?= 0 1 2
 .PHONY: ske-seeds
 ske-seed-%: install
-	$(BIN)/python skill_entropy.py train --preset tiny --seed $* --run-dir runs/ske-seed$*
+	$(BIN)/python skill_entropy.py --preset tiny --seed $* --run-dir runs/ske-seed$*
 ske-seeds: $(addprefix ske-seed-,$(SKE_SEEDS))
 	$(BIN)/python skill_entropy.py --aggregate $(addprefix runs/ske-seed,$(SKE_SEEDS))
 

@@ -300,15 +300,19 @@ def exit_ranks(code=0):
     by a C++ static destructor at exit(), is also teardown. Not reproduced in isolation: 0 of 20 aborts for a
     minimal two-rank DDP program ending through the interpreter with the other core busy, so the counts
     (bench/gloo_exit_stress.py) test the cure, not the cause. The cure covers both paths: a barrier (every
-    rank's collectives are done, no peer still reads this rank's sockets), destroy the group, run the Python
-    atexit handlers (vLLM's engine shutdown among them), flush, and leave with os._exit, which runs neither
-    the interpreter's finalization nor C++ static destructors. Outputs are written before this call."""
-    if not torch_dist.is_initialized():
+    rank's collectives are done, no peer still reads this rank's sockets), run the Python atexit handlers
+    (vLLM's engine shutdown among them), destroy the group if they left it, flush, and leave with os._exit,
+    which runs neither the interpreter's finalization nor C++ static destructors. Outputs are written first.
+    The handlers run before our destroy because vLLM's shutdown destroys its groups and then the default
+    one, and raises "Invalid process group specified" on a group already destroyed. A plain process
+    (no RANK: any group is vLLM's own world of one) returns and ends as usual."""
+    if "RANK" not in os.environ or not torch_dist.is_initialized():
         return
     torch_dist.barrier()
-    torch_dist.destroy_process_group()
     import atexit
     atexit._run_exitfuncs()
+    if torch_dist.is_initialized():
+        torch_dist.destroy_process_group()
     sys.stdout.flush(), sys.stderr.flush()
     os._exit(code)
 

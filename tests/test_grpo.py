@@ -550,9 +550,13 @@ def test_gather_and_broadcast_objects_two_gloo_ranks(tmp_path):
 
 
 def _torchrun(*argv, timeout=900):
-    """2 gloo ranks; --standalone: the rendezvous binds a free port the OS picks, never a fixed number."""
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *argv],
-                   check=True, env={**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}, timeout=timeout)
+    """2 gloo ranks; --standalone: the rendezvous binds a free port the OS picks, never a fixed number.
+    Returns stderr; a rank that fails shows its tail."""
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *argv],
+                         capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"},
+                         timeout=timeout)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    return out.stderr
 
 
 @pytest.mark.parametrize("agg", ["token", "seq"])
@@ -613,7 +617,8 @@ def test_fsdp_vllm_greedy_equals_hf_greedy_after_sync(tmp_path):
     torch.manual_seed(0)
     LlamaForCausalLM(cfg).save_pretrained(tmp_path / "m")
     tok.save_pretrained(tmp_path / "m")
-    _torchrun(os.path.join(ROOT, "tests", "fsdp_check.py"), "vllm", str(tmp_path / "m"), str(tmp_path / "out"))
+    err = _torchrun(os.path.join(ROOT, "tests", "fsdp_check.py"), "vllm", str(tmp_path / "m"), str(tmp_path / "out"))
+    assert "Traceback" not in err, err[-3000:]  # plumbing.exit_ranks lets vLLM's shutdown destroy its groups first
     for rank in range(2):
         r = json.loads((tmp_path / f"out.{rank}").read_text())
         assert "banana split" in r["hf"] and r["hf"] == r["vllm"] and r["same_ids"], r
@@ -693,10 +698,12 @@ for s in v.generate(q, 2, 8, 1.0)[0]:
     lp_err.append(float((ref - torch.tensor(s.logprobs)).abs().max()) if len(s.logprobs) == len(s.ids) else 1e9)
 print("RESULT", json.dumps([before, stale, hf.text, vl.text, hf.ids == vl.ids, mixed[0][0].text, mixed[1][0].text,
                             [s.text for s in one], [[s.text for s in g] for g in per], lp_err]))
+plumbing.exit_ranks()  # every script's last line: a plain process leaves vLLM's own group to vLLM's shutdown
 '''
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
     line = [l for l in out.stdout.splitlines() if l.startswith("RESULT")]
     assert line, out.stderr[-3000:]
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr[-3000:]
     before, stale, hf, vl, same_ids, too_long, short, one, per, lp_err = json.loads(line[0][len("RESULT "):])
     assert max(lp_err) < 2e-2, lp_err  # the sampler's log-probs are the policy's (fp32 here; another kernel)
     assert "banana split" in hf and hf == vl and same_ids
