@@ -10,7 +10,7 @@ sampled once; each arm then takes grpo_update on its own copy of the same solver
 (grad norm: before clipping). Sampler: --sampler hf is plumbing.ConstrainedHFSampler (prefix tree of the
 schema's instances: the canonical tokenisation only, so more tokens count as forced than under xgrammar);
 --sampler vllm is VLLMSampler, whose forced flags come from xgrammar (GrammarReplay), as --preset tiny runs.
---model tiny (default): a random 2-layer Llama with the embedded tokenizer (as tests/conftest.py builds one).
+--model tiny (default): a random 2-layer, 128-wide Llama with the embedded tokenizer.
 Any other flag goes to skill_selfplay.parse_args."""
 import argparse
 import copy
@@ -28,12 +28,13 @@ import skill_selfplay as S  # noqa: E402
 
 
 def tiny_random_model(folder):
-    """A random 2-layer, 32-wide Llama with the embedded model's tokenizer, saved as an HF folder."""
+    """A random 2-layer, 128-wide Llama with the embedded model's tokenizer, saved as an HF folder (head_dim 64:
+    vLLM's CPU attention has no kernel for tests/conftest.py's head_dim 16)."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
     tok = AutoTokenizer.from_pretrained(plumbing.embedded_model_path())
     torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                                  num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=2048,
                                  tie_word_embeddings=True, bos_token_id=tok.bos_token_id,
                                  eos_token_id=tok.eos_token_id)).save_pretrained(folder)
