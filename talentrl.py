@@ -10,7 +10,7 @@ paired rollouts (Eq. 8–9); phase II trains routing with matched-intervention
 contrasts (Eq. 11–13) and execution with group-relative advantages (Eq. 10),
 token by token (Eq. 14), through the clipped, KL-regularised loss (Eq. 15).
 
-    python talentrl.py --preset tiny                             # 2-core CPU: over 15 min per seed (README)
+    python talentrl.py --preset tiny                             # 2-core CPU: ~25 min per seed (README)
     python talentrl.py --aggregate runs/talentrl-s0 runs/talentrl-s1 runs/talentrl-s2   # Table 1, mean ± sd
     torchrun --nproc_per_node=2 talentrl.py --preset tiny         # the same on 2 CPU ranks (gloo)
     torchrun --nproc_per_node=8 talentrl.py --preset paper        # Table 4 settings (GPUs)
@@ -87,7 +87,7 @@ from plumbing import (HFSampler, cpu_snapshot, exit_ranks, frozen_copy, load_che
 DATA = Path(__file__).resolve().parent / "data" / "talentrl"
 
 PRESETS = {
-    # 2-core CPU, embedded SmolLM2-135M, a small world: a few tasks per stage (over 15 min per seed, README);
+    # 2-core CPU, embedded SmolLM2-135M, a small world: a few tasks per stage (~25 min per seed measured, README);
     # rollouts on vLLM (`auto`: HF generate if vLLM cannot start)
     "tiny": dict(n_people=40, n_places=16, n_orgs=10, n_events=10, n_hamlets=12, n_shared=6, n_train=60, n_test=6,
                  sim_threshold=0.0, K=3, sft_tasks=70, sft_n=1, sft_batch=4, sft_lr=1e-4,
