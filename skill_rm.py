@@ -81,7 +81,7 @@ import yaml
 from grpo import (Dist, add_grpo_args, chat_ids, gather_objects, grpo_update, make_optimizer, parse_with_preset, reduce_metrics,
                   sft_loop, sample_group_rollouts, seed_everything, setup_distributed)
 from plumbing import (cpu_snapshot, exit_ranks, frozen_copy, load_model, load_policy, log_metrics, make_sampler, per_rank, plot_curves,
-                      json_text, restore_snapshot, unwrap, ConstrainedHFSampler, VLLMSampler)
+                      json_text, restore_snapshot, ConstrainedHFSampler, VLLMSampler)
 from sandbox import CODE_IMPORTS, run_sandboxed, sandbox_static_check
 from stats import aggregate_main, binomial_p, compare, format_headline, vs_chance, write_results
 
