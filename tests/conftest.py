@@ -7,6 +7,9 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# a test subprocess's thread settings: one thread per process (per rank under torchrun). torch takes its thread
+# count from MKL_NUM_THREADS when that is set, so OMP_NUM_THREADS alone can leave two ranks at 2 threads each on 2 cores
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
 @pytest.fixture(scope="session")

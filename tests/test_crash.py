@@ -12,13 +12,14 @@ import pytest
 import torch
 
 import plumbing
+from conftest import ONE_THREAD
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHECK = os.path.join(ROOT, "tests", "crash_check.py")
 
 
 def _run(argv, kill_at=None, timeout=300):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, **ONE_THREAD}
     env.pop("NANOSKILL_KILL_AT", None)
     if kill_at:
         env["NANOSKILL_KILL_AT"] = kill_at
@@ -36,6 +37,11 @@ def _weights(run_dir, name="model"):
     return load_file(run_dir / "ckpt" / name / "model.safetensors")
 
 
+def _assert_same_weights(a, b, name="model"):
+    wa, wb = _weights(a, name), _weights(b, name)
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa), f"{b}, {name}: final weights differ"
+
+
 def _assert_same_optimizer(sa, sb):
     for i in sa["state"]:
         for k, v in sa["state"][i].items():
@@ -44,22 +50,21 @@ def _assert_same_optimizer(sa, sb):
 
 def _assert_same_run(a, b):
     assert _rows(a) == _rows(b)
-    wa, wb = _weights(a), _weights(b)
-    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa), "final weights differ"
+    _assert_same_weights(a, b)
     sa, sb = (torch.load(d / "ckpt" / "state.pt", weights_only=False) for d in (a, b))
     assert sa["step"] == sb["step"] and plumbing.checkpoint_extra(a) == plumbing.checkpoint_extra(b)
     _assert_same_optimizer(sa["optimizer"], sb["optimizer"])
 
 
 def _kill_at_each(argv, kills, resume="--resume"):
-    """Run argv once per kill point, SIGKILLed there, each run after the first resuming; then once to the end.
-    Returns everything the runs wrote to stderr."""
+    """Run argv once per kill point, SIGKILLed there, each run after the first resuming (with the flag `resume`;
+    None: the script resumes on its own); then once to the end. Returns everything the runs wrote to stderr."""
     said = ""
     for i, point in enumerate(kills):
-        out = _run(argv + ([resume] if i else []), kill_at=point)
+        out = _run(argv + ([resume] if i and resume else []), kill_at=point)
         assert out.returncode == -9, f"the kill at {point} did not happen (rc {out.returncode}): {out.stderr[-2000:]}"
         said += out.stderr
-    out = _run(argv + [resume])
+    out = _run(argv + ([resume] if resume else []))
     assert out.returncode == 0, out.stderr[-3000:]
     return said + out.stderr
 
@@ -84,14 +89,7 @@ def test_grpo_killed_at_six_points_resumes_bit_identical(tiny_model_dir, tmp_pat
     assert len(_rows(ref)) == 6
     w0 = plumbing.load_model(tiny_model_dir, __import__("grpo").Dist())[0].state_dict()
     assert any(not torch.equal(w0[k], v) for k, v in _weights(ref).items()), "the weights never moved"
-    said = ""
-    for i, point in enumerate(KILLS):
-        out = _run(common + ["--run-dir", str(run)] + (["--resume"] if i else []), kill_at=point)
-        assert out.returncode == -9, f"the kill at {point} did not happen (rc {out.returncode}): {out.stderr[-2000:]}"
-        said += out.stderr
-    out = _run(common + ["--run-dir", str(run), "--resume"])
-    assert out.returncode == 0, out.stderr[-3000:]
-    said += out.stderr
+    said = _kill_at_each(common + ["--run-dir", str(run)], KILLS)
     _assert_same_run(ref, run)
     assert not (run / "ckpt.old").exists() and not (run / "ckpt.tmp").exists()
     # what the resumes said: a fresh start twice, a torn line, the fallback to ckpt.tmp, rows cut back
@@ -110,11 +108,7 @@ def test_talentrl_killed_at_five_points_resumes_bit_identical(tiny_model_dir, tm
     assert any(not torch.equal(w0[k], v) for k, v in _weights(ref).items()), "the weights never moved"
     kills = ["metrics:after_row:step0", "ckpt:before_complete:step1", "metrics:torn:step2",
              "ckpt:between_renames:step3", "ckpt:after_tmp_rename:step4"]
-    for i, point in enumerate(kills):
-        out = _run(["talentrl", tiny_model_dir, str(run)] + (["--resume"] if i else []), kill_at=point)
-        assert out.returncode == -9, f"the kill at {point} did not happen (rc {out.returncode}): {out.stderr[-2000:]}"
-    out = _run(["talentrl", tiny_model_dir, str(run), "--resume"])
-    assert out.returncode == 0, out.stderr[-3000:]
+    _kill_at_each(["talentrl", tiny_model_dir, str(run)], kills)
     _assert_same_run(ref, run)
 
 
@@ -131,17 +125,10 @@ def test_skill_entropy_killed_at_five_points_resumes_bit_identical(tiny_model_di
         "GRPO never moved the weights"
     kills = ["ckpt:before_complete:step2", "ckpt:after_model:step1", "metrics:torn:step2", "ckpt:between_renames:step3",
              "ckpt:after_tmp_rename:step4"]
-    said = ""
-    for point in kills:
-        out = _run(["skill_entropy", tiny_model_dir, str(run)], kill_at=point)
-        assert out.returncode == -9, f"the kill at {point} did not happen (rc {out.returncode}): {out.stderr[-2000:]}"
-        said += out.stderr
-    out = _run(["skill_entropy", tiny_model_dir, str(run)])
-    assert out.returncode == 0, out.stderr[-3000:]
+    said = _kill_at_each(["skill_entropy", tiny_model_dir, str(run)], kills, resume=None)  # its stages reuse what is done
     for sub in ("sft", "grpo"):
         assert _rows(ref / sub) == _rows(run / sub), sub
-        wa, wb = _weights(ref / sub), _weights(run / sub)
-        assert all(torch.equal(wa[k], wb[k]) for k in wa), f"{sub}: final weights differ"
+        _assert_same_weights(ref / sub, run / sub)
         assert plumbing.checkpoint_extra(ref / sub) == plumbing.checkpoint_extra(run / sub)
         assert sorted(p.name for p in (run / sub).iterdir() if p.name.startswith("ckpt")) == ["ckpt"]
     assert "and a torn last line" in said and "loading the last complete checkpoint" in said
@@ -178,8 +165,7 @@ def test_skill_selfplay_killed_at_five_points_resumes_bit_identical(tiny_model_d
     for sub in logs:
         assert _rows(ref / sub, times) == _rows(run / sub, times), sub
     for name in ("proposer", "solver"):
-        wa, wb = _weights(ref, name), _weights(run, name)
-        assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa), f"{name}: final weights differ"
+        _assert_same_weights(ref, run, name)
     sa, sb = (torch.load(d / "ckpt" / "state.pt", weights_only=False) for d in (ref, run))
     for name in ("proposer", "solver"):
         _assert_same_optimizer(sa["optimizer"][name], sb["optimizer"][name])

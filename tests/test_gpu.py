@@ -12,6 +12,7 @@ import torch
 import grpo
 import plumbing
 from gpu import smoke
+from conftest import ONE_THREAD
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GiB = 2**30
@@ -175,7 +176,7 @@ def test_gpu_smoke_dry_mode_on_cpu():
     """`gpu/smoke.py --cpu`: every check's logic on CPU and gloo (one torchrun rank with and without --fsdp, exact
     resume, a toy run whose reward rises); the CUDA-only checks and the vLLM stage say SKIP."""
     out = subprocess.run([sys.executable, os.path.join(ROOT, "gpu", "smoke.py"), "--cpu", "--reward-steps", "12"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
+                         capture_output=True, text=True, timeout=900, env={**os.environ, **ONE_THREAD})
     lines = [l for l in out.stdout.splitlines() if l.split(" ")[0] in ("PASS", "FAIL", "SKIP")]
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     status = {l.split(":")[0].split(" ", 1)[1]: l.split(" ")[0] for l in lines}
@@ -187,11 +188,11 @@ def test_gpu_smoke_dry_mode_on_cpu():
 
 def _two_ranks(*argv, timeout=900):
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *argv],
-                          cwd=ROOT, capture_output=True, text=True, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
+                          cwd=ROOT, capture_output=True, text=True, timeout=timeout, env={**os.environ, **ONE_THREAD})
 
 
 def _one_then_two(script, model_dir, one, two):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    env = {**os.environ, **ONE_THREAD}
     r1 = subprocess.run([sys.executable, script, model_dir, one], cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
     assert r1.returncode == 0, r1.stdout[-2000:] + r1.stderr[-3000:]
     r2 = _two_ranks(script, model_dir, two)
@@ -202,7 +203,7 @@ def test_skill_entropy_grpo_step_two_gloo_ranks_equal_one_process(smoke_model_di
     """run_grpo's own split of the step's tasks over 2 ranks, Eq. (5) rewards of scripted completions: the weights after
     one step are one process's, and only rank 0 wrote the metrics line and the checkpoint."""
     script = os.path.join(ROOT, "tests", "ske_ddp_check.py")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    env = {**os.environ, **ONE_THREAD}
     r1 = subprocess.run([sys.executable, script, "step", smoke_model_dir, str(tmp_path / "one")], cwd=ROOT,
                         capture_output=True, text=True, timeout=900, env=env)
     assert r1.returncode == 0, r1.stderr[-3000:]

@@ -12,6 +12,7 @@ import torch
 
 import grpo
 import plumbing
+from conftest import ONE_THREAD
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -524,7 +525,7 @@ def test_missing_model_path_is_one_clear_error(tmp_path):
 
 @pytest.mark.parametrize("agg", ["token", "seq"])
 def test_ddp_two_gloo_ranks_equal_one_process(tiny_model_dir, tmp_path, agg):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    env = {**os.environ, **ONE_THREAD}
     script = os.path.join(ROOT, "tests", "ddp_check.py")
     subprocess.run([sys.executable, script, tiny_model_dir, str(tmp_path / "one.pt"), agg], check=True, env=env, timeout=300)
     _torchrun(script, tiny_model_dir, str(tmp_path / "two.pt"), agg)
@@ -553,7 +554,7 @@ def _torchrun(*argv, timeout=900):
     """2 gloo ranks; --standalone: the rendezvous binds a free port the OS picks, never a fixed number.
     Returns stderr; a rank that fails shows its tail."""
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *argv],
-                         capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"},
+                         capture_output=True, text=True, env={**os.environ, **ONE_THREAD},
                          timeout=timeout)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     return out.stderr
@@ -564,7 +565,7 @@ def test_fsdp_two_gloo_ranks_equal_one_process(tiny_model_dir, tmp_path, agg):
     # --grad-clip 0.05 is below this batch's gradient norm (about 0.1): clip_grad_norm_ over DTensor shards is checked too
     script = os.path.join(ROOT, "tests", "ddp_check.py")
     subprocess.run([sys.executable, script, tiny_model_dir, str(tmp_path / "one.pt"), agg, "--grad-clip", "0.05"],
-                   check=True, env={**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}, timeout=300)
+                   check=True, env={**os.environ, **ONE_THREAD}, timeout=300)
     _torchrun(script, tiny_model_dir, str(tmp_path / "two.pt"), agg, "--grad-clip", "0.05", "--fsdp")
     one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
     assert set(one["state"]) == set(two["state"])

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import skill_selfplay as S  # noqa: E402
 from plumbing import checkpoint_extra, json_text  # noqa: E402
+from conftest import ONE_THREAD  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -724,7 +725,7 @@ def test_smoke_two_rank_gloo_and_resume(tmp_path, tiny_model_dir):
              "--collect-prompts", "2", "--proposer-sft-steps", "1", "--solver-sft-steps", "1", "--proposer-grammar", "off",
              "--sampler", "hf", "--no-autocast", "--no-plots"]
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    env = {**os.environ, **ONE_THREAD}
     one, two = tmp_path / "one", tmp_path / "two"
 
     def run(cmd, run_dir):

@@ -17,9 +17,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 import talentrl as T  # noqa: E402
 
-# one thread per rank: MKL_NUM_THREADS (set by /work/bin/cpu --heavy, say) overrides OMP_NUM_THREADS in torch's
-# thread count, and two ranks of two threads each on a 2-core CPU ran the smoke ~6x slower (measured)
-ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+from conftest import ONE_THREAD  # noqa: E402  (two ranks of two threads on a 2-core CPU ran the smoke ~6x slower)
 
 
 # ----- equations -----
