@@ -37,6 +37,8 @@ Differences from the papers:
    convention); `--no-scale-rewards` gives Dr. GRPO's mean-only advantages.
 6. Not in the papers: --tis-cap reweighs the sampler's tokens to π_θold (TIS), and
    tokens a grammar forced (Rollout.forced) leave the loss, the KL and the means.
+7. A group's prompt runs once per micro-batch (shared_prompt_logits): the full pass's values and gradients from fewer
+   tokens; off under FSDP and gradient checkpointing.
 """
 import argparse
 import contextlib
@@ -315,16 +317,34 @@ def token_entropy(logits, temperature, rows=None):
     return out
 
 
+def shared_prompt_logits(model, pre):
+    """Prefix sharing: the G completions of a group share one prompt, so each distinct prompt runs once and its keys
+    and values are indexed out to the rows that share it (the prompt's gradient sums over them, as G separate passes
+    would); the tails then attend to them through an explicit (B, 1, C, P + C) mask. The full pass's logits from
+    U·P + B·C tokens instead of B·(P + C)."""
+    cache = None
+    if pre["ids"].shape[1] > 0:
+        cache = unwrap(model).get_decoder()(input_ids=pre["ids"], attention_mask=pre["attn"], use_cache=True).past_key_values
+        cache.batch_select_indices(pre["row"])                                               # (U, …) → (B, …)
+    dtype = next(unwrap(model).parameters()).dtype
+    mask = torch.zeros(pre["allowed"].shape, dtype=dtype, device=pre["tail"].device).masked_fill_(~pre["allowed"], torch.finfo(dtype).min)
+    return model(input_ids=pre["tail"], attention_mask=mask, position_ids=pre["pos"], past_key_values=cache).logits
+
+
 def token_logprobs(model, batch, temperature, autocast=False, entropy=False):
     """log π(o_t | q, o_<t) where the mask is 1 (0 elsewhere), at the sampling temperature (and H_t if entropy). The V = 49k head and its log-softmax
     see only those rows (a pre-hook on lm_head), so environment tokens (≈ 85 % of a TalentRL row) and padding cost no logits."""
     ids, attn, start = batch["input_ids"], batch["attention_mask"], batch["start"]
     keep = batch["mask"] > 0                                                              # (B, T), trained positions
     before = torch.arange(start - 1, ids.shape[1] - 1, device=ids.device)                 # the positions that predict o_1 … o_T
-    hook = unwrap(model).get_output_embeddings().register_forward_pre_hook(lambda _, h: (h[0][keep],))  # (B, T, C) → (N, C)
+    pre = batch.get("prefix")  # FSDP runs whole forwards only; HF drops the cache under gradient checkpointing
+    pre = None if isinstance(model, FSDPModule) or unwrap(model).is_gradient_checkpointing else pre
+    rows = pre["keep"] if pre is not None else keep                                       # the same positions, tail-aligned
+    hook = unwrap(model).get_output_embeddings().register_forward_pre_hook(lambda _, h: (h[0][rows],))  # (B, T, C) → (N, C)
     try:
         with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=autocast and not isinstance(model, FSDPModule)):  # FSDP: its own policy
-            logits = model(input_ids=ids, attention_mask=attn, logits_to_keep=before).logits  # (N, V), bf16 unless fp32
+            logits = shared_prompt_logits(model, pre) if pre is not None else \
+                model(input_ids=ids, attention_mask=attn, logits_to_keep=before).logits       # (N, V), bf16 unless fp32
     finally:
         hook.remove()
     logp = ChunkedTokenLogProb.apply(logits, ids[:, start:][keep], temperature)          # (N,)
@@ -493,8 +513,24 @@ def collate(rows, pad_id, device):
         adv[b, off:off + len(c)] = torch.tensor(a, dtype=torch.float)
         if sl and sl[0] is not None:
             slp[b, off:off + len(c)] = torch.tensor(sl[0], dtype=torch.float)
+    # the same rows for prefix sharing (shared_prompt_logits): each distinct prompt once, less its last token (U, P)
+    uniq, row = {}, []
+    for p, *_ in rows:
+        row.append(uniq.setdefault(tuple(p), len(uniq)))
+    P, C, row = max(map(len, uniq)) - 1, max(len(c) for _, c, *_ in rows), torch.tensor(row)
+    pids, pattn = torch.full((len(uniq), P), pad_id, dtype=torch.long), torch.zeros(len(uniq), P, dtype=torch.bool)
+    for p, u in uniq.items():
+        pids[u, :len(p) - 1], pattn[u, :len(p) - 1] = torch.tensor(p[:-1], dtype=torch.long), True
+    tail, tattn = torch.full((len(rows), C), pad_id, dtype=torch.long), torch.zeros(len(rows), C, dtype=torch.bool)
+    keep, pos = torch.zeros(len(rows), C, dtype=torch.bool), torch.zeros(len(rows), C, dtype=torch.long)
+    for b, (p, c, m, *_) in enumerate(rows):                    # the tail [last prompt token] + o_<T predicts o_1 … o_T
+        tail[b, :len(c)], tattn[b, :len(c)] = torch.tensor([p[-1]] + list(c[:-1])), True
+        keep[b, :len(c)], pos[b] = torch.tensor(m) > 0, len(p) - 1 + torch.arange(C)
+    causal = torch.ones(C, C, dtype=torch.bool).tril()
+    allowed = torch.cat([pattn[row, None, :].expand(-1, C, -1), causal & tattn[:, None, :]], -1)    # (B, C, P + C)
+    prefix = {"ids": pids, "attn": pattn, "row": row, "tail": tail, "pos": pos, "keep": keep, "allowed": allowed[:, None]}
     return {"input_ids": ids.to(device), "attention_mask": attn.to(device), "start": start,
-            "mask": mask.to(device), "adv": adv.to(device), "slp": slp.to(device)}
+            "mask": mask.to(device), "adv": adv.to(device), "slp": slp.to(device), "prefix": {k: v.to(device) for k, v in prefix.items()}}
 
 
 def assign_advantages(rollouts, args):
@@ -534,8 +570,9 @@ def dynamic_sampling(rollouts):
 
 
 def _micro_batches(rows, size):
-    """Micro-batches of `size` rows, sorted by length first (GRPO and SFT alike): similar lengths pad less."""
-    rows = sorted(rows, key=lambda row: len(row[0]) + len(row[1]))
+    """Micro-batches of `size` rows, sorted by prompt length, then prompt (GRPO and SFT alike): similar lengths pad
+    less, and a group's rows sit together, so shared_prompt_logits runs their prompt once."""
+    rows = sorted(rows, key=lambda row: (len(row[0]), row[0], len(row[1])))
     return [rows[i:i + size] for i in range(0, len(rows), size)]
 
 

@@ -156,6 +156,42 @@ def test_logits_only_at_trained_positions_equal_the_full_head(tiny_model_dir):
         assert torch.allclose(grads[0][k], grads[1][k], atol=1e-6, rtol=1e-4), k
 
 
+def test_shared_prompt_logits_equal_the_full_pass(tiny_model_dir):
+    """Prefix sharing (shared_prompt_logits): groups whose G rows share one prompt, prompts of different lengths (one
+    of a single token), masked spans and padding. The log-probs, the loss against π_ref and every gradient equal the
+    full pass over each row's prompt + completion (collate's batch without its "prefix")."""
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 300, (n,), generator=g).tolist() for n in (5, 2, 1, 7)]
+    rows = []
+    for i, p in enumerate(prompts):
+        for k in range(3):  # a group: one prompt, three completions of different lengths and masks
+            c = torch.randint(0, 300, (2 + (i + 2 * k) % 5,), generator=g).tolist()
+            rows.append((p, c, [int(t % 3 != 1) for t in range(len(c))], [1.0 - k] * len(c)))
+    model, dist = _fresh(tiny_model_dir)
+    ref = plumbing.frozen_copy(model)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    b = grpo.collate(rows, 0, dist.device)
+    assert b["prefix"]["ids"].shape == (4, 6)  # 4 distinct prompts, not 12 rows; the longest less its last token
+    out = []
+    for shared in (True, False):
+        batch = b if shared else {k: v for k, v in b.items() if k != "prefix"}
+        model.zero_grad()
+        logp = grpo.token_logprobs(model, batch, 0.7)
+        with torch.no_grad():
+            rl = grpo.token_logprobs(ref, batch, 0.7)
+        per_tok, _, _ = grpo.grpo_token_loss(logp, logp.detach(), rl, b["adv"], 0.1, 0.2, 0.2)
+        loss = grpo.aggregate(per_tok, b["mask"], "seq", b["mask"].sum(), len(rows))
+        loss.backward()
+        out.append((logp, rl, loss, {k: p.grad.clone() for k, p in model.named_parameters()}))
+    (lp_s, rl_s, loss_s, g_s), (lp_f, rl_f, loss_f, g_f) = out
+    assert torch.allclose(lp_s, lp_f, atol=1e-5) and torch.allclose(rl_s, rl_f, atol=1e-5) and torch.allclose(loss_s, loss_f, atol=1e-6)
+    assert (lp_s != 0).sum() == b["mask"].sum() > 0
+    for k in g_f:
+        assert torch.allclose(g_s[k], g_f[k], atol=1e-6, rtol=1e-4), k
+
+
 @pytest.mark.parametrize("agg", ["token", "seq"])
 @pytest.mark.parametrize("masked", [False, True], ids=["all-trained", "masked-spans"])
 def test_grpo_update_matches_naive_loop_and_accumulation(tiny_model_dir, agg, masked):

@@ -899,6 +899,28 @@ def test_screen_script_imports():
     assert callable(mod.main) and mod.se.score_replies is se.score_replies
 
 
+def test_screen_writes_the_bank_screen_acc(tmp_path):
+    """--write-bank: a reasoning-gym skill takes its candidate's accuracy (dataset and config must both match), a
+    coding skill the mean over its problems; a skill with no screened candidate loses its stale number."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("screen", se.DATA / "screen.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    bank = {"domains": {"math": {"kind": "verifiable", "scorer": "math", "skills": {
+        "add": {"source": "reasoning_gym", "dataset": "basic_arithmetic", "config": {"max_terms": 2}, "screen_acc": 0.9},
+        "gone": {"source": "reasoning_gym", "dataset": "gcd", "config": {}, "screen_acc": 0.5}}},
+        "coding": {"kind": "verifiable", "scorer": "code", "skills": {"ints": {"source": "humaneval", "task_ids": ["H/1", "H/2"]}}}}}
+    path = tmp_path / "bank.json"
+    path.write_text(json.dumps(bank))
+    res = {"math/basic_arithmetic#0": dict(domain="math", spec={"dataset": "basic_arithmetic", "config": {"max_terms": 3}}, acc=0.1),
+           "math/basic_arithmetic#1": dict(domain="math", spec={"dataset": "basic_arithmetic", "config": {"max_terms": 2}}, acc=0.25),
+           "coding/H/1": dict(domain="coding", spec={}, acc=1.0), "coding/H/2": dict(domain="coding", spec={}, acc=0.0)}
+    mod.write_bank(res, path)
+    out = json.loads(path.read_text())["domains"]
+    assert out["math"]["skills"]["add"]["screen_acc"] == 0.25 and "screen_acc" not in out["math"]["skills"]["gone"]
+    assert out["coding"]["skills"]["ints"]["screen_acc"] == 0.5
+
+
 def test_frozen_model_help_names_the_real_fallback():
     helps = {a.dest: a.help for a in se.build_parser()._actions}
     for dest in ("teacher", "proposer", "judge"):

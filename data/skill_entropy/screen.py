@@ -1,6 +1,6 @@
 """Screen candidate seed sources by the embedded model's single-skill accuracy (issue #12).
 
-    flock /tmp/nanoskill-cpu.lock env OMP_NUM_THREADS=2 python data/skill_entropy/screen.py
+    OMP_NUM_THREADS=2 python data/skill_entropy/screen.py --write-bank
 
 Each candidate (a reasoning-gym generator with a small config, a group of HumanEval problems,
 a science multiple-choice skill) is asked --n single questions from its train pool, one per
@@ -9,6 +9,8 @@ readout (skill_entropy.score_replies: the marked answer only, echoes score 0) th
 data/skill_entropy/screen.json; bank.json keeps the skills whose accuracy lies in
 [0.2, 0.7] (a seed the reference model partly solves gives Acc cells room to move).
 HumanEval is screened per problem: a greedy reference model solves a fixed problem or not.
+--write-bank writes each bank skill's screen_acc (its candidate's accuracy; a coding skill's, the mean over its
+problems) into data/skill_entropy/bank.json, so the bank's numbers come from the scorer the `ske` stage uses.
 """
 import argparse
 import json
@@ -20,7 +22,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 import skill_entropy as se  # noqa: E402
 from grpo import setup_distributed  # noqa: E402
-from plumbing import HFSampler, load_model  # noqa: E402
+from plumbing import load_model, make_sampler  # noqa: E402
 
 RG = {  # domain → [(dataset, config)], small configs a 135M model may partly solve
     "math": [("basic_arithmetic", dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1, operators=["+", "-"], allow_parentheses=False)),
@@ -58,6 +60,7 @@ def main():
     p.add_argument("--max-new-tokens", type=int, default=48, help="generation cap (the tiny preset's --acc-max-new-tokens)")
     p.add_argument("--humaneval", type=int, default=80, help="HumanEval problems screened (the shortest prompts)")
     p.add_argument("--out", default=str(HERE / "screen.json"))
+    p.add_argument("--write-bank", action="store_true", help="write screen_acc into bank.json (the screened accuracies)")
     a = p.parse_args()
     bank = {}
     for d, cands in RG.items():
@@ -79,8 +82,9 @@ def main():
         rows.append(("coding", r["meta"]["task_id"], dict(r, domain="coding", skill=r["meta"]["task_id"], scorer="code")))
         bank.setdefault("coding", dict(skills={}))["skills"][r["meta"]["task_id"]] = dict(source="humaneval", task_ids=[r["meta"]["task_id"]])
     dist = setup_distributed()
-    model, tok = load_model("embedded", dist, "bfloat16", trainable=False)
-    gen = se.make_generate(HFSampler(model, tok), tok)
+    sargs = se.build_parser().parse_args([])  # the skill_entropy defaults: --sampler auto, --precision auto
+    model, tok = load_model("embedded", dist, sargs.frozen_dtype, trainable=False)
+    gen = se.make_generate(make_sampler(sargs, model, tok, dist), tok)  # the ske stage's sampler and dtype
     t0 = time.time()
     outs = gen([[{"role": "user", "content": se.step_question(st, 0)}] for _, _, st in rows], a.max_new_tokens)
     args = argparse.Namespace(code_timeout=5.0, code_mem_mb=512)
@@ -101,6 +105,32 @@ def main():
         if r["domain"] != "coding" or r["acc"] > 0:
             print(f"{k:60s} acc {r['acc']:.2f} (n={r['n']}, {r['distinct_answers']} distinct answers)")
     print(f"{len(rows)} questions in {time.time() - t0:.0f}s → {a.out}")
+    if a.write_bank:
+        write_bank(res)
+
+
+def write_bank(res, path=HERE / "bank.json"):
+    """bank.json's screen_acc from this screen: a reasoning-gym skill matches its candidate by dataset and config,
+    a science skill by name, a coding skill is the mean over its problems; other skills are left alone."""
+    raw = json.loads(path.read_text())
+    for d, v in raw["domains"].items():
+        for s, spec in v["skills"].items():
+            if spec.get("source") == "reasoning_gym":
+                accs = [r["acc"] for r in res.values() if r["domain"] == d and r["spec"].get("dataset") == spec["dataset"]
+                        and r["spec"].get("config") == spec.get("config")]
+            elif spec.get("source") == "science_mc":
+                accs = [res[f"science/{s}"]["acc"]] if f"science/{s}" in res else []
+            elif spec.get("source") == "humaneval":
+                accs = [res[f"coding/{t}"]["acc"] for t in spec.get("task_ids", []) if f"coding/{t}" in res]
+                accs = [sum(accs) / len(accs)] if accs else []
+            else:
+                continue
+            if accs:
+                spec["screen_acc"] = round(accs[0], 4)
+            else:
+                spec.pop("screen_acc", None)  # not screened: no number
+    path.write_text(json.dumps(raw, indent=2, ensure_ascii=False) + "\n")
+    print(f"screen_acc written to {path}")
 
 
 if __name__ == "__main__":
