@@ -128,8 +128,9 @@ def test_process_group_timeout_outlasts_rank0_stages(monkeypatch):
 # ----- memory: gradient checkpointing, snapshots on the CPU -----
 
 def test_grad_checkpointing_gives_the_same_gradients(smoke_model_dir):
-    """--grad-checkpointing recomputes each decoder layer in backward (its MLP runs twice) and the gradients
-    are those without it (fp32, same batch)."""
+    """--grad-checkpointing recomputes each decoder layer in backward (its MLP runs twice: one forward, one
+    recomputation, so the prefix-sharing path, two forwards, is off) and the gradients are those without it (fp32,
+    same batch; the unchecked run takes the single full pass)."""
     dist = grpo.Dist()
     batch = grpo.collate([([5, 6, 7, 8], [9, 10, 11], [1, 1, 1], [0.5] * 3), ([5, 6], [12, 13, 14, 15], [1, 1, 0, 1], [-1.0] * 4)], 0, dist.device)
     grads, calls = {}, {}
@@ -139,7 +140,7 @@ def test_grad_checkpointing_gives_the_same_gradients(smoke_model_dir):
         n, mlp = [], model.model.layers[0].mlp
         forward = mlp.forward  # counted by wrapping: forward hooks do not fire in the recomputation
         mlp.forward = lambda *a, **kw: n.append(1) or forward(*a, **kw)
-        logp = grpo.token_logprobs(model, batch, 1.0)
+        logp = grpo.token_logprobs(model, batch if flag else {k: v for k, v in batch.items() if k != "prefix"}, 1.0)
         (-(logp * batch["adv"] * batch["mask"]).sum()).backward()
         grads[bool(flag)] = {k: p.grad.clone() for k, p in model.named_parameters()}
         calls[bool(flag)] = len(n)
