@@ -326,8 +326,10 @@ def shared_prompt_logits(model, pre):
     if pre["ids"].shape[1] > 0:
         cache = unwrap(model).get_decoder()(input_ids=pre["ids"], attention_mask=pre["attn"], use_cache=True).past_key_values
         cache.batch_select_indices(pre["row"])                                               # (U, …) → (B, …)
-    dtype = next(unwrap(model).parameters()).dtype
-    mask = torch.zeros(pre["allowed"].shape, dtype=dtype, device=pre["tail"].device).masked_fill_(~pre["allowed"], torch.finfo(dtype).min)
+    C, dtype = pre["tail"].shape[1], next(unwrap(model).parameters()).dtype
+    causal = torch.ones(C, C, dtype=torch.bool, device=pre["tail"].device).tril()
+    allowed = torch.cat([pre["attn"][pre["row"], None, :].expand(-1, C, -1), causal & pre["tail_attn"][:, None, :]], -1)  # (B, C, P + C)
+    mask = torch.zeros_like(allowed[:, None], dtype=dtype).masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
     return model(input_ids=pre["tail"], attention_mask=mask, position_ids=pre["pos"], past_key_values=cache).logits
 
 
@@ -526,9 +528,7 @@ def collate(rows, pad_id, device):
     for b, (p, c, m, *_) in enumerate(rows):                    # the tail [last prompt token] + o_<T predicts o_1 … o_T
         tail[b, :len(c)], tattn[b, :len(c)] = torch.tensor([p[-1]] + list(c[:-1])), True
         keep[b, :len(c)], pos[b] = torch.tensor(m) > 0, len(p) - 1 + torch.arange(C)
-    causal = torch.ones(C, C, dtype=torch.bool).tril()
-    allowed = torch.cat([pattn[row, None, :].expand(-1, C, -1), causal & tattn[:, None, :]], -1)    # (B, C, P + C)
-    prefix = {"ids": pids, "attn": pattn, "row": row, "tail": tail, "pos": pos, "keep": keep, "allowed": allowed[:, None]}
+    prefix = {"ids": pids, "attn": pattn, "row": row, "tail": tail, "tail_attn": tattn, "pos": pos, "keep": keep}
     return {"input_ids": ids.to(device), "attention_mask": attn.to(device), "start": start,
             "mask": mask.to(device), "adv": adv.to(device), "slp": slp.to(device), "prefix": {k: v.to(device) for k, v in prefix.items()}}
 

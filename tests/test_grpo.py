@@ -122,15 +122,29 @@ def _masked_spans(rs):
                          reward=r.reward, group=r.group) for r in rs]
 
 
+def _perturbed_ref(model):
+    """π_ref ≠ π_θ, so the KL term has a gradient."""
+    ref = plumbing.frozen_copy(model)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    return ref
+
+
+def _kl_loss_and_grads(model, logp, ref_logp, b, agg, n_seqs):
+    """The GRPO loss (β = 0.1, μ = 1) of these log-probs against π_ref, backpropagated: (loss, every gradient)."""
+    per_tok, _, _ = grpo.grpo_token_loss(logp, logp.detach(), ref_logp, b["adv"], 0.1, 0.2, 0.2)
+    loss = grpo.aggregate(per_tok, b["mask"], agg, b["mask"].sum(), n_seqs)
+    loss.backward()
+    return loss, {k: p.grad.clone() for k, p in model.named_parameters()}
+
+
 def test_logits_only_at_trained_positions_equal_the_full_head(tiny_model_dir):
     """token_logprobs runs the head on mask-1 positions only: the values there, and the gradient of a masked loss
     with β > 0 against π_ref, equal those of the full (B, T, V) head followed by log-softmax at every position."""
     rs = _masked_spans(_rollouts(n_groups=3, G=3))
     model, dist = _fresh(tiny_model_dir)
-    ref = plumbing.frozen_copy(model)
-    with torch.no_grad():
-        for p in ref.parameters():
-            p.add_(0.01 * torch.randn_like(p))  # π_ref ≠ π_θ, so the KL term has a gradient
+    ref = _perturbed_ref(model)
     b = grpo.collate([(r.prompt_ids, r.ids, r.mask, [1.0 - 2 * (i % 2)] * len(r.ids)) for i, r in enumerate(rs)], 0, dist.device)
     grads, values = [], []
     for full in (False, True):
@@ -145,11 +159,9 @@ def test_logits_only_at_trained_positions_equal_the_full_head(tiny_model_dir):
             logp = grpo.token_logprobs(model, b, 0.7)
             with torch.no_grad():
                 rl = grpo.token_logprobs(ref, b, 0.7)
-        per_tok, _, _ = grpo.grpo_token_loss(logp, logp.detach(), rl, b["adv"], 0.1, 0.2, 0.2)
-        loss = grpo.aggregate(per_tok, b["mask"], "token", b["mask"].sum(), len(rs))
-        loss.backward()
+        loss, g = _kl_loss_and_grads(model, logp, rl, b, "token", len(rs))
         values.append((logp * b["mask"], loss))
-        grads.append({k: p.grad.clone() for k, p in model.named_parameters()})
+        grads.append(g)
     (lp_kept, loss_kept), (lp_full, loss_full) = values
     assert b["mask"].min() == 0 and torch.allclose(lp_kept, lp_full, atol=1e-5) and torch.allclose(loss_kept, loss_full, atol=1e-6)
     for k in grads[0]:
@@ -168,10 +180,7 @@ def test_shared_prompt_logits_equal_the_full_pass(tiny_model_dir):
             c = torch.randint(0, 300, (2 + (i + 2 * k) % 5,), generator=g).tolist()
             rows.append((p, c, [int(t % 3 != 1) for t in range(len(c))], [1.0 - k] * len(c)))
     model, dist = _fresh(tiny_model_dir)
-    ref = plumbing.frozen_copy(model)
-    with torch.no_grad():
-        for p in ref.parameters():
-            p.add_(0.01 * torch.randn_like(p))
+    ref = _perturbed_ref(model)
     b = grpo.collate(rows, 0, dist.device)
     assert b["prefix"]["ids"].shape == (4, 6)  # 4 distinct prompts, not 12 rows; the longest less its last token
     out = []
@@ -181,10 +190,7 @@ def test_shared_prompt_logits_equal_the_full_pass(tiny_model_dir):
         logp = grpo.token_logprobs(model, batch, 0.7)
         with torch.no_grad():
             rl = grpo.token_logprobs(ref, batch, 0.7)
-        per_tok, _, _ = grpo.grpo_token_loss(logp, logp.detach(), rl, b["adv"], 0.1, 0.2, 0.2)
-        loss = grpo.aggregate(per_tok, b["mask"], "seq", b["mask"].sum(), len(rows))
-        loss.backward()
-        out.append((logp, rl, loss, {k: p.grad.clone() for k, p in model.named_parameters()}))
+        out.append((logp, rl, *_kl_loss_and_grads(model, logp, rl, b, "seq", len(rows))))
     (lp_s, rl_s, loss_s, g_s), (lp_f, rl_f, loss_f, g_f) = out
     assert torch.allclose(lp_s, lp_f, atol=1e-5) and torch.allclose(rl_s, rl_f, atol=1e-5) and torch.allclose(loss_s, loss_f, atol=1e-6)
     assert (lp_s != 0).sum() == b["mask"].sum() > 0

@@ -87,8 +87,7 @@ def main():
     gen = se.make_generate(make_sampler(sargs, model, tok, dist), tok)  # the ske stage's sampler and dtype
     t0 = time.time()
     outs = gen([[{"role": "user", "content": se.step_question(st, 0)}] for _, _, st in rows], a.max_new_tokens)
-    args = argparse.Namespace(code_timeout=5.0, code_mem_mb=512)
-    scores = se.score_replies([st for _, _, st in rows], outs, args)
+    scores = se.score_replies([st for _, _, st in rows], outs, sargs)  # the ske stage's sandbox limits too
     res = {}
     for (d, s, st), sc, o in zip(rows, scores, outs):
         r = res.setdefault(f"{d}/{s}", dict(domain=d, spec=bank[d]["skills"][s], scores=[], n_answers=set(), example=o[:200]))
@@ -115,20 +114,21 @@ def write_bank(res, path=HERE / "bank.json"):
     raw = json.loads(path.read_text())
     for d, v in raw["domains"].items():
         for s, spec in v["skills"].items():
-            if spec.get("source") == "reasoning_gym":
-                accs = [r["acc"] for r in res.values() if r["domain"] == d and r["spec"].get("dataset") == spec["dataset"]
-                        and r["spec"].get("config") == spec.get("config")]
-            elif spec.get("source") == "science_mc":
-                accs = [res[f"science/{s}"]["acc"]] if f"science/{s}" in res else []
-            elif spec.get("source") == "humaneval":
+            src = spec.get("source")
+            if src == "reasoning_gym":  # the first candidate of the same dataset and config
+                acc = next((r["acc"] for r in res.values() if r["domain"] == d and r["spec"].get("dataset") == spec["dataset"]
+                            and r["spec"].get("config") == spec.get("config")), None)
+            elif src == "science_mc":
+                acc = res.get(f"science/{s}", {}).get("acc")
+            elif src == "humaneval":
                 accs = [res[f"coding/{t}"]["acc"] for t in spec.get("task_ids", []) if f"coding/{t}" in res]
-                accs = [sum(accs) / len(accs)] if accs else []
+                acc = sum(accs) / len(accs) if accs else None
             else:
                 continue
-            if accs:
-                spec["screen_acc"] = round(accs[0], 4)
-            else:
+            if acc is None:
                 spec.pop("screen_acc", None)  # not screened: no number
+            else:
+                spec["screen_acc"] = round(acc, 4)
     path.write_text(json.dumps(raw, indent=2, ensure_ascii=False) + "\n")
     print(f"screen_acc written to {path}")
 
