@@ -26,7 +26,7 @@ What runs here, top to bottom:
      deterministic constraint checkers the reward never sees.
 
 Run:
-  tiny (2-core CPU, ~5 min):   python skill_rm.py --preset tiny
+  tiny (2-core CPU, ~8 min with native bf16; README): python skill_rm.py --preset tiny
   paper settings (needs GPUs): python skill_rm.py --preset paper --model Qwen/Qwen3.5-27B
   print one judge trace:       python skill_rm.py --preset tiny --show-trace 1 --skip-rl
 
@@ -91,7 +91,8 @@ ROOT = Path(__file__).resolve().parent
 # ----- config -----
 
 PRESETS = {
-    # 2-core CPU, ~8 minutes, embedded SmolLM2-135M as judge and policy (judges SFT-warmed, difference 9).
+    # 2-core CPU: ~8 min per seed with native bf16 (judge SFT ~280 s of it; README), embedded SmolLM2-135M as
+    # judge and policy (judges SFT-warmed, difference 9).
     "tiny": dict(sampler="auto", lr=2e-6, beta=0.0, bench_per_cat=2, bon_prompts=4, bon_N=4, rl_steps=2, rl_prompts=2,
                  rl_eval_prompts=8, judge_max_new_tokens=128, max_new_tokens=48, max_turns=3, rl_max_turns=3,
                  methods="baseline,skill_rm,oracle", judge_sft_steps=8, judge_sft_items=8, judge_sft_lr=1e-4),
