@@ -44,8 +44,8 @@ class ScriptedJudge(ScriptedPolicy):
 
 model_dir, out = sys.argv[1:3]
 args = S.parse_with_preset(S.build_parser(), S.PRESETS, argv=[
-    "--preset", "tiny", "--model", model_dir, "--precision", "fp32", "--G", "3", "--rl-steps", "1", "--rl-prompts", "4",
-    "--micro-batch", "2", "--beta", "0.1", "--run-dir", out + ".run"])
+    "--preset", "tiny", "--model", model_dir, "--precision", "fp32", "--dtype", "float32",  # frozen π_ref too: auto follows the CPU
+    "--G", "3", "--rl-steps", "1", "--rl-prompts", "4", "--micro-batch", "2", "--beta", "0.1", "--run-dir", out + ".run"])
 dist = grpo.setup_distributed()
 skills = S.load_skills(args.skills_dir)
 policy, tok = plumbing.load_policy(args, dist)
