@@ -868,11 +868,13 @@ def test_cache_keys_derive_from_every_flag_that_changes_a_stage():
     flag is set to the value the CPU's auto choice did not pick (auto = bf16 on a native-bf16 CPU)."""
     base = _tiny_args("--ref-model", "embedded")
     key = lambda a, st: json.dumps(se.stage_key(a, st), sort_keys=True, default=str)
+    other_precision = "fp32" if base.precision == "bf16" else "bf16"            # not what auto picked on this CPU
+    other_dtype = "float32" if base.frozen_dtype == "bfloat16" else "bfloat16"
     for flag, value, stages in [("--no-scale-rewards", None, ["row"]), ("--passes", "2", ["row"]), ("--top-p", "0.9", ["row"]),
                                 ("--grad-clip", "0.5", ["row", "sft"]), ("--adv-eps", "0.01", ["row"]),
-                                ("--precision", "fp32" if base.precision == "bf16" else "bf16", ["row", "sft"]), ("--model", "other", ["row", "sft", "bench"]),
+                                ("--precision", other_precision, ["row", "sft"]), ("--model", "other", ["row", "sft", "bench"]),
                                 ("--judge", "other", ["ske", "synth", "bench", "sft", "row", "label"]),
-                                ("--frozen-dtype", "float32" if str(base.frozen_dtype).endswith("bfloat16") else "bfloat16", ["ske", "synth", "bench", "sft", "row", "label"]),
+                                ("--frozen-dtype", other_dtype, ["ske", "synth", "bench", "sft", "row", "label"]),
                                 ("--sampler", "hf", ["ske", "synth", "bench", "sft", "row", "label"]),
                                 ("--acc-samples", "3", ["ske", "synth", "bench", "sft", "row", "label"])]:
         other = _tiny_args("--ref-model", "embedded", flag, *([value] if value else []))
