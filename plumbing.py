@@ -688,22 +688,35 @@ class GrammarReplay:
     def __init__(self, tok, vocab_size):
         import xgrammar as xgr
         self.xgr, self.vocab_size = xgr, vocab_size
-        self.compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tok, vocab_size=vocab_size))
+        info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=vocab_size)
+        self.compiler, self.vocab = xgr.GrammarCompiler(info), info.decoded_vocab
 
-    def forced(self, schema, ids):
-        """1 where exactly one token was allowed, else 0; after a token the grammar rejects (e.g. a cut), 0."""
+    def _allowed(self, schema, ids):
+        """The ids of the tokens the schema allowed before each token of `ids`, up to the first one it rejects."""
         xgr = self.xgr
         schema = schema if isinstance(schema, str) else json.dumps(schema)
         matcher = xgr.GrammarMatcher(self.compiler.compile_json_schema(schema, any_whitespace=False, separators=(",", ":")))
         bitmask = xgr.allocate_token_bitmask(1, self.vocab_size)                       # (1, ⌈V/32⌉) int32
-        out = []
         for t in ids:
             matcher.fill_next_token_bitmask(bitmask)
-            bits = np.unpackbits(bitmask.numpy().view(np.uint8), bitorder="little")[:self.vocab_size]
-            out.append(int(bits.sum() == 1))
+            yield np.flatnonzero(np.unpackbits(bitmask.numpy().view(np.uint8), bitorder="little")[:self.vocab_size])
             if not matcher.accept_token(t):
-                return out + [0] * (len(ids) - len(out))
-        return out
+                return
+
+    def forced(self, schema, ids):
+        """1 where exactly one token was allowed, else 0; after a token the grammar rejects (e.g. a cut), 0."""
+        out = [int(len(a) == 1) for a in self._allowed(schema, ids)]
+        return out + [0] * (len(ids) - len(out))
+
+    def decided(self, schema, ids):
+        """1 where the grammar left a choice of *text*: two allowed tokens neither of which extends the other
+        (an enum value, a free string, stop or go on), else 0 — "v", "ve" and "ver" before a literal "verdict"
+        are one text in different tokenizations, no decision. After a token the grammar rejects, 1."""
+        out = []
+        for a in self._allowed(schema, ids):
+            words = sorted((self.vocab[i] for i in a), key=len)
+            out.append(int(any(not words[-1].startswith(w) for w in words)))
+        return out + [1] * (len(ids) - len(out))
 
 
 class VLLMSampler:

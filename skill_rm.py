@@ -26,7 +26,7 @@ What runs here, top to bottom:
      deterministic constraint checkers the reward never sees.
 
 Run:
-  tiny (2-core CPU, ~8 min with native bf16; README): python skill_rm.py --preset tiny
+  tiny (2-core CPU, ~13 min with AMX bf16; README): python skill_rm.py --preset tiny
   paper settings (needs GPUs): python skill_rm.py --preset paper --model Qwen/Qwen3.5-27B
   print one judge trace:       python skill_rm.py --preset tiny --show-trace 1 --skip-rl
 
@@ -54,9 +54,11 @@ Differences from the paper:
      code string). The plain judge so answers at once with a 0-1 score (MT-Bench: a 0-10 rating after
      reasoning); the checklist form is its counts only, and no free "evidence" field is offered.
   9. Judge SFT warm-up (`--judge-sft-steps`, on in tiny): each judge is first fine-tuned on scripted
-     traces from a split nothing else uses (`sft_items`), same steps for every judge (same budget, not
-     the same information: the skill judge's final answers follow its verifier's report, the plain
-     judge's must be inferred). The paper's judges are not trained.
+     traces from a split nothing else uses (`sft_items`), one trace = one example trained on the judge's
+     decisions only (the tokens its schema leaves open: tool, skill, code, label; `trace_examples`), same
+     steps and traces for every judge (same budget, not the same information: the skill judge's final
+     answers follow its verifier's report, the plain judge's must be inferred). The paper's judges are
+     not trained.
   10. Verifier resources print a report when run without code, so run_verifier needs none. The tables
       add a scripted `oracle` judge (same loop, knows the label) as the upper bound.
   11. Held-out IF evaluation: test prompts use their own tasks, half of them a constraint type (title,
@@ -81,7 +83,7 @@ import yaml
 from grpo import (Dist, add_grpo_args, chat_ids, gather_objects, grpo_update, make_optimizer, parse_with_preset, reduce_metrics,
                   sft_loop, sample_group_rollouts, seed_everything, setup_distributed)
 from plumbing import (cpu_snapshot, exit_ranks, frozen_copy, load_model, load_policy, log_metrics, make_sampler, per_rank, plot_curves,
-                      json_text, restore_snapshot, ConstrainedHFSampler, VLLMSampler)
+                      json_text, restore_snapshot, unwrap, ConstrainedHFSampler, GrammarReplay, VLLMSampler)
 from sandbox import CODE_IMPORTS, run_sandboxed, sandbox_static_check
 from stats import aggregate_main, binomial_p, compare, format_headline, vs_chance, write_results
 
@@ -91,11 +93,13 @@ ROOT = Path(__file__).resolve().parent
 # ----- config -----
 
 PRESETS = {
-    # 2-core CPU: ~8 min per seed with native bf16 (judge SFT ~280 s of it; README), embedded SmolLM2-135M as
-    # judge and policy (judges SFT-warmed, difference 9).
-    "tiny": dict(sampler="auto", lr=2e-6, beta=0.0, bench_per_cat=2, bon_prompts=4, bon_N=4, rl_steps=2, rl_prompts=2,
+    # 2-core CPU with AMX: ~12.5 min per seed without RL (judge SFT ~9 min of it; README), embedded SmolLM2-135M as
+    # judge and policy (judges SFT-warmed, difference 9): 3 epochs of 32 traces per judge (one epoch of 64 left the
+    # skill judge position-locked), every benchmark item judged.
+    "tiny": dict(sampler="auto", lr=2e-6, beta=0.0, bon_prompts=4, bon_N=4, rl_steps=2, rl_prompts=2,
                  rl_eval_prompts=8, judge_max_new_tokens=128, max_new_tokens=48, max_turns=3, rl_max_turns=3,
-                 methods="baseline,skill_rm,oracle", judge_sft_steps=8, judge_sft_items=8, judge_sft_lr=1e-4),
+                 methods="baseline,skill_rm,oracle", judge_sft_steps=24, judge_sft_items=4, judge_sft_batch=4,
+                 judge_sft_lr=1e-4),
     # the flag defaults: the paper's judge (temperature 0, 5 turns, 7 in RL) at paper scale (needs GPUs).
     "paper": {},
 }
@@ -125,7 +129,7 @@ def build_parser():
     g.add_argument("--show-trace", type=int, default=0, help="print the full judge trace of this many samples")
     g = p.add_argument_group("judge SFT warm-up (not in the paper; needed at 135M)")
     g.add_argument("--judge-sft-steps", type=int, default=0, help="SFT steps on scripted judge traces, per judge (0 = off; paper: no SFT)")
-    g.add_argument("--judge-sft-batch", type=int, default=8, help="examples (assistant turns) per SFT step")
+    g.add_argument("--judge-sft-batch", type=int, default=8, help="examples (whole scripted traces) per SFT step")
     g.add_argument("--judge-sft-items", type=int, default=16, help="SFT-split items per category (precise_if, math, focus)")
     g.add_argument("--judge-sft-micro-batch", type=int, default=1,
                    help="traces per forward/backward in the judge SFT (they run to ~1.4k tokens: 8 at once need >24 GiB on CPU)")
@@ -544,6 +548,7 @@ class JudgeTask:
     category: str = ""          # benchmark category (picks the oracle's verifier)
     scripted: bool = False      # replies come from scripted_reply (the oracle; SFT traces), not from a model
     messages: list = field(default_factory=list)
+    schemas: list = field(default_factory=list)  # the JSON schema of each assistant turn (under --constrained)
     trace: list = field(default_factory=list)
     skill: object = None        # the loaded Skill, if any
     n_viewed: int = 0
@@ -688,6 +693,8 @@ def run_judges(sampler, tok, tasks, skills, args, max_turns):
                 t.force = t.force_asked = True
                 t.messages.append({"role": "user", "content": "Budget used up: call final_answer now, "
                                    + contract_text(t.mode, len(t.candidates)).split("final_answer ")[1] + "."})
+        for t in active:  # every reply's schema, scripted ones too (judge_sft leaves what it forces out of the loss)
+            t.schemas.append(turn_schema(t, skills, args) if args.constrained else None)
         replies = {id(t): scripted_reply(t, skills) for t in active if t.scripted or t.method == "oracle"}
         by_sampler = {}  # one batched generate per judge model
         for t in active:
@@ -696,7 +703,7 @@ def run_judges(sampler, tok, tasks, skills, args, max_turns):
                 by_sampler.setdefault(id(s), (s, []))[1].append(t)
         for s, group in by_sampler.values():
             prompts = [chat_ids(tok, t.messages) for t in group]
-            schemas = [turn_schema(t, skills, args) for t in group] if args.constrained else None
+            schemas = [t.schemas[-1] for t in group] if args.constrained else None
             outs = s.generate(prompts, 1, args.judge_max_new_tokens, args.judge_temperature, stop=["</tool_call>"],
                               json_schema=schemas)
             replies.update({id(t): o[0].text for t, o in zip(group, outs)})
@@ -912,6 +919,35 @@ def judge_sft_tasks(items, method, seed):
     return tasks
 
 
+def trace_examples(tok, messages, schemas=None, grammar=None):
+    """A judge trace as SFT examples (prompt_ids, target_ids, mask): the whole conversation after its first
+    user turn is one target, trained on the judge's replies (+ end of turn, mask 1) and not on the tool
+    observations and chat markup between them (mask 0). Each reply is tokenised as the sampler generated
+    it (after chat_ids of the conversation before it); where the template does not extend the tokens so far
+    (a chat template that rewrites earlier turns), the trace is cut there and a new example begins.
+    With a GrammarReplay and the schema of each assistant turn, the tokens whose text that schema fixed are
+    mask 0 too (GrammarReplay.decided): under constrained decoding they are no decision of the judge."""
+    out, seq, mask, turn = [], None, [], 0
+    for k, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        prefix, reply = chat_ids(tok, messages[:k]), tok.encode(m["content"], add_special_tokens=False) + [tok.eos_token_id]
+        schema, turn = (schemas[turn] if schemas and turn < len(schemas) else None), turn + 1
+        free = grammar.decided(schema, reply) if grammar is not None and schema is not None else [1] * len(reply)
+        if seq is None or prefix[:len(seq)] != seq:
+            if seq is not None:
+                out.append((seq[:n0], seq[n0:], mask))
+            seq, n0, mask = list(prefix), len(prefix), []
+        else:
+            mask += [0] * (len(prefix) - len(seq))
+            seq = list(prefix)
+        seq += reply
+        mask += free
+    if seq is not None:
+        out.append((seq[:n0], seq[n0:], mask))
+    return out
+
+
 def judge_sft(judge, tok, skills, args, dist, method):
     """SFT warm-up of one judge on scripted traces (use_skill → run_verifier → final_answer with the
     known label for skill_rm; the final answer alone for the plain judge), from sft_items — a split
@@ -919,9 +955,8 @@ def judge_sft(judge, tok, skills, args, dist, method):
     Returns a new bf16 judge; `judge` is left as it is."""
     tasks = judge_sft_tasks(sft_items(args.seed, args.judge_sft_items), method, args.seed)
     run_judges(None, tok, tasks, skills, args, args.max_turns)
-    # every assistant turn of a trace is one example: (the conversation before it, the reply + end of turn)
-    examples = [(chat_ids(tok, t.messages[:k]), tok.encode(m["content"], add_special_tokens=False) + [tok.eos_token_id])
-                for t in tasks for k, m in enumerate(t.messages) if m["role"] == "assistant"]
+    grammar = GrammarReplay(tok, unwrap(judge).config.vocab_size) if args.constrained else None
+    examples = [e for t in tasks for e in trace_examples(tok, t.messages, t.schemas, grammar)]
     model = copy.deepcopy(judge).to(torch.float32 if args.precision == "fp32" else torch.bfloat16).train().requires_grad_(True)
     sft_loop(model, examples, args, dist, args.judge_sft_lr, args.judge_sft_batch, args.judge_sft_steps, seed=args.seed,
              log_dir=Path(args.run_dir) / f"judge_sft_{method}", micro_batch=args.judge_sft_micro_batch)
