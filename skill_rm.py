@@ -26,7 +26,7 @@ What runs here, top to bottom:
      deterministic constraint checkers the reward never sees.
 
 Run:
-  tiny (2-core CPU, ~13 min with AMX bf16; README): python skill_rm.py --preset tiny
+  tiny (2-core CPU, ~16 min with AMX bf16, RL included; README): python skill_rm.py --preset tiny
   paper settings (needs GPUs): python skill_rm.py --preset paper --model Qwen/Qwen3.5-27B
   print one judge trace:       python skill_rm.py --preset tiny --show-trace 1 --skip-rl
 
@@ -93,7 +93,7 @@ ROOT = Path(__file__).resolve().parent
 # ----- config -----
 
 PRESETS = {
-    # 2-core CPU with AMX: ~12.5 min per seed without RL (judge SFT ~9 min of it; README), embedded SmolLM2-135M as
+    # 2-core CPU with AMX: ~16 min per seed, ~12.5 without RL (judge SFT ~9 min of it; README), embedded SmolLM2-135M as
     # judge and policy (judges SFT-warmed, difference 9): 3 epochs of 32 traces per judge (one epoch of 64 left the
     # skill judge position-locked), every benchmark item judged.
     "tiny": dict(sampler="auto", lr=2e-6, beta=0.0, bon_prompts=4, bon_N=4, rl_steps=2, rl_prompts=2,
