@@ -714,8 +714,9 @@ class GrammarReplay:
         are one text in different tokenizations, no decision. After a token the grammar rejects, 1."""
         out = []
         for a in self._allowed(schema, ids):
-            words = sorted((self.vocab[i] for i in a), key=len)
-            out.append(int(any(not words[-1].startswith(w) for w in words)))
+            words = [self.vocab[i] for i in a]
+            longest = max(words, key=len)
+            out.append(int(any(not longest.startswith(w) for w in words)))
         return out + [1] * (len(ids) - len(out))
 
 

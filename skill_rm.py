@@ -927,23 +927,20 @@ def trace_examples(tok, messages, schemas=None, grammar=None):
     (a chat template that rewrites earlier turns), the trace is cut there and a new example begins.
     With a GrammarReplay and the schema of each assistant turn, the tokens whose text that schema fixed are
     mask 0 too (GrammarReplay.decided): under constrained decoding they are no decision of the judge."""
-    out, seq, mask, turn = [], None, [], 0
-    for k, m in enumerate(messages):
-        if m["role"] != "assistant":
-            continue
-        prefix, reply = chat_ids(tok, messages[:k]), tok.encode(m["content"], add_special_tokens=False) + [tok.eos_token_id]
-        schema, turn = (schemas[turn] if schemas and turn < len(schemas) else None), turn + 1
-        free = grammar.decided(schema, reply) if grammar is not None and schema is not None else [1] * len(reply)
-        if seq is None or prefix[:len(seq)] != seq:
-            if seq is not None:
-                out.append((seq[:n0], seq[n0:], mask))
-            seq, n0, mask = list(prefix), len(prefix), []
+    out, seq, n0, mask = [], [], 0, []
+    turns = [k for k, m in enumerate(messages) if m["role"] == "assistant"]
+    for j, k in enumerate(turns):
+        prefix, reply = chat_ids(tok, messages[:k]), tok.encode(messages[k]["content"], add_special_tokens=False) + [tok.eos_token_id]
+        schema = schemas[j] if schemas and j < len(schemas) else None
+        if seq and prefix[:len(seq)] == seq:
+            mask += [0] * (len(prefix) - len(seq))  # the observation and markup since the last reply
         else:
-            mask += [0] * (len(prefix) - len(seq))
-            seq = list(prefix)
-        seq += reply
-        mask += free
-    if seq is not None:
+            if seq:
+                out.append((seq[:n0], seq[n0:], mask))
+            n0, mask = len(prefix), []
+        seq = prefix + reply
+        mask += grammar.decided(schema, reply) if grammar is not None and schema is not None else [1] * len(reply)
+    if seq:
         out.append((seq[:n0], seq[n0:], mask))
     return out
 
