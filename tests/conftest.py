@@ -32,6 +32,8 @@ def tiny_model_dir(tmp_path_factory):
 
 
 def pytest_configure(config):
-    """Skipped tests say why in the summary line (e.g. the sandbox's kernel layers without root or bubblewrap)."""
+    """Skipped tests say why in the summary line (e.g. the sandbox's kernel layers without root or bubblewrap).
+    The `multirank` marker names every test that starts torchrun ranks (bench/multirank_repeat.py runs them)."""
+    config.addinivalue_line("markers", "multirank: starts two or more torchrun ranks (bench/multirank_repeat.py)")
     if not set("sA") & set(config.option.reportchars):
         config.option.reportchars += "s"

@@ -374,6 +374,33 @@ def test_every_subprocess_in_the_tests_has_a_timeout_and_no_fixed_port():
     assert not bad, bad
 
 
+HYGIENE = {"test_every_subprocess_in_the_tests_has_a_timeout_and_no_fixed_port",  # they name torchrun to check it
+           "test_every_test_that_starts_torchrun_ranks_is_marked_multirank"}
+
+
+def test_every_test_that_starts_torchrun_ranks_is_marked_multirank():
+    """A test that starts torchrun (itself or through a helper of its file) carries @pytest.mark.multirank, so
+    bench/multirank_repeat.py (the teardown-abort repeats) runs every multi-rank test, none forgotten."""
+    import ast
+    import glob
+    bad = []
+    for path in sorted(glob.glob(os.path.join(ROOT, "tests", "test_*.py"))):
+        src = open(path).read()
+        funcs = {n.name: n for n in ast.walk(ast.parse(src)) if isinstance(n, ast.FunctionDef)}
+
+        def starts_ranks(fn, seen):
+            if "torch.distributed.run" in ast.get_source_segment(src, fn):
+                return True
+            called = {c.func.id for c in ast.walk(fn) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
+            return any(starts_ranks(funcs[c], seen | {c}) for c in called & set(funcs) - seen)
+
+        for name, fn in funcs.items():
+            marked = any("mark.multirank" in ast.unparse(d) for d in fn.decorator_list)
+            if name.startswith("test_") and name not in HYGIENE and starts_ranks(fn, {name}) and not marked:
+                bad.append(f"{os.path.basename(path)}::{name}")
+    assert not bad, f"start torchrun ranks without @pytest.mark.multirank: {bad}"
+
+
 def test_skipped_tests_say_why_in_the_summary(pytestconfig):
     """A skip (no root, no bubblewrap, no vLLM) is listed with its reason in pytest's short summary."""
     assert set("sA") & set(pytestconfig.option.reportchars)

@@ -200,6 +200,7 @@ def _one_then_two(script, model_dir, one, two):
     assert r2.returncode == 0, r2.stdout[-2000:] + r2.stderr[-3000:]
 
 
+@pytest.mark.multirank
 def test_skill_entropy_grpo_step_two_gloo_ranks_equal_one_process(smoke_model_dir, tmp_path):
     """run_grpo's own split of the step's tasks over 2 ranks, Eq. (5) rewards of scripted completions: the weights after
     one step are one process's, and only rank 0 wrote the metrics line and the checkpoint."""
@@ -221,6 +222,7 @@ def test_skill_entropy_grpo_step_two_gloo_ranks_equal_one_process(smoke_model_di
     assert 0 < m1[0]["r_ans"] < 1
 
 
+@pytest.mark.multirank
 def test_skill_entropy_rank0_stages_under_torchrun_do_not_deadlock(smoke_model_dir, tmp_path):
     """Two ranks, --sampler vllm: the rank-0-only stages (bank, ske, synth, bench, label, the Table 3 evaluation) load
     their frozen models with HF generate; an external_launcher vLLM engine built there would wait for rank 1, which
@@ -238,6 +240,7 @@ def test_skill_entropy_rank0_stages_under_torchrun_do_not_deadlock(smoke_model_d
     assert out.stdout.count("[bank] labelled bank") == 1 and out.stdout.count("[synth]") == 1  # computed once, by rank 0
 
 
+@pytest.mark.multirank
 def test_skill_rm_judging_and_rl_step_two_gloo_ranks_equal_one_process(smoke_model_dir, tmp_path):
     """skill_rm.py on 2 ranks: benchmark judgments dealt over the ranks come back complete and in order, the held-out
     evaluation counts what one process counts, one GRPO step (prompts split over the ranks) moves the weights as
@@ -255,6 +258,7 @@ def test_skill_rm_judging_and_rl_step_two_gloo_ranks_equal_one_process(smoke_mod
 
 # ----- precision: the full copies under FSDP, DDP's gradient mean, logit chunks, vLLM's eager mode -----
 
+@pytest.mark.multirank
 def test_fsdp_hf_sampler_copy_is_in_the_compute_dtype(smoke_model_dir, tmp_path):
     """Under --fsdp the HF sampler generates from a full copy of the policy on every rank: bf16 (2 B/param, not the
     shards' fp32 4 B/param) unless --precision fp32; sync refreshes the same tensors in place with the gathered
@@ -269,6 +273,7 @@ def test_fsdp_hf_sampler_copy_is_in_the_compute_dtype(smoke_model_dir, tmp_path)
             assert r["same_object"] and r["synced"], (rank, precision)
 
 
+@pytest.mark.multirank
 def test_ddp_reduces_bf16_gradients_in_fp32(smoke_model_dir, tmp_path):
     """DDP with bf16 weights: the gradient MasterAdamW's fp32 masters receive is the fp32 mean of the two ranks' own
     gradients (to fp32 rounding), and p.grad that mean rounded once to bf16. Most of the masters' values lie

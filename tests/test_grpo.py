@@ -565,6 +565,7 @@ def test_missing_model_path_is_one_clear_error(tmp_path):
 
 # ----- distributed, resume, samplers -----
 
+@pytest.mark.multirank
 @pytest.mark.parametrize("agg", ["token", "seq"])
 def test_ddp_two_gloo_ranks_equal_one_process(tiny_model_dir, tmp_path, agg):
     env = {**os.environ, **ONE_THREAD}
@@ -578,6 +579,7 @@ def test_ddp_two_gloo_ranks_equal_one_process(tiny_model_dir, tmp_path, agg):
     assert one["metrics"]["n_tokens"] == two["metrics"]["n_tokens"]
 
 
+@pytest.mark.multirank
 def test_gather_and_broadcast_objects_two_gloo_ranks(tmp_path):
     """grpo.gather_objects: rank 0's list then rank 1's, on both ranks; grpo.broadcast_object: rank 0's object on both."""
     out = tmp_path / "objs"
@@ -602,6 +604,7 @@ def _torchrun(*argv, timeout=900):
     return out.stderr
 
 
+@pytest.mark.multirank
 @pytest.mark.parametrize("agg", ["token", "seq"])
 def test_fsdp_two_gloo_ranks_equal_one_process(tiny_model_dir, tmp_path, agg):
     # --grad-clip 0.05 is below this batch's gradient norm (about 0.1): clip_grad_norm_ over DTensor shards is checked too
@@ -618,6 +621,7 @@ def test_fsdp_two_gloo_ranks_equal_one_process(tiny_model_dir, tmp_path, agg):
     assert one["metrics"]["grad_norm"] == pytest.approx(two["metrics"]["grad_norm"], rel=1e-5) and one["metrics"]["grad_norm"] > 0.05
 
 
+@pytest.mark.multirank
 def test_fsdp_resume_and_checkpoints(tiny_model_dir, tmp_path):
     """FSDP, two gloo ranks: a resumed run ends bit-identical to an uninterrupted one; its checkpoint loads in
     transformers; a DDP checkpoint loads into an FSDP policy and AdamW exactly (saved back, the files are equal)."""
@@ -649,6 +653,7 @@ def test_fsdp_resume_and_checkpoints(tiny_model_dir, tmp_path):
     assert type(hf).__name__ == "LlamaForCausalLM" and all(torch.equal(hf.state_dict()[k], a[k]) for k in a)
 
 
+@pytest.mark.multirank
 def test_fsdp_vllm_greedy_equals_hf_greedy_after_sync(tmp_path):
     """FSDP, two gloo ranks, one vLLM engine per rank: after SFT on the sharded model and a sync, vLLM's greedy
     reply is HF's (a 2-layer random model with vLLM-sized heads; SFT makes the reply a memorised sentence)."""

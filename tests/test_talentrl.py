@@ -587,6 +587,7 @@ def test_eq8_phase1_picks_argmax_utility_among_positive(embedder, tok):
     assert len(rows["original"]) == 1
 
 
+@pytest.mark.multirank
 def test_one_rl_step_two_gloo_ranks_equal_one_process(tiny_model_dir, tmp_path):
     env = {**os.environ, **ONE_THREAD}
     script = str(ROOT / "tests" / "talentrl_ddp_check.py")
@@ -833,6 +834,7 @@ def _run(cmd, tmp_path):
 @pytest.mark.skip(reason="too slow for CI and no signal at CI size: with SMOKE (1 thread per rank, 2-core AVX2 CPU) the "
                          "first run took 431 s (its resume was not timed), and TalentRL answered 0/14 held-out questions "
                          "with 12/14 routed to one talent (talent session 2, 2026-12-01); see README TalentRL")
+@pytest.mark.multirank
 def test_smoke_tiny_two_rank_gloo_and_resume(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            "talentrl.py", *SMOKE, "--run-dir", str(tmp_path)]
