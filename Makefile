@@ -84,7 +84,7 @@ gpu-smoke:
 	$(SMOKE_PYTHON) gpu/smoke.py
 
 test: install
-	$(BIN)/python -m pytest -q -o tmp_path_retention_policy=failed --durations=15 tests
+	$(BIN)/python -m pytest -q -o tmp_path_retention_policy=failed --durations=30 tests
 
 bench: install
 	@$(BIN)/python -c "import plumbing; print('machine:', plumbing.choose_precision('auto', plumbing.bf16_capability())[1])"
