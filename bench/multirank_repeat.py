@@ -42,6 +42,8 @@ aborts = []    # (round, test id or "round") whose output shows the abort
 try:
     for r in range(args.n):
         xml = os.path.join(args.out_dir, f"round_{r}.xml")
+        if os.path.exists(xml):  # an earlier invocation's file: never read as this round's when pytest writes none
+            os.remove(xml)
         cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "multirank", f"--junitxml={xml}",
                "-o", "junit_logging=all", "tests"] + (["-k", args.k] if args.k else [])
         t0 = time.time()
