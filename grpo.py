@@ -217,7 +217,7 @@ class Rollout:
     group: int = 0
     info: dict = dataclasses.field(default_factory=dict)
     sample_logp: list = None    # log π_sampler(o_t) as the sampler reported it (nan: not reported), or None
-    forced: list = None         # 1 = a grammar allowed only this token (no decision: not trained), or None
+    forced: list = None         # 1 = the grammar left no choice of text here (no decision: not trained), or None
 
 
 def sample_group_rollouts(sampler, prompts, G, args, stop=None, first_group=0, json_schema=None):

@@ -339,7 +339,7 @@ class Sample:
     ids: list              # generated token ids (EOS kept if the model stopped; stop string kept)
     text: str
     logprobs: list = None  # log π_sampler(id) of each id in the distribution it was sampled from (TIS), or None
-    forced: list = None    # 1 where a grammar allowed only that token (json_schema), or None
+    forced: list = None    # 1 where a grammar (json_schema) left no choice of text at that token, or None
 
 
 def cut_at_stop(tok, ids, stop):
@@ -711,7 +711,9 @@ class GrammarReplay:
     def decided(self, schema, ids):
         """1 where the grammar left a choice of *text*: two allowed tokens neither of which extends the other
         (an enum value, a free string, stop or go on), else 0 — "v", "ve" and "ver" before a literal "verdict"
-        are one text in different tokenizations, no decision. After a token the grammar rejects, 1."""
+        are one text in different tokenizations, no decision. After a token the grammar rejects, 1.
+        VLLMSampler's Sample.forced is 1 − this: xgrammar admits every tokenization of the schema's fixed text,
+        so `forced` (one allowed token) misses most of it (bench/forced_gradnorm.py --sampler vllm)."""
         out = []
         for a in self._allowed(schema, ids):
             words = [self.vocab[i] for i in a]
@@ -774,10 +776,12 @@ class VLLMSampler:
 
     def sample(self, c, stop, schema):
         """One vLLM completion as a Sample: its ids cut at the stop, each one's log-prob, and under a schema
-        which of them the grammar forced (replayed through xgrammar: vLLM does not report it)."""
+        which of them the grammar left no choice of text (replayed through xgrammar: vLLM does not report it;
+        GrammarReplay.decided, as ConstrainedHFSampler's canonical tokenization forces them)."""
         ids = cut_at_stop(self.tok, list(c.token_ids), stop)
         logprobs = [c.logprobs[t][x].logprob for t, x in enumerate(ids)] if c.logprobs is not None else None
-        return Sample(ids, c.text, logprobs, self.grammar.forced(schema, ids) if schema else None)
+        forced = [1 - d for d in self.grammar.decided(schema, ids)] if schema else None
+        return Sample(ids, c.text, logprobs, forced)
 
     @torch.no_grad()
     def sync(self, model):

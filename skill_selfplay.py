@@ -4,7 +4,7 @@ Skill Self-Play (Skill-SP): a proposer, a solver and an evolving skill library.
 Paper: "Skill Self-Play: Pushing the Frontier of LLM Capability with Co-Evolving
 Skills" (Huang et al., 2026), ../shared/papers/skill_selfplay.txt, Algorithm 2.
 
-Run (CPU, embedded SmolLM2-135M, two small self-play iterations, ~5 min each):
+Run (CPU, embedded SmolLM2-135M, two small self-play iterations; 7.5-10 min per family on 2 cores with native bf16):
     python skill_selfplay.py --family tool  --preset tiny
     python skill_selfplay.py --family zebra --preset tiny
 Several processes (same code; gloo on CPU, NCCL on GPUs):
@@ -65,11 +65,13 @@ Differences from the paper:
 12. Tool answers: a reply's answer is its first well-formed <tool_call>; ExactCall (Eq. 14) and the probe
     vote (Eq. 4) compare it with the reference by call_key (argument order ignored, 1 ≡ 1.0, True ≢ 1).
 13. --proposer-sft-steps N (paper 0): SFT warm-up of the proposer on S(0)'s worked examples before
-    iteration 0, in every arm (--unguided too); the paper's proposer starts from the backbone.
+    iteration 0, in every arm (--unguided too); the paper's proposer starts from the backbone. Tiny, both
+    families: 10 steps of 6 examples; without it 2 of 29 skill-stream zebra blueprints were valid (the
+    135M proposer repeats values and names attributes "clues"), with it 105 of 108 (seeds 0-2).
 14. --solver-sft-steps N (paper 0): SFT warm-up of the solver before iteration 0, in every arm, on scripted
     tool tasks (SCRIPTED_TOOLS, disjoint from S(0) and BFCL) or runtime zebra puzzles (not held-out ones); the
     135M base solver solves no S(0) tool example in a majority of its probes, so no tool task could pass Eq. 4
-    without it (tiny tool: 12 steps; tiny zebra: none).
+    without it; the tiny zebra solver after it scores 8 % of held-out small grids vs 2 % (seeds 0-2; tiny: 12 steps).
     The tiny tool run also starts from S(0)'s 5 simplest packages (data/selfplay/tool_tiny) and uses K = 8.
     π_ref stays the backbone π^(0) after either warm-up (it is not saved, so a resume could not rebuild it).
 """
@@ -97,32 +99,35 @@ from stats import aggregate as aggregate_headlines, compare, format_headline, vs
 # ----- config -----
 
 PRESETS = {
-    # ~4.5 minutes per family on a 2-core CPU with the embedded 135M model, sampling with vLLM (the
-    # collection pass of 16 prompts × G is cheap there); temperature 0.7 because SmolLM2-135M at 1.0
+    # 7.5-10 minutes per family on a 2-core CPU with native bf16 and the embedded 135M model, sampling with vLLM
+    # (the collection pass of 16 prompts × G is cheap there); both families warm up both players (differences
+    # 13-14: 10 proposer SFT steps of 6 examples, 12 solver SFT steps); temperature 0.7 because SmolLM2-135M at 1.0
     # (top-k off) rarely writes well-formed JSON; micro_batch 2 bounds the memory of the backward pass over
     # ~900-token proposer sequences (a run with 8 peaked at 16.6 GB RSS, with 2 at 6.3); the aids of
     # difference 10 (grammar, solver aid) are what lets the 135M model close the loop for zebra; held-out zebra:
-    # 100 puzzles of the small and medium scales, greedy (eval_temperature 0), the answer budget fitted to
-    # the longest gold grid (answer_budget; --max-new-tokens 96 is the floor and the tool answers' budget)
+    # 50 puzzles of the small scale (≤ 3 houses; every arm scored 0 % of medium grids), greedy (eval_temperature
+    # 0), the answer budget fitted to the longest gold grid (answer_budget; --max-new-tokens 96 is the floor
+    # and the tool answers' budget)
     "tiny": dict(T=2, M=8, proposer_prompts=2, proposer_G=2, proposer_steps=1, collect_prompts=16,
                  solver_G=4, solver_steps=2, solver_batch=4, eval_n=4, eval_samples=1,
                  eval_temperature=0.0, max_new_tokens=96,
                  controller_max_new_tokens=96, induce_min=1, zebra_eval_per_scale=50,
-                 zebra_eval_scales="small,medium", rg_eval_n=2, lr=1e-5, sampler="auto", micro_batch=2,
-                 temperature=0.7, proposer_grammar="on", solver_aid="on"),
+                 zebra_eval_scales="small", rg_eval_n=2, lr=1e-5, sampler="auto", micro_batch=2,
+                 temperature=0.7, proposer_grammar="on", solver_aid="on", proposer_sft_steps=10, proposer_sft_batch=6,
+                 solver_sft_steps=12),
     # Table 5: the flag defaults (the family-dependent ones from BY_FAMILY["paper"])
     "paper": {},
 }
 # Values that differ between the families, by preset; they fill the flags no preset or argv set (parse_args),
-# the preset's first, then the paper's. paper: Table 5 (no warm-up). tiny: the tool family's warm-ups of the
-# proposer and the solver, a library of its 5 simplest packages, K = 8 probes so that a partly solved task
-# can fall in the frontier band, room for its longer proposals (differences 13-14); zebra's tiny run has none.
+# the preset's first, then the paper's. paper: Table 5 (no warm-up). tiny: the tool family's library of its 5
+# simplest packages, K = 8 probes so that a partly solved task can fall in the frontier band, room for its
+# longer proposals (difference 14).
 _PAPER_BOTH = dict(K=10, proposer_max_new_tokens=8192, proposer_sft_steps=0, proposer_sft_batch=0, solver_sft_steps=0)
 BY_FAMILY = {
     "paper": {"tool": dict(_PAPER_BOTH, M=8000, proposer_steps=5, solver_steps=15, induce_min=20),
               "zebra": dict(_PAPER_BOTH, M=1920, proposer_steps=3, solver_steps=10, induce_min=10)},
     "tiny": {"tool": dict(library=os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "selfplay", "tool_tiny"),
-                          K=8, proposer_max_new_tokens=448, proposer_sft_steps=10, proposer_sft_batch=6, solver_sft_steps=12),
+                          K=8, proposer_max_new_tokens=448),
              "zebra": dict(K=4, proposer_max_new_tokens=320)},
 }
 
@@ -160,13 +165,13 @@ def build_parser():
                    help="proposer GRPO steps per iteration; paper 5 tool / 3 zebra (default by --family)")
     g.add_argument("--proposer-sft-steps", type=int, default=None,
                    help="SFT steps priming the proposer on S(0)'s worked examples before iteration 0 (difference 13); "
-                        "paper 0 (default: 0; tiny tool: 10)")
+                        "paper 0 (default: 0; tiny: 10)")
     g.add_argument("--proposer-sft-lr", type=float, default=1e-4, help="learning rate of that SFT warm-up")
     g.add_argument("--proposer-sft-batch", type=int, default=None,
-                   help="examples per SFT step, drawn at random; 0 = all of them every step (default: 0; tiny tool: 6)")
+                   help="examples per SFT step, drawn at random; 0 = all of them every step (default: 0; tiny: 6)")
     g.add_argument("--solver-sft-steps", type=int, default=None,
                    help="SFT steps of the solver on scripted tool tasks / runtime zebra puzzles before iteration 0 "
-                        "(difference 14); paper 0 (default: 0; tiny tool: 12)")
+                        "(difference 14); paper 0 (default: 0; tiny: 12)")
     g.add_argument("--solver-sft-tasks", type=int, default=64, help="scripted tasks (puzzles) of that warm-up")
     g.add_argument("--solver-sft-batch", type=int, default=8, help="tasks per solver SFT step, drawn at random")
     g.add_argument("--solver-sft-lr", type=float, default=1e-4, help="learning rate of the solver SFT warm-up")
@@ -1371,8 +1376,8 @@ def read_items(run_dir, row):
 
 def run_results(args, history, baselines, rows):
     """(results, headline) of a finished run (stats.py's results.json convention). Zebra: the last row's per-
-    puzzle cell and grid accuracy against the better trivial answer and against the base row (paired over the
-    same held-out puzzles, same decoding); tool: each BFCL category, the last row and the warm-up against the
+    puzzle cell and grid accuracy against the better trivial answer, the base row and the solver warm-up's row
+    (paired over the same held-out puzzles, same decoding); tool: each BFCL category, the last row and the warm-up against the
     base row, paired over items, with every row's Wilson interval in results["bfcl"]. Both: the valid-proposal
     rate and the v_solve of valid proposals by stream, over every iteration's records."""
     arm, last = arm_name(args), history[-1][0]
@@ -1380,7 +1385,7 @@ def run_results(args, history, baselines, rows):
                "history": [list(h) for h in history], "trivial": [list(b) for b in baselines], "rows": rows}
     headline = []
     if args.family == "zebra":
-        final, base = read_items(args.run_dir, last), read_items(args.run_dir, "base")
+        final = read_items(args.run_dir, last)
         results["final_items"] = {m: [it[m] for it in final] for m in ("cell", "grid")}
         for m in ("cell", "grid"):
             trivial = {kind: [it[m] for it in read_items(args.run_dir, "trivial " + kind)] for kind, _ in baselines}
@@ -1388,10 +1393,11 @@ def run_results(args, history, baselines, rows):
             headline.append(compare(f"held-out zebra {m} accuracy, {arm} after the last iteration vs the better "
                                           f"trivial answer", arm, f"trivial: {kind}", results["final_items"][m],
                                           trivial[kind]))
-            if last != "base":
-                headline.append(compare(f"held-out zebra {m} accuracy, {arm}: last iteration vs base",
-                                              f"{arm} {last}", "base", results["final_items"][m],
-                                              [it[m] for it in base]))
+            for ref_row in ("base", "solver SFT"):  # the warm-up alone: what self-play added on top of it
+                if last not in ("base", ref_row) and any(h == ref_row for h, _ in history):
+                    headline.append(compare(f"held-out zebra {m} accuracy, {arm}: last iteration vs {ref_row}",
+                                            f"{arm} {last}", ref_row, results["final_items"][m],
+                                            [it[m] for it in read_items(args.run_dir, ref_row)]))
     else:
         results["bfcl"] = {}
         for name, _ in history:

@@ -1,6 +1,7 @@
 """Forced tokens in the solver's loss (issue #27 §2): one Skill-SP solver GRPO batch of zebra grids decoded under
 the grid schema, updated once with grpo.trained_mask's forced-token mask (on) and once without it (off:
-Rollout.forced = None, every generated token trained), side by side.
+Rollout.forced = None, every generated token trained), side by side; under --sampler vllm also with the
+one-allowed-token rule (GrammarReplay.forced, VLLMSampler's rule before it took GrammarReplay.decided).
 
     .venv/bin/python bench/forced_gradnorm.py [--model tiny|embedded|PATH] [--tasks 8] [--shapes 2x3,3x2] [SKILL_SP FLAGS]
 
@@ -9,7 +10,8 @@ The batch is skill_selfplay.solver_round's (prompts, answer budget, grid_schema,
 sampled once; each arm then takes grpo_update on its own copy of the same solver from the same rollouts
 (grad norm: before clipping). Sampler: --sampler hf is plumbing.ConstrainedHFSampler (prefix tree of the
 schema's instances: the canonical tokenisation only, so more tokens count as forced than under xgrammar);
---sampler vllm is VLLMSampler, whose forced flags come from xgrammar (GrammarReplay), as --preset tiny runs.
+--sampler vllm is VLLMSampler, whose forced flags come from xgrammar (1 − GrammarReplay.decided: no choice of
+text), as --preset tiny runs.
 --model tiny (default): a random 2-layer, 128-wide Llama with the embedded tokenizer.
 Any other flag goes to skill_selfplay.parse_args."""
 import argparse
@@ -53,16 +55,17 @@ def batch_records(shapes, n, seed):
     return recs
 
 
-def update(solver, ref, rollouts, args, dist, masked):
-    """grpo_update on a copy of the solver (a fresh optimizer): the masked arm keeps Rollout.forced, the other drops it."""
+def update(solver, ref, rollouts, args, dist, forced):
+    """grpo_update on a copy of the solver (a fresh optimizer) with these forced flags per rollout (None: none)."""
     model = copy.deepcopy(solver)
     opt = grpo.make_optimizer(model, args)
-    ros = [dataclasses.replace(r, adv=None, forced=r.forced if masked else None) for r in rollouts]
+    ros = [dataclasses.replace(r, adv=None, forced=f) for r, f in zip(rollouts, forced)]
     return grpo.grpo_update(model, ref, opt, ros, args, dist), model
 
 
 def measure(argv=None):
-    """The batch, its forced-token counts and both arms' metrics: {"generated", "forced", "n_rollouts", "on", "off"}."""
+    """The batch, its forced-token counts and each arm's metrics: {"generated", "forced", "n_rollouts", "on", "off"},
+    under --sampler vllm also "forced_one" and "one" (the one-allowed-token rule)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="tiny", help="tiny (a random 2-layer Llama), embedded, or a model folder")
     p.add_argument("--tasks", type=int, default=8, help="puzzles in the batch (--solver-batch)")
@@ -93,22 +96,31 @@ def run(bench, args):
     out = {"generated": sum(len(r.ids) for r in rollouts), "forced": sum(sum(r.forced or []) for r in rollouts),
            "n_rollouts": len(rollouts), "reward": sum(r.reward for r in rollouts) / max(len(rollouts), 1),
            "time_sample": time.time() - t0, "model": bench.model, "sampler": bench.sampler, "precision": args.precision}
-    for arm, masked in (("on", True), ("off", False)):
+    arms = [("on", [r.forced for r in rollouts]), ("off", [None] * len(rollouts))]
+    if bench.sampler == "vllm":  # the same rollouts under the one-allowed-token rule
+        schemas = S.answer_schemas(args, [r["task"] for r in D])
+        one = [sampler.grammar.forced(schemas[r.group], r.ids) for r in rollouts]
+        out["forced_one"] = sum(map(sum, one))
+        arms.append(("one", one))
+    for arm, forced in arms:
         t0 = time.time()
-        out[arm] = {**update(solver, ref, rollouts, args, dist, masked)[0], "time": time.time() - t0}
+        out[arm] = {**update(solver, ref, rollouts, args, dist, forced)[0], "time": time.time() - t0}
     return out
 
 
 def main(argv=None):
     r = measure(argv)
-    on, off = r["on"], r["off"]
+    arms = [("mask on", r["on"]), ("mask off", r["off"])] + ([("one-token", r["one"])] if "one" in r else [])
     print(f"one solver GRPO batch: {r['n_rollouts']} grids, {r['generated']} generated tokens, {r['forced']} forced by "
           f"the grid schema ({100 * r['forced'] / max(r['generated'], 1):.1f} %); mean reward {r['reward']:.3f}; "
           f"{r['model']} model, {r['sampler']} sampler, {r['precision']} weights; sampled in {r['time_sample']:.1f} s")
-    print(f"{'':28s}{'mask on':>12s}{'mask off':>12s}")
+    if "one" in r:
+        print(f"one-token rule (exactly one token allowed, GrammarReplay.forced): {r['forced_one']} forced "
+              f"({100 * r['forced_one'] / max(r['generated'], 1):.1f} %)")
+    print(f"{'':28s}" + "".join(f"{name:>12s}" for name, _ in arms))
     for name, key, fmt in (("trained tokens", "n_tokens", "{:.0f}"), ("grad norm (before clipping)", "grad_norm", "{:.4g}"),
                            ("loss", "loss", "{:.4g}"), ("KL", "kl", "{:.3g}"), ("update time (s)", "time", "{:.2f}")):
-        print(f"{name:28s}" + "".join(f"{fmt.format(a[key]) if key in a else '-':>12s}" for a in (on, off)))
+        print(f"{name:28s}" + "".join(f"{fmt.format(a[key]) if key in a else '-':>12s}" for _, a in arms))
     print("mask off is the control: the same rollouts with Rollout.forced = None; a skipped arm (no decision "
           "token) shows '-' for its gradient")
     return r

@@ -139,7 +139,7 @@ SELFPLAY = ["skill_selfplay", "--family", "zebra", "--preset", "tiny", "--T", "3
             "--solver-steps", "1", "--solver-sft-steps", "1", "--solver-sft-tasks", "2", "--solver-sft-batch", "2",
             "--solver-sft-lr", "1e-2", "--lr", "1e-3", "--max-new-tokens", "16", "--zebra-eval-per-scale", "1",
             "--zebra-eval-scales", "small", "--rg-eval-n", "0", "--controller-max-new-tokens", "8", "--sampler", "hf",
-            "--precision", "fp32", "--no-plots"]
+            "--proposer-sft-steps", "0", "--precision", "fp32", "--no-plots"]
 
 
 def test_skill_selfplay_killed_at_five_points_resumes_bit_identical(tiny_model_dir, tmp_path):

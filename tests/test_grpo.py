@@ -539,6 +539,25 @@ def test_grammar_replay_marks_tokens_the_json_schema_forced(tiny_model_dir):
     assert replay.forced(schema, bad)[split:] == [0] * (len(bad) - split)
 
 
+def test_vllm_rollouts_train_only_the_tokens_where_the_schema_left_a_choice_of_text(tiny_model_dir):
+    """VLLMSampler.sample's Sample.forced is 1 − GrammarReplay.decided: xgrammar admits every tokenization of the
+    schema's fixed text, so pieces of the literal '{"verdict":"' have several allowed tokens (one-token rule: not
+    forced, trained with the unconstrained π_θ) but no choice of text; only the A/B token is trained."""
+    import types
+    tok = plumbing.load_model(tiny_model_dir, grpo.Dist())[1]
+    replay = plumbing.GrammarReplay(tok, len(tok))
+    schema = {"type": "object", "properties": {"verdict": {"enum": ["A", "B"]}}, "required": ["verdict"],
+              "additionalProperties": False}
+    ids, other = (tok.encode(json.dumps({"verdict": v}, separators=(",", ":")), add_special_tokens=False) for v in "AB")
+    split = next(i for i, (x, y) in enumerate(zip(ids, other)) if x != y)
+    ids = ids + [tok.eos_token_id]
+    completion = types.SimpleNamespace(token_ids=ids, text=tok.decode(ids[:-1]), logprobs=None)
+    s = plumbing.VLLMSampler.sample(types.SimpleNamespace(tok=tok, grammar=replay), completion, None, schema)
+    assert s.forced == [0 if i == split else 1 for i in range(len(ids))], s.forced      # the verdict alone is trained
+    assert sum(replay.forced(schema, ids)) < sum(s.forced)                          # the one-token rule misses pieces
+    assert plumbing.VLLMSampler.sample(types.SimpleNamespace(tok=tok, grammar=replay), completion, None, None).forced is None
+
+
 # ----- bad inputs -----
 
 def test_bad_inputs_do_not_crash(tiny_model_dir):
