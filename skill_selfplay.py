@@ -1394,7 +1394,7 @@ def run_results(args, history, baselines, rows):
                                           f"trivial answer", arm, f"trivial: {kind}", results["final_items"][m],
                                           trivial[kind]))
             for ref_row in ("base", "solver SFT"):  # the warm-up alone: what self-play added on top of it
-                if last not in ("base", ref_row) and any(h == ref_row for h, _ in history):
+                if ref_row != last and ref_row in dict(history):
                     headline.append(compare(f"held-out zebra {m} accuracy, {arm}: last iteration vs {ref_row}",
                                             f"{arm} {last}", ref_row, results["final_items"][m],
                                             [it[m] for it in read_items(args.run_dir, ref_row)]))

@@ -98,7 +98,9 @@ def run(bench, args):
            "time_sample": time.time() - t0, "model": bench.model, "sampler": bench.sampler, "precision": args.precision}
     arms = [("on", [r.forced for r in rollouts]), ("off", [None] * len(rollouts))]
     if bench.sampler == "vllm":  # the same rollouts under the one-allowed-token rule
-        schemas = S.answer_schemas(args, [r["task"] for r in D])
+        batch = random.Random(args.seed).sample(D, min(args.solver_batch, len(D)))  # solver_round's draw: group g
+        schemas = S.answer_schemas(args, [r["task"] for r in batch])
+        assert all([1 - d for d in sampler.grammar.decided(schemas[r.group], r.ids)] == r.forced for r in rollouts)
         one = [sampler.grammar.forced(schemas[r.group], r.ids) for r in rollouts]
         out["forced_one"] = sum(map(sum, one))
         arms.append(("one", one))

@@ -1264,22 +1264,24 @@ def test_proposer_rewards_are_R_minus_rho_and_minus_one(tmp_path):
     assert [ro.reward for ro in rollouts] == pytest.approx([0.5, -1.0, 0.5, -1.0])
 
 
-def _finished_run(root, arm_flags, seed, cells, recs):
-    """A run folder as main leaves it (eval rows, records), its results.json written by run_results."""
+def _finished_run(root, arm_flags, seed, cells, recs, sft=None):
+    """A run folder as main leaves it (eval rows, records; a "solver SFT" row with cell accuracy `sft` if given),
+    its results.json written by run_results."""
     import stats
     args = S.parse_args(["--family", "zebra", "--preset", "tiny", "--T", "1", "--seed", str(seed),
                          "--run-dir", str(root / f"{'-'.join(arm_flags) or 'skill'}-s{seed}"), *arm_flags])
     from grpo import Dist
     baselines = S.trivial_baselines(args, Dist())
     n = len(S.zebra_heldout(args)[0])
-    for row, c in (("base", 0.0), ("iter 1", cells)):
+    rows = [("base", 0.0)] + ([("solver SFT", sft)] if sft is not None else []) + [("iter 1", cells)]
+    for row, c in rows:
         S.save_generations(args, row, [{"i": i, "cell": c, "grid": 0.0} for i in range(n)], Dist())
     os.makedirs(os.path.join(args.run_dir, "records"))
     with open(os.path.join(args.run_dir, "records", "iter_0.jsonl"), "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in recs)
     with open(os.path.join(args.run_dir, "metrics.jsonl"), "w") as f:  # a row logged twice: never read for results
         f.writelines([json.dumps({"step": 1, "zebra_cell": cells})] * 2)
-    results, headline = S.run_results(args, [("base", {}), ("iter 1", {})], baselines, [{}])
+    results, headline = S.run_results(args, [(row, {}) for row, _ in rows], baselines, [{}])
     stats.write_results(args.run_dir, results, headline)
     return args.run_dir, n
 
@@ -1288,7 +1290,7 @@ def test_aggregate_pools_seeds_and_pairs_skill_sp_with_unguided_over_puzzles(tmp
     """results.json per run (each arm vs the better trivial answer, valid rate and v_solve by stream), then
     --aggregate: each claim pooled over seeds, and Skill-SP vs unguided paired over puzzles × seeds."""
     v = lambda stream, ok, vs: {"stream": stream, "valid": ok, "v_solve": vs}
-    runs = [_finished_run(tmp_path, [], 0, 0.5, [v("skill", True, 0.5), v("explore", False, 0.0)]),
+    runs = [_finished_run(tmp_path, [], 0, 0.5, [v("skill", True, 0.5), v("explore", False, 0.0)], sft=0.3),
             _finished_run(tmp_path, [], 1, 0.4, [v("skill", True, 0.25)]),
             _finished_run(tmp_path, ["--unguided"], 0, 0.2, [v("explore", False, 0.0)]),
             _finished_run(tmp_path, ["--unguided"], 1, 0.1, [v("explore", False, 0.0)])]
@@ -1301,6 +1303,9 @@ def test_aggregate_pools_seeds_and_pairs_skill_sp_with_unguided_over_puzzles(tmp
     better = max(one["trivial"], key=lambda kr: kr[1]["zebra_cell"])               # the better trivial answer
     assert trivial["b"] == "trivial: " + better[0] and trivial["mean_b"] == pytest.approx(better[1]["zebra_cell"])
     assert trivial["mean_a"] == pytest.approx(0.5)
+    # what self-play added on top of the warm-up: the last iteration against the solver SFT row, same puzzles
+    (vs_sft,) = [e for e in one["headline"] if e["claim"] == "held-out zebra cell accuracy, skill-sp: last iteration vs solver SFT"]
+    assert (vs_sft["mean_a"], vs_sft["mean_b"], vs_sft["diff"]) == pytest.approx((0.5, 0.3, 0.2))
     entries = S.main(["--aggregate", *[d for d, _ in runs]])
     n = runs[0][1]
     (pair,) = [e for e in entries if e["claim"].startswith("held-out zebra cell accuracy: skill-sp vs unguided")]
