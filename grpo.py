@@ -57,8 +57,8 @@ from torch.distributed.fsdp import FSDPModule
 from tqdm import tqdm
 
 import stats
-from plumbing import (add_memory_args, dtype_flag, exit_ranks, load_model, load_policy, log_metrics, make_sampler, per_rank,
-                      plot_curves, precision_flag, process_group_timeout, resume_checkpoint, save_checkpoint, unwrap)
+from plumbing import (add_memory_args, dtypes_follow_precision, exit_ranks, load_model, load_policy, log_metrics, make_sampler,
+                      per_rank, plot_curves, precision_flag, process_group_timeout, resume_checkpoint, save_checkpoint, unwrap)
 
 # ----- config -----
 
@@ -71,8 +71,8 @@ def add_grpo_args(p):
                    help="policy training: auto (the default, printed at start-up) = bf16 where the device computes bf16 natively (CUDA with "
                         "bf16, CPU with AMX or avx512_bf16), else fp32; bf16 = bf16 weights stepped through fp32 masters and moments (MasterAdamW); autocast = fp32 weights under bf16 autocast")
     g.add_argument("--no-autocast", dest="precision", action="store_const", const="fp32", help="same as --precision fp32")
-    g.add_argument("--dtype", default="auto", type=dtype_flag, choices=["auto", "float32", "bfloat16"],
-                   help="weights of frozen models (π_ref, teachers, judges); auto = bfloat16 where --precision auto picks bf16, else float32")
+    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="weights of frozen models (π_ref, teachers, judges); auto = float32 under --precision fp32 (explicit or auto), else bfloat16")
     g.add_argument("--fsdp", action="store_true", help="under torchrun: shard weights, gradients and AdamW state over the ranks (FSDP2) instead of replicating them (DDP); README 'FSDP or DDP'")
     g = p.add_argument_group("sampling")
     g.add_argument("--sampler", default="hf", choices=["auto", "hf", "vllm"], help="auto = vLLM when it imports and starts, else HF generate")
@@ -110,6 +110,7 @@ def add_grpo_args(p):
     g.add_argument("--save-every", type=int, default=10, help="checkpoint every N steps (and at the end)")
     g.add_argument("--aggregate", nargs="+", metavar="RUN_DIR", default=None,
                    help="pool the results.json headlines of finished runs (one per seed; stats.aggregate), print the table, exit")
+    dtypes_follow_precision(p)  # --dtype auto (and a script's --frozen-dtype auto) resolve from the parsed --precision
 
 
 def parse_with_preset(parser, presets, default="tiny", argv=None, name=None):

@@ -140,9 +140,20 @@ def precision_flag(value):
     return auto_precision() if value == "auto" else value
 
 
-def dtype_flag(value):
-    """argparse type of --dtype (frozen models): 'auto' = the dtype --precision auto computes in on this machine."""
-    return ("bfloat16" if auto_precision() == "bf16" else "float32") if value == "auto" else value
+def dtypes_follow_precision(parser):
+    """--dtype / --frozen-dtype auto (frozen models) → the dtype the policy computes in under the parsed --precision,
+    explicit or auto: float32 under fp32, else bfloat16; an explicit dtype stays. Every parse of `parser` (parse_args
+    too) ends with this, since an argparse type sees one flag alone (an explicit --precision fp32 on a bf16 CPU once
+    left π_ref in bf16)."""
+    parse = parser.parse_known_args
+
+    def parse_known_args(*a, **k):
+        args, rest = parse(*a, **k)
+        for name in ("dtype", "frozen_dtype"):
+            if getattr(args, name, None) == "auto":
+                setattr(args, name, compute_dtype(args))
+        return args, rest
+    parser.parse_known_args = parse_known_args
 
 
 def compute_dtype(args):

@@ -64,7 +64,7 @@ Differences from the paper:
     own uid, rlimits, an empty environment and a temporary folder (see sandbox.py).
 13. Scale: tiny keeps three verifiable domains × two screened skills and 6 chains per Acc cell;
     Acc needs |S|·(|D| + 1)·acc_samples chains (B.4) plus direct_pairs·acc_samples for Eq. (3).
-14. Frozen models run in bf16 where the device computes it natively, else fp32 (--frozen-dtype auto); only rank 0 runs the bank/ske/synth/bench/label
+14. Frozen models run in the policy's compute dtype: bf16, or fp32 under --precision fp32 (--frozen-dtype auto); only rank 0 runs the bank/ske/synth/bench/label
     stages (under torchrun with HF generate), and SFT examples are not sharded over ranks.
 15. Not in the paper: the SkE null (ske_null), a cell without chains is NaN (its switches are skipped),
     each Table 3 row samples from its own seeded stream (row_seed), and a --max-new-tokens that fits
@@ -88,7 +88,7 @@ import torch
 
 from grpo import (add_grpo_args, barrier, chat_ids, group_advantages, grpo_update, make_optimizer, parse_with_preset,
                   reduce_metrics, sample_group_rollouts, seed_everything, setup_distributed, sft_loop)
-from plumbing import (HFSampler, checkpoint_extra, dtype_flag, exit_ranks, load_checkpoint, load_embedder, load_model, load_policy,
+from plumbing import (HFSampler, checkpoint_extra, exit_ranks, load_checkpoint, load_embedder, load_model, load_policy,
                       log_metrics, make_sampler, plot_curves, read_metrics, replica, resolve_model, resume_checkpoint,
                       save_checkpoint, unwrap)
 from stats import aggregate_main, compare, format_headline, write_results
@@ -154,8 +154,8 @@ def build_parser():
     g.add_argument("--cluster-threshold", type=float, default=0.6, help="cosine threshold for merging label clusters in `bank`")
     g = p.add_argument_group("skill entropy (§3.1, B.3–B.5)")
     g.add_argument("--ref-model", default=None, help="reference model for Acc (default: --model; paper: Claude-opus-4.7)")
-    g.add_argument("--frozen-dtype", default="auto", type=dtype_flag, choices=["auto", "float32", "bfloat16"],
-                   help="dtype of the frozen reference/proposer/judge/teacher models; auto = bfloat16 where the device computes bf16 natively, else float32 (this AVX2 CPU: float32)")
+    g.add_argument("--frozen-dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="dtype of the frozen reference/proposer/judge/teacher models; auto = float32 under --precision fp32 (explicit or auto), else bfloat16")
     g.add_argument("--alpha", type=float, default=0.1, help="α, Laplace smoothing in Eq. (3) (paper: 0.1)")
     g.add_argument("--acc-samples", type=int, default=8, help="Monte-Carlo two-step questions per Acc cell (paper: not stated)")
     g.add_argument("--acc-max-new-tokens", type=int, default=1024, help="generation cap for Acc estimates (paper: not stated)")

@@ -257,12 +257,24 @@ def test_precision_auto_follows_native_bf16_and_explicit_wins(cap, want):
 
 
 def test_precision_and_dtype_flags_resolve_auto(monkeypatch):
-    """--precision auto and --dtype auto become this machine's choice at parse time; explicit values stay."""
+    """--precision auto and --dtype auto become this machine's choice at parse time; explicit values stay. An explicit
+    --precision wins for the frozen models too: --dtype auto follows the parsed precision, not the hardware (an
+    explicit fp32 on a native-bf16 CPU once left π_ref in bf16), whether the flags come first or last."""
     for native, precision, dtype in ((True, "bf16", "bfloat16"), (False, "fp32", "float32")):
         monkeypatch.setattr(plumbing, "auto_precision", lambda: precision)
         assert (make_args().precision, make_args().dtype) == (precision, dtype), native
         args = make_args("--precision", "autocast", "--dtype", "bfloat16")
         assert (args.precision, args.dtype, plumbing.compute_dtype(args)) == ("autocast", "bfloat16", "bfloat16")
+        for explicit, follows in (("fp32", "float32"), ("bf16", "bfloat16"), ("autocast", "bfloat16")):
+            assert make_args("--precision", explicit).dtype == follows, (native, explicit)
+            assert make_args("--dtype", "auto", "--precision", explicit).dtype == follows, (native, explicit)
+        assert make_args("--no-autocast").dtype == "float32", native
+        assert make_args("--precision", "fp32", "--dtype", "bfloat16").dtype == "bfloat16", native  # explicit stays
+        frozen = argparse.ArgumentParser()  # a script's own frozen-model flag resolves the same way (skill_entropy)
+        grpo.add_grpo_args(frozen)
+        frozen.add_argument("--frozen-dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+        assert frozen.parse_args(["--precision", "fp32"]).frozen_dtype == "float32", native
+        assert frozen.parse_known_args(["--precision", "bf16", "--other"])[0].frozen_dtype == "bfloat16", native
     assert plumbing.compute_dtype(make_args("--no-autocast")) == "float32"
 
 
