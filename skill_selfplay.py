@@ -105,13 +105,13 @@ PRESETS = {
     # (top-k off) rarely writes well-formed JSON; micro_batch 2 bounds the memory of the backward pass over
     # ~900-token proposer sequences (a run with 8 peaked at 16.6 GB RSS, with 2 at 6.3); the aids of
     # difference 10 (grammar, solver aid) are what lets the 135M model close the loop for zebra; held-out zebra:
-    # 50 puzzles of the small scale (≤ 3 houses; every arm scored 0 % of medium grids), greedy (eval_temperature
+    # 100 puzzles of the small scale (≤ 3 houses; every arm scored 0 % of medium grids), greedy (eval_temperature
     # 0), the answer budget fitted to the longest gold grid (answer_budget; --max-new-tokens 96 is the floor
     # and the tool answers' budget)
     "tiny": dict(T=2, M=8, proposer_prompts=2, proposer_G=2, proposer_steps=1, collect_prompts=16,
                  solver_G=4, solver_steps=2, solver_batch=4, eval_n=4, eval_samples=1,
                  eval_temperature=0.0, max_new_tokens=96,
-                 controller_max_new_tokens=96, induce_min=1, zebra_eval_per_scale=50,
+                 controller_max_new_tokens=96, induce_min=1, zebra_eval_per_scale=100,
                  zebra_eval_scales="small", rg_eval_n=2, lr=1e-5, sampler="auto", micro_batch=2,
                  temperature=0.7, proposer_grammar="on", solver_aid="on", proposer_sft_steps=10, proposer_sft_batch=6,
                  solver_sft_steps=12),
