@@ -4,7 +4,7 @@ Skill Self-Play (Skill-SP): a proposer, a solver and an evolving skill library.
 Paper: "Skill Self-Play: Pushing the Frontier of LLM Capability with Co-Evolving
 Skills" (Huang et al., 2026), ../shared/papers/skill_selfplay.txt, Algorithm 2.
 
-Run (CPU, embedded SmolLM2-135M, two small self-play iterations; 7.5-10 min per family on 2 cores with native bf16):
+Run (CPU, embedded SmolLM2-135M, two small self-play iterations; 2 cores with native bf16: zebra 10-13 min, tool 8 min):
     python skill_selfplay.py --family tool  --preset tiny
     python skill_selfplay.py --family zebra --preset tiny
 Several processes (same code; gloo on CPU, NCCL on GPUs):
@@ -99,19 +99,19 @@ from stats import aggregate as aggregate_headlines, compare, format_headline, vs
 # ----- config -----
 
 PRESETS = {
-    # 7.5-10 minutes per family on a 2-core CPU with native bf16 and the embedded 135M model, sampling with vLLM
+    # 10-13 minutes (zebra; tool ~8) on a 2-core CPU with native bf16 and the embedded 135M model, sampling with vLLM
     # (the collection pass of 16 prompts × G is cheap there); both families warm up both players (differences
     # 13-14: 10 proposer SFT steps of 6 examples, 12 solver SFT steps); temperature 0.7 because SmolLM2-135M at 1.0
     # (top-k off) rarely writes well-formed JSON; micro_batch 2 bounds the memory of the backward pass over
     # ~900-token proposer sequences (a run with 8 peaked at 16.6 GB RSS, with 2 at 6.3); the aids of
     # difference 10 (grammar, solver aid) are what lets the 135M model close the loop for zebra; held-out zebra:
-    # 100 puzzles of the small scale (≤ 3 houses; every arm scored 0 % of medium grids), greedy (eval_temperature
+    # the small scale only, 100 puzzles (≤ 3 houses; every arm scored 0 % of medium grids), greedy (eval_temperature
     # 0), the answer budget fitted to the longest gold grid (answer_budget; --max-new-tokens 96 is the floor
     # and the tool answers' budget)
     "tiny": dict(T=2, M=8, proposer_prompts=2, proposer_G=2, proposer_steps=1, collect_prompts=16,
                  solver_G=4, solver_steps=2, solver_batch=4, eval_n=4, eval_samples=1,
                  eval_temperature=0.0, max_new_tokens=96,
-                 controller_max_new_tokens=96, induce_min=1, zebra_eval_per_scale=100,
+                 controller_max_new_tokens=96, induce_min=1,
                  zebra_eval_scales="small", rg_eval_n=2, lr=1e-5, sampler="auto", micro_batch=2,
                  temperature=0.7, proposer_grammar="on", solver_aid="on", proposer_sft_steps=10, proposer_sft_batch=6,
                  solver_sft_steps=12),
