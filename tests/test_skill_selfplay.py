@@ -1445,11 +1445,12 @@ def _zebra_gold(args):
 def test_zebra_answer_budget_fits_every_heldout_and_library_gold_answer():
     """--max-new-tokens 96 used to cut the 4×4 held-out solution (108 tokens): a quarter of the metric could never
     be scored. The budget now fits the longest gold grid of the call (as xgrammar writes it, + EOS), for the held-out set
-    and for any S(0) example probed alone. The tiny held-out set: 50 small puzzles (≤ 3 houses; every arm
-    scored 0 % of medium grids; #27 asks for ≥ 100, traded for time)."""
+    and for any S(0) example probed alone. The tiny held-out set: 100 small puzzles, all distinct (≤ 3 houses; every
+    arm scored 0 % of medium grids; #27 asks for ≥ 100)."""
     args, tok = S.parse_args(["--family", "zebra", "--preset", "tiny"]), _tok()
     puzzles, sols = _zebra_gold(args)
-    assert len(puzzles) == 50 and {s for s, _, _ in puzzles} == {"small"}
+    assert len(puzzles) == 100 and {s for s, _, _ in puzzles} == {"small"}
+    assert len({S.render_zebra_prompt(p) for _, p, _ in puzzles}) == 100
     length = lambda sol: len(tok.encode(json.dumps(sol), add_special_tokens=False)) + 1  # as xgrammar decodes it, + EOS
     assert max(length(sol) for sol in sols) > args.max_new_tokens          # the flag alone would truncate
     budget = S.answer_budget(args, tok, sols)
