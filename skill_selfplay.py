@@ -4,7 +4,7 @@ Skill Self-Play (Skill-SP): a proposer, a solver and an evolving skill library.
 Paper: "Skill Self-Play: Pushing the Frontier of LLM Capability with Co-Evolving
 Skills" (Huang et al., 2026), ../shared/papers/skill_selfplay.txt, Algorithm 2.
 
-Run (CPU, embedded SmolLM2-135M, two small self-play iterations; 2 cores with native bf16: zebra 10-13 min, tool 8 min):
+Run (CPU, embedded SmolLM2-135M, two small self-play iterations; 2 cores, native bf16: zebra 9.7-12.7 min, tool ~8 min):
     python skill_selfplay.py --family tool  --preset tiny
     python skill_selfplay.py --family zebra --preset tiny
 Several processes (same code; gloo on CPU, NCCL on GPUs):
@@ -99,7 +99,7 @@ from stats import aggregate as aggregate_headlines, compare, format_headline, vs
 # ----- config -----
 
 PRESETS = {
-    # 10-13 minutes (zebra; tool ~8) on a 2-core CPU with native bf16 and the embedded 135M model, sampling with vLLM
+    # 9.7-12.7 minutes (zebra; tool ~8) on a 2-core CPU with native bf16 and the embedded 135M model, sampling with vLLM
     # (the collection pass of 16 prompts × G is cheap there); both families warm up both players (differences
     # 13-14: 10 proposer SFT steps of 6 examples, 12 solver SFT steps); temperature 0.7 because SmolLM2-135M at 1.0
     # (top-k off) rarely writes well-formed JSON; micro_batch 2 bounds the memory of the backward pass over
