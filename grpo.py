@@ -744,7 +744,7 @@ def toy_eval(sampler, tok, args, n=64):
 
 PRESETS = {
     # 2-core CPU, embedded 135M model: a few minutes
-    "tiny": dict(steps=12, prompts_per_step=6, G=6, max_new_tokens=32, lr=1e-5, micro_batch=18, sampler="auto"),
+    "tiny": dict(steps=6, prompts_per_step=6, G=6, max_new_tokens=32, lr=2e-5, micro_batch=18, sampler="auto"),
     # 8 GPUs, same model family at DeepSeekMath-like settings: the flag defaults
     "paper": dict(),
 }
