@@ -10,7 +10,7 @@ paired rollouts (Eq. 8–9); phase II trains routing with matched-intervention
 contrasts (Eq. 11–13) and execution with group-relative advantages (Eq. 10),
 token by token (Eq. 14), through the clipped, KL-regularised loss (Eq. 15).
 
-    python talentrl.py --preset tiny                             # 2-core CPU: ~9 min per seed in bf16, ~16 in fp32 (README)
+    python talentrl.py --preset tiny                             # 2-core CPU: 10-12 min per seed in bf16, ~16 in fp32 (README)
     python talentrl.py --aggregate runs/talentrl-s0 runs/talentrl-s1 runs/talentrl-s2   # Table 1, mean ± sd
     torchrun --nproc_per_node=2 talentrl.py --preset tiny         # the same on 2 CPU ranks (gloo)
     torchrun --nproc_per_node=8 talentrl.py --preset paper        # Table 4 settings (GPUs)
@@ -88,7 +88,7 @@ DATA = Path(__file__).resolve().parent / "data" / "talentrl"
 
 PRESETS = {
     # 2-core CPU, embedded SmolLM2-135M, a small world: a few tasks per stage (README, "Measured": 15.7 min per seed
-    # in fp32, ~10 in bf16); rollouts on vLLM (`auto`: HF generate if vLLM cannot start) with a KV cache for 32
+    # in fp32, 10-12 in bf16); rollouts on vLLM (`auto`: HF generate if vLLM cannot start) with a KV cache for 32
     # sequences, so that every turn of the 42 held-out episodes reuses its cached prefix (8: 150 s per routed
     # evaluation in fp32, 32: 67 s, the same outputs)
     "tiny": dict(n_people=40, n_places=16, n_orgs=10, n_events=10, n_hamlets=12, n_shared=6, n_train=60, n_test=6,
