@@ -110,19 +110,19 @@ def test_prompts_per_rank_refused_before_any_model_loads(monkeypatch):
         grpo.main(["--preset", "tiny"])  # tiny: 6 prompts per step
 
 
-def test_process_group_timeout_outlasts_rank0_stages(monkeypatch):
+def test_process_group_timeout_outlasts_rank0_stages():
     """setup_distributed gives the process group a timeout of hours (NANOSKILL_DIST_TIMEOUT_MIN; default 24 h),
-    not NCCL's 10 minutes, so ranks waiting in a barrier survive a long rank-0 stage."""
-    import torch.distributed as td
-    monkeypatch.setenv("RANK", "0"), monkeypatch.setenv("WORLD_SIZE", "1"), monkeypatch.setenv("LOCAL_RANK", "0")
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1"), monkeypatch.setenv("MASTER_PORT", str(29650 + os.getpid() % 100))
-    monkeypatch.setenv("NANOSKILL_DIST_TIMEOUT_MIN", "90")
-    try:
-        grpo.setup_distributed()
-        assert td.distributed_c10d._get_default_group()._get_backend(torch.device("cpu")).options._timeout.total_seconds() == 90 * 60
-    finally:
-        if td.is_initialized():
-            td.destroy_process_group()
+    not NCCL's 10 minutes, so ranks waiting in a barrier survive a long rank-0 stage. In a fresh process: an
+    in-process vLLM engine of an earlier test leaves its own default group (gloo, 30 min) behind, and
+    setup_distributed keeps a group it finds (this test failed when test_grpo ran before it)."""
+    code = ("import grpo, torch, torch.distributed as td; grpo.setup_distributed(); "
+            "print(td.distributed_c10d._get_default_group()._get_backend(torch.device('cpu')).options._timeout.total_seconds()); "
+            "td.destroy_process_group()")
+    env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(29650 + os.getpid() % 100), NANOSKILL_DIST_TIMEOUT_MIN="90", **ONE_THREAD)
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert float(out.stdout.split()[-1]) == 90 * 60
 
 
 # ----- memory: gradient checkpointing, snapshots on the CPU -----
