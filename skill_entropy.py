@@ -1779,6 +1779,18 @@ def bank_keys(bank, kind=None):
 _POOLS, _HE_CACHE = {}, {}
 
 
+class SortedLetters(frozenset):
+    """A set of letters that iterates in sorted order, and stays one under `-`. reasoning-gym's ransom_note draws
+    with rng.choice(list(self.letters)) from a set, whose order follows the process's string-hash seed: with the
+    same --seed, every run got other letter_inventory questions, and so another Acc table, task set and Table 3."""
+
+    def __iter__(self):
+        return iter(sorted(frozenset.__iter__(self)))
+
+    def __sub__(self, other):
+        return SortedLetters(frozenset.__sub__(self, other))
+
+
 def _source_rows(bank, d, s, seed):
     """Every seed question–answer pair that skill s's source offers, in a fixed order."""
     spec = bank[d]["skills"][s]
@@ -1787,6 +1799,8 @@ def _source_rows(bank, d, s, seed):
         import reasoning_gym
         cfg = {k: tuple(v) if isinstance(v, list) else v for k, v in spec.get("config", {}).items()}
         ds = reasoning_gym.create_dataset(spec["dataset"], seed=seed, size=200, **cfg)
+        if isinstance(getattr(ds, "letters", None), (set, frozenset)):  # ransom_note: see SortedLetters
+            ds.letters = SortedLetters(ds.letters)
         return [dict(question=e["question"], answer=str(e["answer"]), meta={}) for e in ds]
     if src == "humaneval":
         if not _HE_CACHE:
