@@ -326,7 +326,7 @@ def test_tiny_preset_smoke(tmp_path):
            "--run-dir", str(tmp_path / "run"), "--domains", "math,information_extraction,creative_writing",
            "--skills-per-domain", "2", "--acc-samples", "2", "--direct-pairs", "3", "--n-train", "6", "--n-sft", "2",
            "--n-test", "3", "--train-len", "2,3", "--test-len", "2,3", "--llm-proposer-tasks", "1", "--max-new-tokens", "96",
-           "--acc-max-new-tokens", "12", "--propose-max-new-tokens", "24", "--rl-steps", "1", "--prompts-per-step", "2",
+           "--acc-max-new-tokens", "12", "--propose-max-new-tokens", "24", "--rl-steps", "2", "--prompts-per-step", "2",
            "--G", "4", "--label-seeds", "1", "--n-label", "1", "--sft-epochs", "6", "--null-perms", "50",
            "--baselines", "grpo,format_only,shuffled_ske,ske_rl"]
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
