@@ -319,7 +319,7 @@ def test_spearman():
 
 def test_tiny_preset_smoke(tmp_path):
     """Every stage end to end on the embedded model, shrunk further with flags, on the preset's own sampler (vLLM where
-    it starts: 195 s against 284 s on HF generate, 2-core AMD EPYC with avx512_bf16). Fails when the run
+    it starts; with 2 RL steps 305 s, 2-core AMD EPYC with avx512_bf16, 2026-12-03). Fails when the run
     shows no signal: RL made no update, every verifiable step scored 0 (the judge's open-ended
     scores kept apart), or SkE is indistinguishable from a constant (sd ≤ 0.01 or < 3 values)."""
     cmd = [sys.executable, str(ROOT / "skill_entropy.py"), "--preset", "tiny", "--sampler", "auto",
