@@ -83,8 +83,17 @@ SMOKE_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
 gpu-smoke:
 	$(SMOKE_PYTHON) gpu/smoke.py
 
+# Two xdist workers of one thread each: most long tests are one-thread subprocesses that left the second core
+# idle, and two 2-thread processes on 2 cores would slow each other 5-10x. tests/conftest.py starts the longest
+# tests first (their @pytest.mark.heavy seconds). `make test TEST_WORKERS=0` runs in one process (2 threads).
+TEST_WORKERS ?= 2
 test: install
-	$(BIN)/python -m pytest -q -o tmp_path_retention_policy=failed --durations=30 tests
+	if [ "$(TEST_WORKERS)" = 0 ]; then \
+	  $(BIN)/python -m pytest -q -o tmp_path_retention_policy=failed --durations=30 tests; \
+	else \
+	  OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/python -m pytest -q -o tmp_path_retention_policy=failed \
+	    -n $(TEST_WORKERS) --maxschedchunk 1 --durations=30 tests; \
+	fi
 
 bench: install
 	@$(BIN)/python -c "import plumbing; print('machine:', plumbing.choose_precision('auto', plumbing.bf16_capability())[1])"

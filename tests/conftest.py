@@ -35,5 +35,22 @@ def pytest_configure(config):
     """Skipped tests say why in the summary line (e.g. the sandbox's kernel layers without root or bubblewrap).
     The `multirank` marker names every test that starts torchrun ranks (bench/multirank_repeat.py runs them)."""
     config.addinivalue_line("markers", "multirank: starts two or more torchrun ranks (bench/multirank_repeat.py)")
+    config.addinivalue_line("markers", "heavy(seconds): a test that takes about this long (measured, make test's order)")
     if not set("sA") & set(config.option.reportchars):
         config.option.reportchars += "s"
+
+
+def _seconds(item):
+    mark = item.get_closest_marker("heavy")
+    return mark.args[0] if mark else 0
+
+
+def pytest_collection_modifyitems(config, items):
+    """Longest test first, so `make test` (two xdist workers, one thread each, --maxschedchunk 1) starts the two
+    longest at once, one per worker, and fills the rest around them. xdist hands each worker two tests at the
+    start (items 0-1 and 2-3), so slot 1 gets a light test and the second-longest opens worker 2. The rest keep
+    file order (a stable sort); without xdist the order only moves the heavy tests to the front."""
+    items.sort(key=_seconds, reverse=True)
+    light = next((i for i, it in enumerate(items) if _seconds(it) == 0), None)
+    if light is not None and light > 1:
+        items.insert(1, items.pop(light))

@@ -432,6 +432,7 @@ def test_judge_loop_turn_budget_and_plain_judge():
 
 # ----- smoke test of the tiny preset (shrunk further to stay well under 3 minutes) -----
 
+@pytest.mark.heavy(94)
 def test_smoke_tiny_preset(tmp_path, capsys):
     res = S.main(["--preset", "tiny", "--sampler", "hf", "--bench-per-cat", "1", "--methods", "baseline,skill_rm,oracle",
                   "--formats", "pairwise", "--bon-prompts", "2", "--bon-N", "2", "--rl-steps", "1", "--rl-prompts", "1",
@@ -991,6 +992,7 @@ def test_grammar_replay_decided_is_a_choice_of_text_not_of_tokenization(tiny_mod
     assert g.decided(schema, tok.encode('{"x":1}', add_special_tokens=False))[-1] == 1  # rejected: 1 from there on
 
 
+@pytest.mark.heavy(741)
 def test_sft_skill_judge_beats_the_coin_and_is_not_position_locked(tmp_path):
     """Issue #26 §4, the signal the shrunk smoke run cannot carry: the embedded model, SFT-warmed exactly as the tiny
     preset does it (whole traces, decisions only, 3 epochs of 32 traces; the test took 741 s on an avx512_bf16 CPU,
