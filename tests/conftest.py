@@ -35,7 +35,7 @@ def pytest_configure(config):
     """Skipped tests say why in the summary line (e.g. the sandbox's kernel layers without root or bubblewrap).
     The `multirank` marker names every test that starts torchrun ranks (bench/multirank_repeat.py runs them)."""
     config.addinivalue_line("markers", "multirank: starts two or more torchrun ranks (bench/multirank_repeat.py)")
-    config.addinivalue_line("markers", "heavy(seconds): a test that takes about this long (measured, make test's order)")
+    config.addinivalue_line("markers", "heavy(seconds): this test's measured seconds under make test (one thread); it starts early")
     if not set("sA") & set(config.option.reportchars):
         config.option.reportchars += "s"
 

@@ -81,7 +81,7 @@ KILLS = ["metrics:after_row:step0", "ckpt:after_model:step1", "metrics:torn:step
          "metrics:after_row:step4", "ckpt:after_tmp_rename:step5"]
 
 
-@pytest.mark.heavy(73)
+@pytest.mark.heavy(63)
 def test_grpo_killed_at_six_points_resumes_bit_identical(tiny_model_dir, tmp_path):
     common = GRPO + ["--model", tiny_model_dir]
     ref, run = tmp_path / "ref", tmp_path / "run"
@@ -114,7 +114,7 @@ def test_talentrl_killed_at_five_points_resumes_bit_identical(tiny_model_dir, tm
     _assert_same_run(ref, run)
 
 
-@pytest.mark.heavy(51)
+@pytest.mark.heavy(56)
 def test_skill_entropy_killed_at_five_points_resumes_bit_identical(tiny_model_dir, tmp_path):
     """skill_entropy's SFT warm-up and a GRPO row (run_sft, run_grpo: checkpoint_state decides what is reused),
     rollouts from the HF sampler on the tiny model. The kills: inside SFT's checkpoint write (SFT reruns), after
@@ -145,7 +145,7 @@ SELFPLAY = ["skill_selfplay", "--family", "zebra", "--preset", "tiny", "--T", "3
             "--proposer-sft-steps", "0", "--precision", "fp32", "--no-plots"]
 
 
-@pytest.mark.heavy(62)
+@pytest.mark.heavy(66)
 def test_skill_selfplay_killed_at_five_points_resumes_bit_identical(tiny_model_dir, tmp_path):
     """Skill-SP's loop (zebra, 3 iterations; proposer and solver in one checkpoint per iteration, the library, σ
     and the table rows in its extra; the solver on the HF sampler, the proposer scripted: crash_check.py). The

@@ -173,7 +173,7 @@ def test_gpu_smoke_stage2_commands_parse(name, tmp_path):
     args = mod.parse_args(argv) if hasattr(mod, "parse_args") else grpo.parse_with_preset(mod.build_parser(), mod.PRESETS, argv=argv)
     assert args.sampler == "vllm" and args.model == "MODEL"
 
-@pytest.mark.heavy(93)
+@pytest.mark.heavy(77)
 def test_gpu_smoke_dry_mode_on_cpu():
     """`gpu/smoke.py --cpu`: every check's logic on CPU and gloo (one torchrun rank with and without --fsdp, exact
     resume, a toy run whose reward rises); the CUDA-only checks and the vLLM stage say SKIP."""

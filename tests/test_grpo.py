@@ -652,7 +652,7 @@ def test_fsdp_two_gloo_ranks_equal_one_process(tiny_model_dir, tmp_path, agg):
     assert one["metrics"]["grad_norm"] == pytest.approx(two["metrics"]["grad_norm"], rel=1e-5) and one["metrics"]["grad_norm"] > 0.05
 
 
-@pytest.mark.heavy(56)
+@pytest.mark.heavy(62)
 @pytest.mark.multirank
 def test_fsdp_resume_and_checkpoints(tiny_model_dir, tmp_path):
     """FSDP, two gloo ranks: a resumed run ends bit-identical to an uninterrupted one; its checkpoint loads in
@@ -685,7 +685,7 @@ def test_fsdp_resume_and_checkpoints(tiny_model_dir, tmp_path):
     assert type(hf).__name__ == "LlamaForCausalLM" and all(torch.equal(hf.state_dict()[k], a[k]) for k in a)
 
 
-@pytest.mark.heavy(61)
+@pytest.mark.heavy(38)
 @pytest.mark.multirank
 def test_fsdp_vllm_greedy_equals_hf_greedy_after_sync(tmp_path):
     """FSDP, two gloo ranks, one vLLM engine per rank: after SFT on the sharded model and a sync, vLLM's greedy
@@ -744,7 +744,7 @@ def test_multi_turn_rollout_masks_environment_replies(tiny_model_dir):
         assert "Doc 1: a fact" in r.text and sum(r.mask) > 0
 
 
-@pytest.mark.heavy(53)
+@pytest.mark.heavy(54)
 def test_vllm_greedy_equals_hf_greedy_after_weight_update():
     """Embedded model: an SFT update changes the greedy answer; after sync vLLM agrees with HF.
     A prompt longer than --max-model-len gets an empty completion instead of an error. A JSON schema
@@ -798,7 +798,7 @@ plumbing.exit_ranks()  # every script's last line: a plain process leaves vLLM's
     assert stale == before and "banana split" not in stale  # without the sync vLLM still has the old weights
 
 
-@pytest.mark.heavy(50)
+@pytest.mark.heavy(48)
 def test_toy_demo_smoke(tmp_path):
     out = subprocess.run([sys.executable, "grpo.py", "--preset", "tiny", "--steps", "2", "--G", "2", "--prompts-per-step", "2",
                           "--max-new-tokens", "16", "--eval-n", "4", "--sampler", "hf", "--run-dir", str(tmp_path)],

@@ -317,7 +317,7 @@ def test_spearman():
 # ----- smoke test of the tiny preset -----
 
 
-@pytest.mark.heavy(315)
+@pytest.mark.heavy(368)
 def test_tiny_preset_smoke(tmp_path):
     """Every stage end to end on the embedded model, shrunk further with flags, on the preset's own sampler (vLLM where
     it starts; with 2 RL steps 305 s, 2-core AMD EPYC with avx512_bf16, 2026-12-03). Fails when the run

@@ -709,7 +709,7 @@ def test_smoke_tiny(tmp_path, tiny_model_dir):
                                                  "trivial_constant.jsonl", "trivial_listed_order.jsonl"]
 
 
-@pytest.mark.heavy(72)
+@pytest.mark.heavy(53)
 @pytest.mark.multirank
 def test_smoke_two_rank_gloo_and_resume(tmp_path, tiny_model_dir):
     """torchrun with 2 gloo ranks on the tiny random model (tool family): one iteration, a torchrun resume
