@@ -996,10 +996,11 @@ def test_grammar_replay_decided_is_a_choice_of_text_not_of_tokenization(tiny_mod
 def test_sft_skill_judge_beats_the_coin_and_is_not_position_locked(tmp_path):
     """Issue #26 §4, the signal the shrunk smoke run cannot carry: the embedded model, SFT-warmed exactly as the tiny
     preset does it (whole traces, decisions only, 3 epochs of 32 traces; on an avx512_bf16 CPU the test took 741 s on
-    two threads, 12-03, and 1109 s on make test's one thread, 12-04), judges the benchmark's 12 held-out precise_if pairs (no SFT item is among them) in both orders. It must beat the 25 % coin beyond its binomial band
-    and not be position-locked (consistency > 0): a judge at chance or answering one position fails here. (Fewer
-    traces, 2 per category for 12 steps, left it at 2/24 on precise_if + focus; the same 32 traces for 2 epochs, 16
-    steps, at 2/12, p 0.74, 427 s of SFT, 2026-12-03: the preset's budget is the floor.)"""
+    two threads, 12-03, and 1109 s on make test's one thread, 12-04), judges the benchmark's 12 held-out precise_if
+    pairs (no SFT item is among them) in both orders. It must beat the 25 % coin beyond its binomial band and not be
+    position-locked (consistency > 0): a judge at chance or answering one position fails here. (Fewer traces, 2 per
+    category for 12 steps, left it at 2/24 on precise_if + focus; the same 32 traces for 2 epochs, 16 steps, at 2/12, p
+    0.74, 427 s of SFT, 2026-12-03: the preset's budget is the floor.)"""
     from stats import binomial_p
     args = S.parse_with_preset(S.build_parser(), S.PRESETS, name="skill_rm", argv=[
         "--preset", "tiny", "--sampler", "hf", "--run-dir", str(tmp_path)])
