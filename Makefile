@@ -87,13 +87,9 @@ gpu-smoke:
 # idle, and two 2-thread processes on 2 cores would slow each other 5-10x. tests/conftest.py starts the longest
 # tests first (their @pytest.mark.heavy seconds). `make test TEST_WORKERS=0` runs in one process (2 threads).
 TEST_WORKERS ?= 2
+XDIST := $(if $(filter-out 0,$(TEST_WORKERS)),OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 PYTEST_ADDOPTS="-n $(TEST_WORKERS) --maxschedchunk 1")
 test: install
-	if [ "$(TEST_WORKERS)" = 0 ]; then \
-	  $(BIN)/python -m pytest -q -o tmp_path_retention_policy=failed --durations=30 tests; \
-	else \
-	  OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/python -m pytest -q -o tmp_path_retention_policy=failed \
-	    -n $(TEST_WORKERS) --maxschedchunk 1 --durations=30 tests; \
-	fi
+	$(XDIST) $(BIN)/python -m pytest -q -o tmp_path_retention_policy=failed --durations=30 tests
 
 bench: install
 	@$(BIN)/python -c "import plumbing; print('machine:', plumbing.choose_precision('auto', plumbing.bf16_capability())[1])"
