@@ -749,10 +749,12 @@ def oracle_skill(task):
 
 def oracle_verifier(task):
     """The verifier the scripted judge runs for a task (None: no checker applies, e.g. code);
-    "python_sandbox": it writes the check itself (MATH_CHECK_CODE)."""
+    "python_sandbox": it writes the check itself (MATH_CHECK_CODE). Math and focus items share their
+    arithmetic prompts, so both get the sandbox, as the fair skill's step 3 says: one tool per prompt
+    kind, or the SFT judge learns whichever tool its traces use more often."""
     if oracle_skill(task) == "instruction_following_pointwise":
         return "text_checks"
-    return {"math": "python_sandbox", "focus": "math_recompute"}.get(task.category)
+    return "python_sandbox" if task.category in ("math", "focus") else None
 
 
 # the scripted judge's own check of an arithmetic item: recompute the sum, name the candidates whose last number matches

@@ -767,12 +767,12 @@ def test_oracle_judge_reaches_100_percent_through_the_real_loop():
     math_pair = next(t for t in tasks if t.category == "math")
     assert [s["call"]["name"] for s in math_pair.trace] == ["use_skill", "python_sandbox", "final_answer"]
     focus = next(t for t in tasks if t.category == "focus")
-    assert [s["call"]["name"] for s in focus.trace] == ["use_skill", "run_verifier", "final_answer"]
+    assert [s["call"]["name"] for s in focus.trace] == ["use_skill", "python_sandbox", "final_answer"]  # same prompts as math
     if_pair = next(t for t in tasks if t.category == "precise_if")
     assert if_pair.skill.name == "instruction_following_pointwise" and "most constraints pass" in if_pair.trace[1]["observation"]
     assert S.default_skill("pairwise", skills).name == "reward_judge_fair"
     assert S.default_skill("pointwise", skills).name == "instruction_following_pointwise"
-    assert "matches: ['A']" in math_pair.trace[1]["observation"] and "matches the expected value" in focus.trace[1]["observation"]
+    assert "matches: ['A']" in math_pair.trace[1]["observation"] and f"matches: ['{focus.label}']" in focus.trace[1]["observation"]
     assert all(S.code_result_used(t) for t in tasks if t.category in ("math", "focus", "precise_if"))
 
 
@@ -992,13 +992,14 @@ def test_grammar_replay_decided_is_a_choice_of_text_not_of_tokenization(tiny_mod
     assert g.decided(schema, tok.encode('{"x":1}', add_special_tokens=False))[-1] == 1  # rejected: 1 from there on
 
 
-@pytest.mark.heavy(1109)
+@pytest.mark.heavy(1280)
 def test_sft_skill_judge_beats_the_coin_and_is_not_position_locked(tmp_path):
-    """Issue #26 §4, the signal the shrunk smoke run cannot carry: the embedded model, SFT-warmed exactly as the tiny
-    preset does it (whole traces, decisions only, 3 epochs of 32 traces; on an avx512_bf16 CPU the test took 741 s on
-    two threads, 12-03, and 1109 s on make test's one thread, 12-04), judges the benchmark's 12 held-out precise_if
-    pairs (no SFT item is among them) in both orders. It must beat the 25 % coin beyond its binomial band and not be
-    position-locked (consistency > 0): a judge at chance or answering one position fails here. (Fewer traces, 2 per
+    """Issue #26 §1 and §4, the signal the shrunk smoke run cannot carry: the embedded model, SFT-warmed exactly as the
+    tiny preset does it (whole traces, decisions only, 3 epochs of 32 traces; on an avx512_bf16 CPU the test took 857 s
+    on two threads, 12-04; one thread ≈ 1.5× that), judges the benchmark's 12 held-out precise_if and 12 math pairs (no
+    SFT item is among them) in both orders. It must beat the 25 % coin beyond its binomial band, not be position-locked
+    (consistency > 0), and run python_sandbox in most math judgments: a judge at chance, answering one position, or
+    never writing its own check fails here. (Fewer traces, 2 per
     category for 12 steps, left it at 2/24 on precise_if + focus; the same 32 traces for 2 epochs, 16 steps, at 2/12, p
     0.74, 427 s of SFT, 2026-12-03: the preset's budget is the floor.)"""
     from stats import binomial_p
@@ -1007,13 +1008,16 @@ def test_sft_skill_judge_beats_the_coin_and_is_not_position_locked(tmp_path):
     dist, skills = S.Dist(), S.load_skills(args.skills_dir)
     policy, tok = S.load_policy(args, dist)
     judge = S.judge_sft(S.make_judge(policy, args, dist), tok, skills, args, dist, "skill_rm")
-    items = [it for it in S.read_jsonl(args.bench) if it["category"] == "precise_if"]
+    items = [it for it in S.read_jsonl(args.bench) if it["category"] in ("precise_if", "math")]
     tasks, meta = S.benchmark_tasks(items, ["skill_rm"], ["pairwise"], 0)
     S.run_judges(S.make_judge_sampler(judge, tok, args, dist), tok, tasks, skills, args, args.max_turns)
     res = S.score_benchmark(tasks, meta)
     wins = list(S.bench_items(res, "skill_rm", "pairwise").values())
     consistent = list(S.bench_items(res, "skill_rm", "pairwise", "items_consistent").values())
-    assert len(wins) == len(items) == 12
+    assert len(wins) == len(items) == 24
     assert sum(wins) / len(wins) > 0.25 and binomial_p(sum(wins), len(wins), 0.25) < 0.01, wins
     assert sum(consistent) > 0, "position-locked"
     assert all(t.tool_calls >= 3 for t in tasks)  # use_skill, a verifier run, final_answer: no tool-less verdicts
+    # §1: on math the judge writes and runs its own check, in most judgments (24 = 12 pairs × 2 orders)
+    sandbox = [S.tool_counts(t).get("python_sandbox", 0) > 0 for t in tasks if t.category == "math"]
+    assert len(sandbox) == 24 and sum(sandbox) >= 18, sandbox
