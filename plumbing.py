@@ -692,6 +692,18 @@ def vllm_memory(cfg, n_params, max_model_len, kv_gib, kv_seqs, free=None, total=
     return out
 
 
+def xgrammar_schema(schema):
+    """A JSON schema as handed to xgrammar (vLLM's backend and GrammarReplay): `maxLength` dropped from strings.
+    xgrammar compiles a length-bounded string to plain characters with no JSON escapes (`"a\\nb"` is rejected under
+    maxLength 1000 and accepted without it; tests/test_skill_rm), so a bounded code string could hold no newline or
+    backslash and a judge could write only one-line code. The turn's token budget bounds the string instead."""
+    if isinstance(schema, list):
+        return [xgrammar_schema(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    return {k: xgrammar_schema(v) for k, v in schema.items() if not (k == "maxLength" and schema.get("type") == "string")}
+
+
 class GrammarReplay:
     """Which tokens of a completion a JSON schema forced: the ids are replayed through an xgrammar matcher of the
     schema compiled as vLLM's xgrammar backend compiles it (no optional whitespace, separators , and :), counting the tokens allowed before each one."""
@@ -705,7 +717,7 @@ class GrammarReplay:
     def _allowed(self, schema, ids):
         """The ids of the tokens the schema allowed before each token of `ids`, up to the first one it rejects."""
         xgr = self.xgr
-        schema = schema if isinstance(schema, str) else json.dumps(schema)
+        schema = schema if isinstance(schema, str) else json.dumps(xgrammar_schema(schema))
         matcher = xgr.GrammarMatcher(self.compiler.compile_json_schema(schema, any_whitespace=False, separators=(",", ":")))
         bitmask = xgr.allocate_token_bitmask(1, self.vocab_size)                       # (1, ⌈V/32⌉) int32
         for t in ids:
@@ -773,7 +785,8 @@ class VLLMSampler:
         schemas = json_schema if isinstance(json_schema, list) else [json_schema] * len(prompts)
         sps = [SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, stop=stop,
                               include_stop_str_in_output=True, logprobs=0,  # the sampled token's log-prob
-                              structured_outputs=StructuredOutputsParams(json=sc) if sc else None) for sc in schemas]
+                              structured_outputs=StructuredOutputsParams(json=xgrammar_schema(sc)) if sc else None)
+               for sc in schemas]
         fits = [i for i, p in enumerate(prompts) if len(p) < self.max_len]  # vLLM rejects longer prompts
         if len(fits) < len(prompts):
             print(f"nanoskill: {len(prompts) - len(fits)} prompt(s) longer than --max-model-len {self.max_len}: "

@@ -123,7 +123,7 @@ def build_parser():
     g.add_argument("--sandbox-timeout", type=float, default=3.0, help="python_sandbox wall-clock limit, s (paper: 3, NOTES §2)")
     g.add_argument("--sandbox-mem-mb", type=int, default=256, help="python_sandbox address-space limit, MiB")
     g.add_argument("--code-max-chars", type=int, default=1000,
-                   help="maxLength of the code string of python_sandbox / run_verifier under --constrained (not in the paper)")
+                   help="longest code string of python_sandbox / run_verifier under --constrained (not in the paper)")
     g.add_argument("--judge-batch", type=int, default=16, help="judge prompts per generate call (memory)")
     g.add_argument("--judge-max-model-len", type=int, default=8192, help="vLLM context of the judge engine (SmolLM2: 8192)")
     g.add_argument("--show-trace", type=int, default=0, help="print the full judge trace of this many samples")
@@ -597,6 +597,8 @@ def execute_tool(task, call, skills, args):
         return (task.skill.folder / r["path"]).read_text(errors="replace")[:args.resource_chars]
     if name in ("python_sandbox", "run_verifier"):
         code = str(a.get("code", ""))
+        if args.constrained and len(code) > args.code_max_chars:  # vLLM's grammar cannot bound it (plumbing.xgrammar_schema)
+            return f"refused: code longer than {args.code_max_chars} characters."
         if name == "run_verifier":
             r = task.skill.resource(str(a.get("id", "")).strip())
             if r is None or r["type"] not in ("verifier", "tool"):

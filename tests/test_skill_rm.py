@@ -644,6 +644,29 @@ def test_turn_schema_enumerates_tools_and_ids():
     assert {c["name"] for c in py} == {"python_sandbox", "final_answer"}  # constrained like every other judge
 
 
+def test_vllm_grammar_lets_the_judge_write_multiline_code():
+    """Under vLLM (xgrammar) a maxLength string admits no JSON escape, so the SFT judge's check (MATH_CHECK_CODE: newlines,
+    \\d) was cut to "import re" in every math judgment of a tiny run (2026-12-04). The schema vLLM gets must take it."""
+    import xgrammar as xgr
+    from transformers import AutoTokenizer
+    from plumbing import embedded_model_path, xgrammar_schema
+    tok = AutoTokenizer.from_pretrained(embedded_model_path())
+    compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tok))
+    skills, args = S.load_skills(SKILLS), judge_args()
+    t = S.JudgeTask("Compute: 2 + 3 =", ["5", "6"], "pairwise", "skill_rm")
+    S.execute_tool(t, {"name": "use_skill", "arguments": {"name": "reward_judge_fair"}}, skills, args)
+    schema = S.turn_schema(t, skills, args)
+    ids = tok.encode(json_text({"name": "python_sandbox", "arguments": {"code": S.MATH_CHECK_CODE}}), add_special_tokens=False)
+
+    def accepts(sc):
+        m = xgr.GrammarMatcher(compiler.compile_json_schema(json.dumps(sc), any_whitespace=False, separators=(",", ":")))
+        return all(m.accept_token(i) for i in ids)
+    assert not accepts(schema)  # the bug: xgrammar's bounded string has no escapes
+    assert accepts(xgrammar_schema(schema)) and "maxLength" not in json.dumps(xgrammar_schema(schema))
+    long = {"name": "python_sandbox", "arguments": {"code": "x" * (args.code_max_chars + 1)}}
+    assert S.execute_tool(t, long, skills, args).startswith("refused: code longer")  # the bound, enforced after decoding
+
+
 def test_run_verifier_takes_the_arguments_its_resource_declares_and_checklist_form():
     skills = S.load_skills(SKILLS)
     t = S.JudgeTask("Answer in lowercase.", ["all lowercase"], "pointwise", "skill_rm")
