@@ -693,10 +693,11 @@ def vllm_memory(cfg, n_params, max_model_len, kv_gib, kv_seqs, free=None, total=
 
 
 def xgrammar_schema(schema):
-    """A JSON schema as handed to xgrammar (vLLM's backend and GrammarReplay): `maxLength` dropped from strings.
-    xgrammar compiles a length-bounded string to plain characters with no JSON escapes (`"a\\nb"` is rejected under
-    maxLength 1000 and accepted without it; tests/test_skill_rm), so a bounded code string could hold no newline or
-    backslash and a judge could write only one-line code. The turn's token budget bounds the string instead."""
+    """A JSON schema with `maxLength` dropped from its strings, for free text that vLLM must decode whole.
+    xgrammar (vLLM's structured-outputs backend) compiles a length-bounded string to plain characters with no JSON
+    escapes (`"a\\nb"` is rejected under maxLength 1000 and accepted without it; tests/test_skill_rm), so a bounded
+    code string can hold no newline or backslash. skill_rm's judge code goes through this; short bounded texts
+    (skill_selfplay's proposals) keep their bounds. The caller bounds the length after decoding."""
     if isinstance(schema, list):
         return [xgrammar_schema(s) for s in schema]
     if not isinstance(schema, dict):
@@ -717,7 +718,7 @@ class GrammarReplay:
     def _allowed(self, schema, ids):
         """The ids of the tokens the schema allowed before each token of `ids`, up to the first one it rejects."""
         xgr = self.xgr
-        schema = schema if isinstance(schema, str) else json.dumps(xgrammar_schema(schema))
+        schema = schema if isinstance(schema, str) else json.dumps(schema)
         matcher = xgr.GrammarMatcher(self.compiler.compile_json_schema(schema, any_whitespace=False, separators=(",", ":")))
         bitmask = xgr.allocate_token_bitmask(1, self.vocab_size)                       # (1, ⌈V/32⌉) int32
         for t in ids:
@@ -785,8 +786,7 @@ class VLLMSampler:
         schemas = json_schema if isinstance(json_schema, list) else [json_schema] * len(prompts)
         sps = [SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, stop=stop,
                               include_stop_str_in_output=True, logprobs=0,  # the sampled token's log-prob
-                              structured_outputs=StructuredOutputsParams(json=xgrammar_schema(sc)) if sc else None)
-               for sc in schemas]
+                              structured_outputs=StructuredOutputsParams(json=sc) if sc else None) for sc in schemas]
         fits = [i for i, p in enumerate(prompts) if len(p) < self.max_len]  # vLLM rejects longer prompts
         if len(fits) < len(prompts):
             print(f"nanoskill: {len(prompts) - len(fits)} prompt(s) longer than --max-model-len {self.max_len}: "

@@ -83,7 +83,7 @@ import yaml
 from grpo import (Dist, add_grpo_args, chat_ids, gather_objects, grpo_update, make_optimizer, parse_with_preset, reduce_metrics,
                   sft_loop, sample_group_rollouts, seed_everything, setup_distributed)
 from plumbing import (cpu_snapshot, exit_ranks, frozen_copy, load_model, load_policy, log_metrics, make_sampler, per_rank, plot_curves,
-                      json_text, restore_snapshot, unwrap, ConstrainedHFSampler, GrammarReplay, VLLMSampler)
+                      json_text, restore_snapshot, unwrap, ConstrainedHFSampler, GrammarReplay, VLLMSampler, xgrammar_schema)
 from sandbox import CODE_IMPORTS, run_sandboxed, sandbox_static_check
 from stats import aggregate_main, binomial_p, compare, format_headline, vs_chance, write_results
 
@@ -705,7 +705,9 @@ def run_judges(sampler, tok, tasks, skills, args, max_turns):
                 by_sampler.setdefault(id(s), (s, []))[1].append(t)
         for s, group in by_sampler.values():
             prompts = [chat_ids(tok, t.messages) for t in group]
-            schemas = [t.schemas[-1] for t in group] if args.constrained else None
+            # vLLM: code strings unbounded in the grammar (plumbing.xgrammar_schema); execute_tool bounds them
+            schemas = [xgrammar_schema(t.schemas[-1]) if isinstance(s, VLLMSampler) else t.schemas[-1]
+                       for t in group] if args.constrained else None
             outs = s.generate(prompts, 1, args.judge_max_new_tokens, args.judge_temperature, stop=["</tool_call>"],
                               json_schema=schemas)
             replies.update({id(t): o[0].text for t, o in zip(group, outs)})
