@@ -1388,6 +1388,12 @@ def main(argv=None):
         print(f"(benchmark: {len(items)} items, {len(tasks)} judgments, {time.time() - t0:.0f} s)")
         for t in [t for t in tasks if t.method == "skill_rm"][:args.show_trace]:
             print("\n" + format_trace(t))
+        if dist.rank == 0:  # every judgment with its whole trace, to read what a judge did (--show-trace prints some)
+            with open(Path(args.run_dir) / "bench_judgments.jsonl", "w") as f:
+                for t, (iid, cat, method, fmt, extra) in zip(tasks, meta):
+                    f.write(json.dumps({"item": iid, "category": cat, "method": method, "format": fmt, "label": t.label,
+                                        "judgment": t.judgment, "trace": [{k: st[k] for k in ("action", "observation")}
+                                                                          for st in t.trace]}, default=str) + "\n")
         results["benchmark"] = {"|".join(k): v for k, v in res.items()}
         results["judge_warnings"] = judge_warnings(res, methods)
         print("\n".join(f"WARNING {w}" for w in results["judge_warnings"]) or "no judge is position-locked, at chance or tool-less")

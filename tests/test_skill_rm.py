@@ -452,6 +452,8 @@ def test_smoke_tiny_preset(tmp_path, capsys):
     assert set(res["rl"]) == {"initial", "skill_rm"} and res["rl"]["skill_rm"]["judge_valid"] >= 0.9
     assert json.loads((tmp_path / "results.json").read_text())["rl"]["skill_rm"]["inst_level"] >= 0.0
     assert (tmp_path / "rl_skill_rm" / "metrics.jsonl").exists()
+    judged = [json.loads(line) for line in (tmp_path / "bench_judgments.jsonl").read_text().splitlines()]
+    assert judged and all(j["trace"] and j["trace"][0]["action"] for j in judged)  # every judgment, with its trace
     # issue #26: every number beside its chance line; tool use is counted; a tool-less skill judge is a failure
     claims = {e["claim"] for e in json.loads((tmp_path / "results.json").read_text())["headline"]}
     assert "pairwise accuracy of skill_rm vs coin" in claims and any("Skill-RM vs plain judge" in c for c in claims)
