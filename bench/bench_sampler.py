@@ -12,16 +12,17 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import grpo  # noqa: E402
 import plumbing  # noqa: E402
+from tasks import toy  # noqa: E402
 
 p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 grpo.add_grpo_args(p)
 p.add_argument("--prompts", type=int, default=8)
 p.add_argument("--repeats", type=int, default=2)
 args = p.parse_args()
-dist = grpo.setup_distributed()
-grpo.seed_everything(args.seed)
+dist = plumbing.setup_distributed()
+plumbing.seed_everything(args.seed)
 model, tok = plumbing.load_model(args.model, dist, args.dtype)
-prompts = [grpo.chat_ids(tok, [{"role": "user", "content": grpo.toy_problem(__import__("random").Random(i))[0]}]) for i in range(args.prompts)]
+prompts = [grpo.chat_ids(tok, [{"role": "user", "content": toy.toy_problem(__import__("random").Random(i))[0]}]) for i in range(args.prompts)]
 samplers = {"hf": plumbing.HFSampler(model, tok), "vllm": plumbing.VLLMSampler(model, tok, args, dist)}
 rate = {}
 for name, s in samplers.items():

@@ -35,6 +35,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import grpo  # noqa: E402
 import plumbing  # noqa: E402
+from tasks import toy  # noqa: E402
 
 p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 grpo.add_grpo_args(p)
@@ -52,7 +53,7 @@ args.micro_batch = args.prompts * args.G
 
 def problems():
     rng = random.Random(0)
-    return [grpo.toy_problem(rng) for _ in range(args.prompts * (args.steps + 1))]
+    return [toy.toy_problem(rng) for _ in range(args.prompts * (args.steps + 1))]
 
 
 def bare_update(model, ref, rollouts, dist):
@@ -80,11 +81,11 @@ def padded_share(rollouts, size, by_length):
 
 
 def ours(sampler_name):
-    dist = grpo.setup_distributed()
-    grpo.seed_everything(args.seed)
+    dist = plumbing.setup_distributed()
+    plumbing.seed_everything(args.seed)
     model, tok = plumbing.load_policy(args, dist)
     ref = plumbing.load_model(args.model, dist, args.dtype, trainable=False)[0]
-    opt = grpo.make_optimizer(model, args)
+    opt = plumbing.make_optimizer(model, args)
     bare_model, bare_ref = model, ref  # the floor in the same precision as the update
     args.sampler = sampler_name
     sampler = plumbing.make_sampler(args, model, tok, dist)
@@ -96,7 +97,7 @@ def ours(sampler_name):
         prompts = [grpo.chat_ids(tok, [{"role": "user", "content": q}]) for q, _ in batch]
         rollouts = grpo.sample_group_rollouts(sampler, prompts, args.G, args)
         for r in rollouts:
-            r.reward = grpo.toy_reward(r.text, batch[r.group][1])
+            r.reward = toy.toy_reward(r.text, batch[r.group][1])
         t1 = time.perf_counter()
         grpo.grpo_update(model, ref, opt, rollouts, args, dist)
         t2 = time.perf_counter()
@@ -132,7 +133,7 @@ def trl():
     ds = datasets.Dataset.from_list([{"prompt": [{"role": "user", "content": q}], "answer": a} for q, a in problems()])
 
     def reward(completions, answer, **kw):
-        return [grpo.toy_reward(c[0]["content"], a) for c, a in zip(completions, answer)]
+        return [toy.toy_reward(c[0]["content"], a) for c, a in zip(completions, answer)]
 
     times = []
 

@@ -6,7 +6,7 @@ one-allowed-token rule (GrammarReplay.forced, VLLMSampler's rule before it took 
     .venv/bin/python bench/forced_gradnorm.py [--model tiny|embedded|PATH] [--tasks 8] [--shapes 2x3,3x2] [SKILL_SP FLAGS]
 
 The batch is skill_selfplay.solver_round's (prompts, answer budget, grid_schema, Eq. 15 rewards) under
---family zebra --preset tiny --solver-aid on, on runtime puzzles of the given shapes (houses x attributes),
+--family zebra --preset tiny --solver-aid, on runtime puzzles of the given shapes (houses x attributes),
 sampled once; each arm then takes grpo_update on its own copy of the same solver from the same rollouts
 (grad norm: before clipping). Sampler: --sampler hf is plumbing.ConstrainedHFSampler (prefix tree of the
 schema's instances: the canonical tokenisation only, so more tokens count as forced than under xgrammar);
@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import grpo  # noqa: E402
 import plumbing  # noqa: E402
 import skill_selfplay as S  # noqa: E402
+import tasks.zebra as zebra  # noqa: E402
 
 
 def tiny_random_model(folder):
@@ -49,16 +50,16 @@ def batch_records(shapes, n, seed):
     rng, recs = random.Random(f"{seed}-forced-bench"), []
     while len(recs) < n:
         houses, m = shapes[len(recs) % len(shapes)]
-        p, pos = S.compile_puzzle(rng, S.random_blueprint(rng, houses, m))
+        p, pos = zebra.compile_puzzle(rng, zebra.random_blueprint(rng, houses, m))
         if p is not None:
-            recs.append({"task": p, "contract": S.solution_grid(p, pos)})
+            recs.append({"task": p, "contract": zebra.solution_grid(p, pos)})
     return recs
 
 
 def update(solver, ref, rollouts, args, dist, forced):
     """grpo_update on a copy of the solver (a fresh optimizer) with these forced flags per rollout (None: none)."""
     model = copy.deepcopy(solver)
-    opt = grpo.make_optimizer(model, args)
+    opt = plumbing.make_optimizer(model, args)
     ros = [dataclasses.replace(r, adv=None, forced=f) for r, f in zip(rollouts, forced)]
     return grpo.grpo_update(model, ref, opt, ros, args, dist), model
 
@@ -75,7 +76,7 @@ def measure(argv=None):
     bench, rest = p.parse_known_args(argv)
     with tempfile.TemporaryDirectory(prefix="forced-bench-") as tmp:
         model = tiny_random_model(tmp) if bench.model == "tiny" else bench.model
-        args = S.parse_args(["--family", "zebra", "--preset", "tiny", "--solver-aid", "on", "--model", model,
+        args = S.parse_args(["--family", "zebra", "--preset", "tiny", "--solver-aid", "--model", model,
                              "--solver-batch", str(bench.tasks), "--sampler", bench.sampler,
                              "--run-dir", os.path.join(tmp, "run"), *rest])  # nothing is written there
         return run(bench, args)
@@ -83,8 +84,8 @@ def measure(argv=None):
 
 def run(bench, args):
     """measure's work once the arguments are parsed (and the tiny model, if any, is written)."""
-    dist = grpo.Dist()
-    grpo.seed_everything(args.seed)
+    dist = plumbing.Dist()
+    plumbing.seed_everything(args.seed)
     solver, tok = plumbing.load_policy(args, dist)
     ref = plumbing.load_model(args.model, dist, args.dtype, trainable=False)[0] if args.beta > 0 else None
     sampler = plumbing.ConstrainedHFSampler(solver, tok) if bench.sampler == "hf" else \

@@ -66,7 +66,8 @@ def digit_share(text, answer=None):
 def patch_grpo():
     """grpo.main with the dense reward, and no plot when matplotlib is missing (torch + transformers only)."""
     import grpo
-    grpo.toy_reward = digit_share
+    import tasks.toy
+    tasks.toy.toy_reward = digit_share  # grpo.main reads the world's reward from tasks/toy.py
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -90,7 +91,7 @@ def check_bf16(model_dir, device):
     update lost to bf16 rounding would differ by ~100 %)."""
     import grpo
     import plumbing
-    dist = grpo.Dist(device=device)
+    dist = plumbing.Dist(device=device)
     g = torch.Generator().manual_seed(0)
     rollouts = [grpo.Rollout(torch.randint(5, 1000, (6,), generator=g).tolist(), torch.randint(5, 1000, (5 + k % 4,), generator=g).tolist(),
                              [1] * (5 + k % 4), reward=float(k % 3), group=k // 3) for k in range(12)]
@@ -105,7 +106,7 @@ def check_bf16(model_dir, device):
                 for q in m.parameters():
                     q.copy_(q.bfloat16())
         init = {k: v.float().clone() for k, v in model.named_parameters()}
-        opt = grpo.make_optimizer(model, args)
+        opt = plumbing.make_optimizer(model, args)
         for _ in range(3):
             grpo.grpo_update(model, ref, opt, [grpo.Rollout(r.prompt_ids, r.ids, r.mask, reward=r.reward, group=r.group)
                                                for r in rollouts], args, dist)
@@ -117,7 +118,7 @@ def check_bf16(model_dir, device):
 
 def check_chunked(device, V):
     """ChunkedTokenLogProb against log_softmax(z/τ)[y] in fp32 autograd, from the same bf16 logits."""
-    from grpo import ChunkedTokenLogProb
+    from plumbing import ChunkedTokenLogProb
     g = torch.Generator(device="cpu").manual_seed(0)
     N, tau = 256, 0.7
     z = (3 * torch.randn(N, V, generator=g)).to(device, torch.bfloat16)
@@ -205,13 +206,13 @@ def check_vllm(model_dir, device):
     """SFT on one answer moves HF's greedy reply; before a sync vLLM still has the old weights, after it the same reply."""
     import grpo
     import plumbing
-    dist = grpo.Dist(device=device)
+    dist = plumbing.Dist(device=device)
     args = grpo_args("--model", model_dir, "--lr", "3e-3", "--max-model-len", "512", "--vllm-kv-gib", "0.05", "--precision", "fp32")
     model, tok = plumbing.load_model(model_dir, dist)
     v, h = plumbing.VLLMSampler(model, tok, args, dist), plumbing.HFSampler(model, tok)
     q = [grpo.chat_ids(tok, [{"role": "user", "content": "Name a fruit."}])]
     before = v.generate(q, 1, 12, 0.0)[0][0].ids
-    opt = grpo.make_optimizer(model, args)
+    opt = plumbing.make_optimizer(model, args)
     tgt = tok.encode("The secret word is banana split.", add_special_tokens=False) + [tok.eos_token_id]
     for _ in range(30):
         grpo.sft_update(model, opt, [(q[0], tgt)], args, dist)
@@ -228,20 +229,20 @@ def script_commands(model_dir, n, tmp):
     return {
         "grpo": ["grpo.py", "--preset", "tiny", *m, "--steps", "1", "--eval-n", "0", "--prompts-per-step", v, "--G", "2"],
         "skill_entropy": ["skill_entropy.py", "--preset", "tiny", *m, "--domains", "math,logic,creative_writing",
-                          "--acc-samples", "1", "--direct-pairs", "2", "--n-train", "4", "--n-sft", "2", "--n-test", "3",
+                          "--acc-samples", "1", "--direct-pairs", "2", "--n-train", "4", "--n-sft", "2", "--eval-n", "3",
                           "--train-len", "2,3", "--test-len", "2,3", "--max-new-tokens", "160", "--acc-max-new-tokens", "4",
-                          "--propose-max-new-tokens", "8", "--rl-steps", "1", "--prompts-per-step", v, "--G", "2",
+                          "--propose-max-new-tokens", "8", "--steps", "1", "--prompts-per-step", v, "--G", "2",
                           "--label-seeds", "1", "--n-label", "1", "--sft-epochs", "1", "--baselines", "grpo"],
         "skill_rm": ["skill_rm.py", "--preset", "tiny", *m, "--judge-max-model-len", "1024", "--bench-per-cat", "1",
-                     "--rl-steps", "1", "--rl-prompts", v, "--rl-eval-prompts", v, "--bon-prompts", "1", "--judge-sft-steps", "1",
+                     "--steps", "1", "--prompts-per-step", v, "--eval-n", v, "--bon-prompts", "1", "--judge-sft-steps", "1",
                      "--max-new-tokens", "8", "--judge-max-new-tokens", "16"],
         "skill_selfplay": ["skill_selfplay.py", "--family", "tool", "--preset", "tiny", *m, "--T", "1", "--proposer-prompts", v,
                            "--proposer-G", "2", "--proposer-max-new-tokens", "12", "--K", "2", "--max-new-tokens", "8",
                            "--solver-steps", "1", "--eval-n", "3", "--controller-max-new-tokens", "8",
                            "--prune-min-attempts", "99", "--collect-prompts", v, "--no-plots"],
-        "talentrl": ["talentrl.py", "--preset", "tiny", *m, "--n-test", "2", "--n-train", "60", "--sft-tasks", "48",
+        "talentrl": ["talentrl.py", "--preset", "tiny", *m, "--eval-n", "2", "--n-train", "60", "--sft-tasks", "48",
                      "--sft-epochs", "1", "--max-steps", "2", "--topk-docs", "2", "--K", "2", "--k-reduced", "1",
-                     "--rl-steps", "1", "--tasks-per-step", v, "--G", "2", "--evolve-every", "1", "--val-tasks", "2",
+                     "--steps", "1", "--prompts-per-step", v, "--G", "2", "--evolve-every", "1", "--val-tasks", "2",
                      "--evolve-max-tokens", "16"],
     }
 

@@ -16,7 +16,7 @@ model_dir, out, agg, *extra = sys.argv[1:]
 p = argparse.ArgumentParser()
 grpo.add_grpo_args(p)
 args = p.parse_args(["--model", model_dir, "--micro-batch", "3", "--beta", "0.1", "--loss-agg", agg, "--passes", "2", "--no-autocast", *extra])
-dist = grpo.setup_distributed()
+dist = plumbing.setup_distributed()
 model, tok = plumbing.load_policy(args, dist)
 ref = plumbing.load_model(model_dir, dist, trainable=False)[0]
 with torch.no_grad():  # a reference that differs from the policy, so the KL term has a gradient

@@ -9,12 +9,13 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import grpo  # noqa: E402
+import tasks.toy  # noqa: E402
 import plumbing  # noqa: E402
 from plumbing import exit_ranks  # noqa: E402
 
 mode, rest = sys.argv[1], sys.argv[2:]
 if mode == "main":
-    grpo.toy_reward = lambda text, answer: (len(text) % 5) / 4  # the arithmetic reward is all zero for a random model
+    tasks.toy.toy_reward = lambda text, answer: (len(text) % 5) / 4  # the arithmetic reward is all zero for a random model
     grpo.main(rest)
     exit_ranks()  # not through interpreter shutdown: plumbing.exit_ranks says why
     raise SystemExit
@@ -22,9 +23,9 @@ p = argparse.ArgumentParser()
 grpo.add_grpo_args(p)
 args = p.parse_args(["--model", rest[0], "--fsdp", "--lr", "3e-3", "--grad-clip", "1e9", "--max-model-len", "256",
                      "--vllm-kv-gib", "0.05"])
-dist = grpo.setup_distributed()
+dist = plumbing.setup_distributed()
 model, tok = plumbing.load_policy(args, dist)
-opt = grpo.make_optimizer(model, args)
+opt = plumbing.make_optimizer(model, args)
 if mode == "roundtrip":
     plumbing.load_checkpoint(rest[1], model, opt, dist)
     plumbing.save_checkpoint(rest[2], model, tok, opt, 0, {}, dist)

@@ -10,13 +10,12 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import grpo  # noqa: E402
 import plumbing  # noqa: E402
 from gpu import smoke  # noqa: E402
 from plumbing import exit_ranks  # noqa: E402
 
 mode, model_dir, out = sys.argv[1:]
-dist = grpo.setup_distributed()
+dist = plumbing.setup_distributed()
 got = {}
 if mode == "replica":
     for precision in ("bf16", "fp32"):
@@ -37,7 +36,7 @@ if mode == "replica":
 elif mode == "reduce":
     args = smoke.grpo_args("--model", model_dir, "--precision", "bf16")
     model, tok = plumbing.load_policy(args, dist)
-    opt = grpo.make_optimizer(model, args)
+    opt = plumbing.make_optimizer(model, args)
     ids = torch.randint(0, len(tok), (2, 16), generator=torch.Generator().manual_seed(dist.rank))  # each rank its own batch
 
     def backward():

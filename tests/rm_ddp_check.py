@@ -9,7 +9,6 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import grpo  # noqa: E402
 import plumbing  # noqa: E402
 import skill_rm as S  # noqa: E402
 from plumbing import exit_ranks  # noqa: E402
@@ -45,8 +44,8 @@ class ScriptedJudge(ScriptedPolicy):
 model_dir, out = sys.argv[1:3]
 args = S.parse_with_preset(S.build_parser(), S.PRESETS, argv=[
     "--preset", "tiny", "--model", model_dir, "--precision", "fp32", "--dtype", "float32",  # frozen π_ref too: auto follows the CPU
-    "--G", "3", "--rl-steps", "1", "--rl-prompts", "4", "--micro-batch", "2", "--beta", "0.1", "--run-dir", out + ".run"])
-dist = grpo.setup_distributed()
+    "--G", "3", "--steps", "1", "--prompts-per-step", "4", "--micro-batch", "2", "--beta", "0.1", "--run-dir", out + ".run"])
+dist = plumbing.setup_distributed()
 skills = S.load_skills(args.skills_dir)
 policy, tok = plumbing.load_policy(args, dist)
 judge, pol = ScriptedJudge(tok), ScriptedPolicy(tok)
@@ -58,7 +57,7 @@ evaluated = S.eval_if_policy(pol, tok, test_set, args, dist)
 # one GRPO step with the Skill-RM pointwise reward
 train_set = S.if_prompts(args.seed, 4, "train")
 S.make_optimizer = lambda model, args, lr=None: torch.optim.SGD(model.parameters(), lr=0.5)  # a big, linear step
-run_dir, train = S.train_if_policy("skill_rm", policy, tok, pol, judge, skills, args, dist,
+run_dir, train = S.train_if_policy("skill_rm", policy, pol, S.Judge(judge, tok, skills), args, dist,
                                    {t["prompt"]: "ref" for t in train_set}, train_set)
 state = plumbing.full_state_dict(policy)
 if dist.is_main:

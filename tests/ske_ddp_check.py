@@ -1,7 +1,9 @@
 """Run by tests/test_gpu.py, once as a plain process and once under torchrun with 2 gloo ranks:
-    step MODEL OUT    one run_grpo step of skill_entropy.py (Eq. 5 rewards of scripted completions) on 4 fixed tasks,
-                      split over the ranks by run_grpo itself; rank 0's checkpoint and metrics land in OUT
-    stages ARGS...    skill_entropy.main(ARGS): with 2 ranks and --sampler vllm the rank-0-only stages must finish
+    step MODEL OUT    one run_grpo step of skill_entropy.py (Eq. 5 rewards of scripted completions) on 4 fixed
+                      tasks, split over the ranks by run_grpo itself; rank 0's checkpoint and metrics land
+                      in OUT
+    stages ARGS...    skill_entropy.main(ARGS): with 2 ranks and --sampler vllm the rank-0-only stages must
+                      finish
                       (frozen models use HF generate under torchrun, never a collective vLLM engine set-up)"""
 import os
 import sys
@@ -10,9 +12,9 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import grpo  # noqa: E402
 import plumbing  # noqa: E402
 import skill_entropy as se  # noqa: E402
+import tasks.skill_bank as sb  # noqa: E402
 from plumbing import exit_ranks  # noqa: E402
 
 
@@ -42,23 +44,28 @@ if mode == "stages":
     raise SystemExit
 model_dir, out = rest
 args = se.parse_with_preset(se.build_parser(), se.PRESETS, argv=[
-    "--preset", "tiny", "--model", model_dir, "--precision", "fp32", "--rl-steps", "1", "--prompts-per-step", "4",
+    "--preset", "tiny", "--model", model_dir, "--precision", "fp32", "--steps", "1",
+    "--prompts-per-step", "4",
     "--G", "3", "--micro-batch", "2", "--beta", "0.1", "--save-every", "100"])
-dist = grpo.setup_distributed()
-bank = se.load_bank(se.DATA / "bank.json", 1, "math,logic")
-(a, b) = se.bank_keys(bank)[:2]
-tasks = [se.make_task([se.make_seed(bank, *a, i), se.make_seed(bank, *b, i)], f"Scenario number {i}.",
-                      [se.make_seed(bank, *a, i)["question"], se.make_seed(bank, *b, i)["question"]]) | {"skills": [list(a), list(b)]}
-         for i in range(4)]
+dist = plumbing.setup_distributed()
+bank = sb.load_bank(sb.DATA / "bank.json", 1, "math,logic")
+(a, b) = sb.bank_keys(bank)[:2]
+tasks = [sb.make_task([sb.make_seed(bank, *a, i), sb.make_seed(bank, *b, i)], f"Scenario number {i}.",
+                      [sb.make_seed(bank, *a, i)["question"], sb.make_seed(bank, *b, i)["question"]])
+         | {"skills": [list(a), list(b)]} for i in range(4)]
 table = {"pairwise": {(x, y): 1.0 + 0.1 * k for k, (x, y) in enumerate([(a, b), (b, a), (a, a), (b, b)])}}
-keys = se.bank_keys(bank)
-key_text = [se.key_text(*k) for k in keys]
-embed = lambda texts: np.array([np.eye(len(keys))[key_text.index(t)] if t in key_text else np.zeros(len(keys)) for t in texts])
-reward_fn = se.make_reward_fn(bank, table, [1.0, 1.1], embed, embed(key_text), None, args, 0.7, 0.3)
-se.make_optimizer = lambda model, args, lr=None: torch.optim.SGD(model.parameters(), lr=0.5)  # a big, linear step
+keys = sb.bank_keys(bank)
+key_text = [sb.key_text(*k) for k in keys]
+embed = lambda texts: np.array([np.eye(len(keys))[key_text.index(t)] if t in key_text else np.zeros(len(keys))
+                                for t in texts])
+fz = plumbing.Frozen(None, None, embed, keys, embed(key_text), {})
+reward_fn = se.make_reward_fn(bank, table, [1.0, 1.1], fz, args, (0.7, 0.3))
+# a big, linear step
+se.make_optimizer = lambda model, args, lr=None: torch.optim.SGD(model.parameters(), lr=0.5)
 tok = plumbing.load_model(model_dir, dist)[1]
 samplers = {"<policy rollouts>": ScriptedPolicy(tok, tasks)}
-policy, _ = se.run_grpo(args, dist, tasks, out + ".none", out, reward_fn, list(bank), samplers, {"row": "check"}, 0, 0.7)
+row = se.Row(tasks, out + ".none", out, {"row": "check"}, 0, 0.7)
+policy, _ = se.run_grpo(args, dist, row, reward_fn, list(bank), samplers)
 state = plumbing.full_state_dict(policy)
 if dist.is_main:
     torch.save({"state": state}, os.path.join(out, "state.pt"))

@@ -43,8 +43,8 @@ if __name__ == "__main__":
     args = T.parse_with_preset(T.build_parser(), T.PRESETS, argv=[
         "--preset", "tiny", "--model", model_dir, "--G", "3", "--train-controls", "--no-autocast", "--micro-batch", "2",
         "--beta", "0.1", "--n-people", "12", "--n-places", "6", "--n-orgs", "4", "--n-events", "4", "--n-hamlets", "4",
-        "--n-shared", "2", "--n-train", "8", "--n-test", "1"])
-    dist = grpo.setup_distributed()
+        "--n-shared", "2", "--n-train", "8", "--eval-n", "1"])
+    dist = plumbing.setup_distributed()
     W = T.World(args, T.load_embedder())
     model, tok = plumbing.load_policy(args, dist)
     ref = plumbing.load_model(model_dir, dist, trainable=False)[0]

@@ -195,9 +195,9 @@ class Killed(Exception):
 def _tiny(tiny_model_dir):
     args = types.SimpleNamespace(model=tiny_model_dir, precision="fp32", fsdp=False, lr=1e-3, weight_decay=0.0)
     import grpo
-    dist = grpo.Dist()
+    dist = plumbing.Dist()
     model, tok = plumbing.load_policy(args, dist)
-    return model, tok, grpo.make_optimizer(model, args), dist
+    return model, tok, plumbing.make_optimizer(model, args), dist
 
 
 SAVE_POINTS = ["ckpt:begin", "ckpt:after_model", "ckpt:before_complete", "ckpt:before_rename",
@@ -294,7 +294,7 @@ def test_corrupt_checkpoint_is_one_clear_error_line(tiny_model_dir, tmp_path, ca
 
 def test_torn_last_metrics_line_is_dropped_with_a_warning(tmp_path, capsys):
     import grpo
-    dist = grpo.Dist()
+    dist = plumbing.Dist()
     for s in range(3):
         plumbing.log_metrics(tmp_path, s, {"reward": float(s)}, dist)
     with open(tmp_path / "metrics.jsonl", "a") as f:
@@ -346,7 +346,7 @@ def test_vllm_engine_start_leaves_the_rng_state_alone(tiny_model_dir):
     p = __import__("argparse").ArgumentParser()
     grpo.add_grpo_args(p)
     args = p.parse_args(["--model", tiny_model_dir, "--no-autocast", "--max-model-len", "128", "--vllm-kv-gib", "0.02"])
-    dist = grpo.Dist()
+    dist = plumbing.Dist()
     model, tok = plumbing.load_policy(args, dist)
     grpo.seed_everything(123)
     state = plumbing._rng_state()

@@ -101,10 +101,10 @@ def test_chat_ids_turn_qwen3_thinking_off():
 
 
 def test_prompts_per_rank_refused_before_any_model_loads(monkeypatch):
-    assert plumbing.per_rank(16, grpo.Dist(world=8), "--prompts-per-step") == 2
+    assert plumbing.per_rank(16, plumbing.Dist(world=8), "--prompts-per-step") == 2
     with pytest.raises(SystemExit, match="--prompts-per-step 6 leaves some of the 8 ranks with nothing to do"):
-        plumbing.per_rank(6, grpo.Dist(world=8), "--prompts-per-step")
-    monkeypatch.setattr(grpo, "setup_distributed", lambda: grpo.Dist(rank=0, world=8))
+        plumbing.per_rank(6, plumbing.Dist(world=8), "--prompts-per-step")
+    monkeypatch.setattr(grpo, "setup_distributed", lambda: plumbing.Dist(rank=0, world=8))
     monkeypatch.setattr(grpo, "load_policy", lambda *a: pytest.fail("a model loaded before the refusal"))
     with pytest.raises(SystemExit, match="--prompts-per-step 6"):
         grpo.main(["--preset", "tiny"])  # tiny: 6 prompts per step
@@ -115,7 +115,7 @@ def test_process_group_timeout_outlasts_rank0_stages():
     not NCCL's 10 minutes, so ranks waiting in a barrier survive a long rank-0 stage. In a fresh process: an
     in-process vLLM engine of an earlier test leaves its own default group (gloo, 30 min) behind, and
     setup_distributed keeps a group it finds (this test failed when test_grpo ran before it)."""
-    code = ("import grpo, torch, torch.distributed as td; grpo.setup_distributed(); "
+    code = ("import plumbing, torch, torch.distributed as td; plumbing.setup_distributed(); "
             "print(td.distributed_c10d._get_default_group()._get_backend(torch.device('cpu')).options._timeout.total_seconds()); "
             "td.destroy_process_group()")
     env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
@@ -131,7 +131,7 @@ def test_grad_checkpointing_gives_the_same_gradients(smoke_model_dir):
     """--grad-checkpointing recomputes each decoder layer in backward (its MLP runs twice: one forward, one
     recomputation, so the prefix-sharing path, two forwards, is off) and the gradients are those without it (fp32,
     same batch; the unchecked run takes the single full pass)."""
-    dist = grpo.Dist()
+    dist = plumbing.Dist()
     batch = grpo.collate([([5, 6, 7, 8], [9, 10, 11], [1, 1, 1], [0.5] * 3), ([5, 6], [12, 13, 14, 15], [1, 1, 0, 1], [-1.0] * 4)], 0, dist.device)
     grads, calls = {}, {}
     for flag in ([], ["--grad-checkpointing"]):
@@ -151,7 +151,7 @@ def test_grad_checkpointing_gives_the_same_gradients(smoke_model_dir):
 
 
 def test_cpu_snapshot_restores_weights_without_gpu_copies(smoke_model_dir):
-    model, _ = plumbing.load_model(smoke_model_dir, grpo.Dist())
+    model, _ = plumbing.load_model(smoke_model_dir, plumbing.Dist())
     snap = plumbing.cpu_snapshot(model)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     assert all(v.device.type == "cpu" and v.data_ptr() != before[k].data_ptr() for k, v in snap.items())
@@ -213,7 +213,7 @@ def test_skill_entropy_grpo_step_two_gloo_ranks_equal_one_process(smoke_model_di
     r2 = _two_ranks(script, "step", smoke_model_dir, str(tmp_path / "two"))
     assert r2.returncode == 0, r2.stderr[-3000:]
     one, two = (torch.load(tmp_path / r / "state.pt") for r in ("one", "two"))
-    init = plumbing.load_model(smoke_model_dir, grpo.Dist())[0].state_dict()
+    init = plumbing.load_model(smoke_model_dir, plumbing.Dist())[0].state_dict()
     assert not all(torch.equal(one["state"][k], init[k]) for k in init)  # the step moved the weights
     for k in one["state"]:
         assert torch.allclose(one["state"][k], two["state"][k], atol=1e-6), k
@@ -231,7 +231,7 @@ def test_skill_entropy_rank0_stages_under_torchrun_do_not_deadlock(smoke_model_d
     run = tmp_path / "run"
     argv = ["--preset", "tiny", "--model", smoke_model_dir, "--sampler", "vllm", "--run-dir", str(run),
             "--domains", "math,logic,creative_writing", "--acc-samples", "1", "--direct-pairs", "2", "--n-train", "4",
-            "--n-sft", "2", "--n-test", "3", "--train-len", "2,3", "--test-len", "2,3", "--max-new-tokens", "160",
+            "--n-sft", "2", "--eval-n", "3", "--train-len", "2,3", "--test-len", "2,3", "--max-new-tokens", "160",
             "--acc-max-new-tokens", "4", "--propose-max-new-tokens", "8", "--label-seeds", "1", "--n-label", "1",
             "--max-model-len", "512", "--baselines", "base"]  # 160: a gold D.2 trace of these tasks fits
     out = _two_ranks(os.path.join(ROOT, "tests", "ske_ddp_check.py"), "stages", *argv, timeout=600)
@@ -296,20 +296,20 @@ def test_ddp_reduces_bf16_gradients_in_fp32(smoke_model_dir, tmp_path):
 def test_chunk_rows_by_device():
     """ChunkedTokenLogProb's chunk: 8 rows on a CPU; on CUDA a 64 MiB fp32 chunk (110 rows at Qwen3's 151,936), so a
     16k-row micro-batch takes ~150 Python iterations, not 2k. The chunk size leaves the values unchanged."""
-    assert grpo.chunk_rows("cpu", 151936) == grpo.chunk_rows(torch.device("cpu"), 49152) == 8
-    rows = grpo.chunk_rows(torch.device("cuda", 3), 151936)
+    assert plumbing.chunk_rows("cpu", 151936) == plumbing.chunk_rows(torch.device("cpu"), 49152) == 8
+    rows = plumbing.chunk_rows(torch.device("cuda", 3), 151936)
     assert rows == 110 and rows * 151936 * 4 <= 64 * 2**20 < (rows + 1) * 151936 * 4 and -(-16384 // rows) == 149
-    assert grpo.chunk_rows("cuda", 10**9) == 1
+    assert plumbing.chunk_rows("cuda", 10**9) == 1
     z = torch.randn(300, 500, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     y = torch.randint(0, 500, (300,), generator=torch.Generator().manual_seed(1))
     outs, grads = [], []
     for r in (None, 8, 110):
         x = z.clone().requires_grad_(True)
-        out = grpo.ChunkedTokenLogProb.apply(x, y, 0.7, r)
+        out = plumbing.ChunkedTokenLogProb.apply(x, y, 0.7, r)
         out.sum().backward()
         outs.append(out), grads.append(x.grad)
     assert all(torch.equal(outs[0], o) and torch.equal(grads[0], g) for o, g in zip(outs, grads))
-    assert torch.equal(grpo.token_entropy(z, 0.7), grpo.token_entropy(z, 0.7, rows=110))
+    assert torch.equal(plumbing.token_entropy(z, 0.7), plumbing.token_entropy(z, 0.7, rows=110))
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
@@ -325,10 +325,10 @@ def test_vllm_eager_only_on_cpu(smoke_model_dir, monkeypatch, device):
         raise RuntimeError("recorded")
     monkeypatch.setattr(vllm, "LLM", recorder)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d: (70 * GiB, 80 * GiB))
-    model, tok = plumbing.load_model(smoke_model_dir, grpo.Dist())
+    model, tok = plumbing.load_model(smoke_model_dir, plumbing.Dist())
     args = smoke.grpo_args("--model", smoke_model_dir, "--max-model-len", "512")
     with pytest.raises(RuntimeError, match="recorded"):
-        plumbing.VLLMSampler(model, tok, args, grpo.Dist(device=torch.device(device)))
+        plumbing.VLLMSampler(model, tok, args, plumbing.Dist(device=torch.device(device)))
     assert seen["enforce_eager"] is (device == "cpu")
     assert ("gpu_memory_utilization" in seen) is (device == "cuda")
 

@@ -13,6 +13,7 @@ import torch
 import grpo
 import plumbing
 from conftest import ONE_THREAD
+from tasks import toy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -111,7 +112,7 @@ def _rollouts(n_groups=3, G=2, seed=0):
 
 
 def _fresh(tiny_model_dir):
-    dist = grpo.setup_distributed()
+    dist = plumbing.setup_distributed()
     model = plumbing.load_model(tiny_model_dir, dist)[0]
     return model, dist
 
@@ -282,7 +283,7 @@ def test_bf16_master_updates_match_fp32_updates(tiny_model_dir):
     """--precision bf16 (bf16 weights, fp32 masters and AdamW moments) against --precision fp32 from the same
     bf16-representable start: 3 GRPO steps (β > 0, μ = 2, 2 micro-batches) move the (master) weights the same
     way, within 5 % of the update's norm per tensor (seen: 2.8 % at most), and log the same loss and KL within 2e-3."""
-    dist = grpo.setup_distributed()
+    dist = plumbing.setup_distributed()
     rs = _rollouts(n_groups=4, G=3)
     out = {}
     for precision, dtype in (("fp32", "float32"), ("bf16", "bfloat16")):
@@ -295,8 +296,8 @@ def test_bf16_master_updates_match_fp32_updates(tiny_model_dir):
                 for p in m.parameters():
                     p.copy_(p.bfloat16())  # the same start in both runs: the fp32 weights rounded to bf16
         init = {k: v.float().clone() for k, v in model.named_parameters()}
-        opt = grpo.make_optimizer(model, args)
-        assert isinstance(opt, grpo.MasterAdamW) == (precision == "bf16")
+        opt = plumbing.make_optimizer(model, args)
+        assert isinstance(opt, plumbing.MasterAdamW) == (precision == "bf16")
         metrics = [grpo.grpo_update(model, ref, opt, [grpo.Rollout(r.prompt_ids, r.ids, r.mask, reward=r.reward, group=r.group)
                                                       for r in rs], args, dist) for _ in range(3)]
         # the weights being optimised: the fp32 masters under bf16 (the bf16 copy rounds them, e.g. to 1/128 near 1.0)
@@ -321,7 +322,7 @@ def test_bf16_compute_weights_follow_fp32_updates_below_half_an_ulp(tiny_model_d
     projection of their update on fp32's is 1 within 10 % (the rounding noise is zero-mean and spread over 1.6 M
     weights; the rest is bf16 forward/backward noise in the gradients, ~3 % at lr 1e-3), and each compute weight
     sits within one ulp of its master."""
-    dist = grpo.setup_distributed()
+    dist = plumbing.setup_distributed()
     rs = _rollouts(n_groups=4, G=3)
     out = {}
     for precision, dtype in (("fp32", "float32"), ("bf16", "bfloat16")):
@@ -329,7 +330,7 @@ def test_bf16_compute_weights_follow_fp32_updates_below_half_an_ulp(tiny_model_d
         model, _ = plumbing.load_policy(args, dist)
         ref = plumbing.load_model(tiny_model_dir, dist, dtype, trainable=False)[0]
         init = [p.detach().float().clone() for p in model.parameters()]  # the tiny model is saved in fp32: round it once
-        opt = grpo.make_optimizer(model, args)
+        opt = plumbing.make_optimizer(model, args)
         for _ in range(5):
             grpo.grpo_update(model, ref, opt, [grpo.Rollout(r.prompt_ids, r.ids, r.mask, reward=r.reward, group=r.group)
                                                for r in rs], args, dist)
@@ -347,11 +348,11 @@ def test_bf16_compute_weights_follow_fp32_updates_below_half_an_ulp(tiny_model_d
 def test_master_weights_keep_updates_below_bf16_resolution(tiny_model_dir):
     """lr = 1e-6 is far below bf16's spacing near |w| ~ 0.02 (≈ 1.2e-4): plain AdamW on bf16 weights rounds every
     step away, while MasterAdamW accumulates 300 steps of −lr·sign(g) in the fp32 masters and the bf16 weights follow."""
-    dist = grpo.setup_distributed()
+    dist = plumbing.setup_distributed()
     args = make_args("--lr", "1e-6")
     plain, master = (plumbing.load_model(tiny_model_dir, dist, "bfloat16")[0] for _ in range(2))
     init = [p.detach().clone() for p in plain.parameters()]
-    opts = torch.optim.AdamW(plain.parameters(), lr=1e-6, weight_decay=0.0), grpo.make_optimizer(master, args)
+    opts = torch.optim.AdamW(plain.parameters(), lr=1e-6, weight_decay=0.0), plumbing.make_optimizer(master, args)
     for _ in range(300):
         for model, opt in zip((plain, master), opts):
             opt.zero_grad()
@@ -407,12 +408,12 @@ def test_sft_loop_reads_shuffled_passes_and_learns(tiny_model_dir, tmp_path, mon
 def test_master_adamw_follows_weights_changed_outside_it(tiny_model_dir, change):
     """A MasterAdamW built before the weights change elsewhere (an SFT warm-up with its own optimizer, a checkpoint
     load) must not write its stale fp32 masters back at its next step (5d20b35: the warm-up silently undone)."""
-    dist = grpo.setup_distributed()
+    dist = plumbing.setup_distributed()
     args = make_args("--lr", "1e-6", "--grad-clip", "1e9")
     model = plumbing.load_model(tiny_model_dir, dist, "bfloat16")[0]
     init = [p.detach().clone() for p in model.parameters()]
-    opt = grpo.make_optimizer(model, args)
-    assert isinstance(opt, grpo.MasterAdamW)
+    opt = plumbing.make_optimizer(model, args)
+    assert isinstance(opt, plumbing.MasterAdamW)
     if change == "sft_warmup":
         grpo.sft_loop(model, [([1, 2, 3], [4, 5, 6])], args, dist, lr=1e-2, batch=1, steps=3)
     else:
@@ -539,7 +540,7 @@ def test_grammar_replay_marks_tokens_the_json_schema_forced(tiny_model_dir):
     """plumbing.GrammarReplay (vLLM's rollouts): replaying a completion of {"verdict": "A" | "B"} through xgrammar,
     a token is forced iff exactly one token was allowed; the EOS after the closing brace is the only token allowed
     there; a token outside the grammar ends the replay (0 after it)."""
-    tok = plumbing.load_model(tiny_model_dir, grpo.Dist())[1]
+    tok = plumbing.load_model(tiny_model_dir, plumbing.Dist())[1]
     replay = plumbing.GrammarReplay(tok, len(tok))
     schema = {"type": "object", "properties": {"verdict": {"enum": ["A", "B"]}}, "required": ["verdict"],
               "additionalProperties": False}
@@ -556,7 +557,7 @@ def test_vllm_rollouts_train_only_the_tokens_where_the_schema_left_a_choice_of_t
     schema's fixed text, so pieces of the literal '{"verdict":"' have several allowed tokens (one-token rule: not
     forced, trained with the unconstrained π_θ) but no choice of text; only the A/B token is trained."""
     import types
-    tok = plumbing.load_model(tiny_model_dir, grpo.Dist())[1]
+    tok = plumbing.load_model(tiny_model_dir, plumbing.Dist())[1]
     replay = plumbing.GrammarReplay(tok, len(tok))
     schema = {"type": "object", "properties": {"verdict": {"enum": ["A", "B"]}}, "required": ["verdict"],
               "additionalProperties": False}
@@ -574,7 +575,7 @@ def test_vllm_rollouts_train_only_the_tokens_where_the_schema_left_a_choice_of_t
 
 def test_bad_inputs_do_not_crash(tiny_model_dir):
     model, dist = _fresh(tiny_model_dir)
-    opt = grpo.make_optimizer(model, make_args())
+    opt = plumbing.make_optimizer(model, make_args())
     empty = [grpo.Rollout([1, 2], [], [], reward=1.0, group=0), grpo.Rollout([1, 2], [], [], reward=0.0, group=0)]
     assert grpo.grpo_update(model, None, opt, empty, make_args(), dist)["skipped"] == 1.0
     one = [grpo.Rollout([1, 2], [3, 4], [1, 1], reward=1.0, group=0)]  # a group of one: advantage 0, no NaN
@@ -612,17 +613,17 @@ def test_ddp_two_gloo_ranks_equal_one_process(tiny_model_dir, tmp_path, agg):
 
 @pytest.mark.multirank
 def test_gather_and_broadcast_objects_two_gloo_ranks(tmp_path):
-    """grpo.gather_objects: rank 0's list then rank 1's, on both ranks; grpo.broadcast_object: rank 0's object on both."""
+    """plumbing.gather_objects: rank 0's list then rank 1's, on both ranks; plumbing.broadcast_object: rank 0's object on both."""
     out = tmp_path / "objs"
     _torchrun(os.path.join(ROOT, "tests", "objects_check.py"), str(out))
     for rank in (0, 1):
         got = json.loads((tmp_path / f"objs.{rank}").read_text())
         assert got["gather"] == [{"rank": 0, "k": 0}, {"rank": 1, "k": 0}, {"rank": 1, "k": 1}]
         assert got["broadcast"] == ["from", 0, [0, 0, 0]]
-    dist = grpo.Dist()  # one process: the list (a copy) and the object itself
+    dist = plumbing.Dist()  # one process: the list (a copy) and the object itself
     items = [1, 2]
-    assert grpo.gather_objects(items, dist) == items and grpo.gather_objects(items, dist) is not items
-    assert grpo.broadcast_object(items, dist) is items
+    assert plumbing.gather_objects(items, dist) == items and plumbing.gather_objects(items, dist) is not items
+    assert plumbing.broadcast_object(items, dist) is items
 
 
 def _torchrun(*argv, timeout=900):
@@ -709,7 +710,7 @@ def test_fsdp_vllm_greedy_equals_hf_greedy_after_sync(tmp_path):
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_resume_matches_uninterrupted_run(tiny_model_dir, tmp_path, monkeypatch, precision):
     # a dense reward so the random tiny model gets a learning signal (the arithmetic reward would be all zero)
-    monkeypatch.setattr(grpo, "toy_reward", lambda text, answer: (len(text) % 5) / 4)
+    monkeypatch.setattr(toy, "toy_reward", lambda text, answer: (len(text) % 5) / 4)
     common = ["--model", tiny_model_dir, "--sampler", "hf", "--G", "3", "--prompts-per-step", "2", "--max-new-tokens", "6",
               "--eval-n", "0", "--lr", "1e-3", "--save-every", "2", "--beta", "0.1", "--precision", precision]
     grpo.main(common + ["--steps", "4", "--run-dir", str(tmp_path / "a")])
@@ -727,7 +728,7 @@ def test_resume_matches_uninterrupted_run(tiny_model_dir, tmp_path, monkeypatch,
 
 
 def test_multi_turn_rollout_masks_environment_replies(tiny_model_dir):
-    dist = grpo.setup_distributed()
+    dist = plumbing.setup_distributed()
     model, tok = plumbing.load_model(tiny_model_dir, dist)
     torch.manual_seed(0)
     replies = {}
@@ -752,12 +753,12 @@ def test_vllm_greedy_equals_hf_greedy_after_weight_update():
     code = r'''
 import grpo, plumbing, argparse, json
 p = argparse.ArgumentParser(); grpo.add_grpo_args(p); args = p.parse_args(["--lr", "1e-4"])
-d = grpo.setup_distributed()
+d = plumbing.setup_distributed()
 m, tok = plumbing.load_model("embedded", d)
 v, h = plumbing.VLLMSampler(m, tok, args, d), plumbing.HFSampler(m, tok)
 q = [grpo.chat_ids(tok, [{"role": "user", "content": "Name a fruit."}])]
 before = v.generate(q, 1, 12, 0.0)[0][0].text
-opt = grpo.make_optimizer(m, args)
+opt = plumbing.make_optimizer(m, args)
 tgt = tok.encode("The secret word is banana split.", add_special_tokens=False) + [tok.eos_token_id]
 for _ in range(8):
     grpo.sft_update(m, opt, [(q[0], tgt)], args, d)
@@ -819,7 +820,7 @@ def test_toy_demo_smoke(tmp_path):
 def test_hf_sampler_sync_points_at_the_given_model(tiny_model_dir):
     """HF generate has no weight copy: `sync(model)` makes later samples come from that model."""
     import torch
-    dist = grpo.setup_distributed()
+    dist = plumbing.setup_distributed()
     a, tok = plumbing.load_model(tiny_model_dir, dist)
     b, _ = plumbing.load_model(tiny_model_dir, dist)
     with torch.no_grad():

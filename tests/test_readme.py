@@ -26,20 +26,28 @@ def test_readme_is_short_and_has_a_table_of_contents():
 
 
 @pytest.mark.parametrize("mod", [m for m in SECTIONS if m != "grpo"])
-def test_differences_live_in_the_script_docstring_only(mod):
+def test_differences_live_in_the_docstring_and_docs_only(mod):
+    """The script's header names the differences that matter most (at most 8); docs/<script>.md has them all.
+    Neither list is copied into the README."""
     doc = importlib.import_module(mod).__doc__
-    assert "Differences from the paper" in doc
-    items = re.findall(r"^\s*(\d+)\. (.{30,}?)$", doc.split("Differences from the paper", 1)[1], re.M)
-    assert len(items) >= 3
-    for _, text in items:  # no item of the list is copied into the README
+    full = open(os.path.join(ROOT, "docs", mod + ".md")).read()
+    for text in (doc, full):
+        assert "Differences from the paper" in text
+    head = re.findall(r"^\s*(\d+)\. (.{30,}?)$", doc.split("Differences from the paper", 1)[1], re.M)
+    items = re.findall(r"^\s*(\d+)\. (.{30,}?)$", full.split("Differences from the paper", 1)[1], re.M)
+    assert 3 <= len(head) <= 8 and len(items) >= len(head)
+    for _, text in head + items:  # no item of either list is copied into the README
         assert text.strip() not in README, text
 
 
 @pytest.mark.parametrize("mod", list(SECTIONS))
 def test_equation_tables_name_functions_that_exist(mod):
     """In each section's equation → code table (header 'paper', 'paper mechanism' or 'equation'), every
-    backticked identifier of the code column is an attribute of the script or of grpo / plumbing / sandbox."""
-    modules = [importlib.import_module(m) for m in (mod, "grpo", "plumbing", "sandbox")]
+    backticked identifier of the code column is an attribute of the script, of grpo / plumbing / sandbox /
+    stats, or of a world in tasks/."""
+    worlds = ["tasks." + p[:-3] for p in sorted(os.listdir(os.path.join(ROOT, "tasks")))
+              if p[0] != "_" and p.endswith(".py")]
+    modules = [importlib.import_module(m) for m in [mod, "grpo", "plumbing", "sandbox", "stats"] + worlds]
     in_table, checked = False, 0
     for line in _section(SECTIONS[mod]).splitlines():
         if not line.startswith("|"):
@@ -53,9 +61,28 @@ def test_equation_tables_name_functions_that_exist(mod):
             continue
         for name in re.findall(r"`([A-Za-z_][A-Za-z0-9_.]*)`", cells[-1]):
             obj = name.split(".")
-            found = any(hasattr(m, obj[-1]) if len(obj) == 1 or obj[0] == m.__name__ else False for m in modules)
+            found = any(hasattr(m, obj[-1]) for m in modules
+                        if len(obj) == 1 or obj[0] == m.__name__.rsplit(".", 1)[-1])
             if len(obj) == 2 and not found:  # Class.attr
                 found = any(hasattr(getattr(m, obj[0], None), obj[1]) for m in modules)
-            assert found, f"README {SECTIONS[mod]}: `{name}` is not in {mod}.py, grpo.py, plumbing.py or sandbox.py"
+            assert found, f"README {SECTIONS[mod]}: `{name}` is in none of {mod}.py and the shared modules"
             checked += 1
     assert checked >= 8, f"{mod}: only {checked} names checked"
+
+
+@pytest.mark.parametrize("mod", list(SECTIONS))
+def test_read_in_this_order_names_functions_that_exist(mod):
+    """Each section's "Read in this order" paragraph (issue #47) names the functions a newcomer reads first:
+    every backticked name in it is a function or class of the script, the shared modules or tasks/."""
+    text = _section(SECTIONS[mod])
+    assert "**Read in this order**" in text
+    para = text.split("**Read in this order**", 1)[1].split("\n\n", 1)[0]
+    worlds = ["tasks." + p[:-3] for p in sorted(os.listdir(os.path.join(ROOT, "tasks")))
+              if p[0] != "_" and p.endswith(".py")]
+    modules = [importlib.import_module(m) for m in [mod, "grpo", "plumbing", "stats"] + worlds]
+    names = [n for n in re.findall(r"`([A-Za-z_][A-Za-z0-9_.]*)`", para) if not n.endswith(".py")]
+    assert len(names) >= 6
+    for name in names:
+        head, _, attr = name.partition(".")
+        found = [m for m in modules if hasattr(m, head)]
+        assert found and (not attr or hasattr(getattr(found[0], head), attr)), f"{mod}: `{name}` not found"

@@ -1,6 +1,6 @@
-"""Tests of skill_rm.py: readouts (§3), JETTS knockout (§5), skill loading and gating, the
-tool-call parser, the python_sandbox against hostile code, the instruction checkers, the
-judge loop's mechanics, and a smoke run of the tiny preset."""
+"""Tests of skill_rm.py: readouts (§3), skill loading and gating, the tool-call parser, the python_sandbox
+against hostile code, the judge loop's mechanics, and a smoke run of the tiny preset. The world
+(tasks/reward_bench.py: checkers, items, splits, the knockout) is tested in test_tasks_reward_bench.py."""
 import json
 import random
 import shutil
@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+import plumbing  # noqa: E402
 import skill_rm as S  # noqa: E402
 from plumbing import ConstrainedHFSampler, FreeString, json_text, schema_instances  # noqa: E402
-
-sys.path.insert(0, str(ROOT / "data" / "skill_rm"))
-import prepare as P  # noqa: E402  (the benchmark builder)
+from sandbox import CODE_IMPORTS  # noqa: E402
+from tasks import reward_bench as rb  # noqa: E402
 
 SKILLS = ROOT / "data" / "skills"
 
@@ -84,50 +84,6 @@ def test_judgment_label_normalises():
     assert S.judgment_label({"verdict": "tie"}, "AB") == "Tie"
     assert S.judgment_label({"verdict": "E"}, "ABCD") is None
     assert S.judgment_label(None, "AB") is None
-
-
-# ----- §5 JETTS sequential knockout -----
-
-def _pools(P, N, seed):
-    rng = random.Random(seed)
-    return [[rng.random() for _ in range(N)] for _ in range(P)]
-
-
-def perfect_judge(pools):
-    return lambda reqs: ["A" if pools[p][a] >= pools[p][b] else "B" for p, a, b in reqs]
-
-
-def test_knockout_perfect_judge_reaches_oracle():
-    pools = _pools(50, 8, 0)
-    out = S.sequential_knockout(pools, perfect_judge(pools), seed=3, ks=[1, 2, 4, 8])
-    assert out["seqko@8"] == pytest.approx(out["oracle@8"])
-    assert out["seqko@1"] <= out["seqko@2"] <= out["seqko@4"] <= out["seqko@8"]
-
-
-def test_knockout_coin_flip_judge_is_random_at_n():
-    pools = _pools(3000, 8, 1)
-    rng = random.Random(5)
-    out = S.sequential_knockout(pools, lambda reqs: [rng.choice("AB") for _ in reqs], seed=0, ks=[8])
-    assert abs(out["seqko@8"] - out["random@8"]) < 0.02
-    assert out["oracle@8"] - out["seqko@8"] > 0.2
-
-
-def test_knockout_invalid_judge_uses_seeded_coin_and_is_deterministic():
-    pools = _pools(20, 6, 2)
-    a = S.sequential_knockout(pools, lambda reqs: [None] * len(reqs), seed=7, ks=[1, 2, 4, 6])
-    b = S.sequential_knockout(pools, lambda reqs: [None] * len(reqs), seed=7, ks=[1, 2, 4, 6])
-    c = S.sequential_knockout(pools, lambda reqs: [None] * len(reqs), seed=8, ks=[1, 2, 4, 6])
-    assert a == b and a != c
-
-
-def test_knockout_matches_naive_loop():
-    pools = _pools(5, 4, 3)
-    out = S.sequential_knockout(pools, perfect_judge(pools), seed=11, ks=[1, 2, 4])
-    best2 = []
-    for p in range(5):  # seqko@2 by hand: max of the first two candidates in the seeded order
-        order, _, _ = S.knockout_schedule(4, 11, p)
-        best2.append(max(pools[p][order[0]], pools[p][order[1]]))
-    assert out["seqko@2"] == pytest.approx(sum(best2) / 5)
 
 
 # ----- skills: loading, validation, gating -----
@@ -281,60 +237,11 @@ def test_sandbox_runs_benign_code_with_variables():
 
 def test_sandbox_runs_humaneval_style_tests():
     prog = "def add(a, b):\n    return a + b\n\ndef check(f):\n    assert f(1, 2) == 3\n\ncheck(add)\n"
-    assert S.run_sandboxed(prog, static_check=False, allowed_imports=S.CODE_IMPORTS)["ok"]
+    assert S.run_sandboxed(prog, static_check=False, allowed_imports=CODE_IMPORTS)["ok"]
     assert not S.run_sandboxed(prog.replace("a + b", "a - b"), static_check=False)["ok"]
 
 
-# ----- instruction checkers -----
-
-def test_instruction_checkers_on_hand_made_responses():
-    c = S.check_constraint
-    assert c({"type": "lowercase"}, "all good here.") and not c({"type": "lowercase"}, "Not good.")
-    assert c({"type": "uppercase"}, "YES SIR!") and not c({"type": "uppercase"}, "YES sir")
-    assert c({"type": "max_words", "n": 3}, "one two three") and not c({"type": "max_words", "n": 3}, "one two three four")
-    assert c({"type": "min_words", "n": 2}, "one two") and not c({"type": "min_words", "n": 2}, "one")
-    assert c({"type": "bullets", "n": 2}, "* a\n* b") and not c({"type": "bullets", "n": 2}, "* a\n* b\n* c")
-    assert c({"type": "include_keyword", "word": "river"}, "The River flows.") and not c({"type": "include_keyword", "word": "river"}, "rivers")
-    assert c({"type": "exclude_word", "word": "very"}, "every day") and not c({"type": "exclude_word", "word": "very"}, "Very nice")
-    assert c({"type": "end_phrase", "phrase": "That is all."}, "Done. That is all.") and not c({"type": "end_phrase", "phrase": "That is all."}, "That is all. Bye")
-    assert c({"type": "quotes"}, '"hello"') and not c({"type": "quotes"}, 'hello"')
-    assert c({"type": "start_word", "word": "Today"}, '"Today, I went"') and not c({"type": "start_word", "word": "Today"}, "Yesterday")
-    assert c({"type": "no_commas"}, "no commas here") and not c({"type": "no_commas"}, "a, b")
-    assert not c({"type": "unknown"}, "anything")
-    s = S.constraint_scores([{"type": "lowercase"}, {"type": "no_commas"}], "hello, world")
-    assert s == {"checks": [True, False], "all": 0.0, "frac": 0.5}
-
-
-def test_held_out_checkers_are_ifevals_own_not_the_training_checks():
-    """App. D's held-out score uses Google's IFEval instruction checkers (lm-eval's copy), which differ from ours
-    where IFEval's semantics do: a keyword is a substring there, a '- ' line is a bullet, case needs English text."""
-    c = S.ifeval_check
-    assert c({"type": "lowercase"}, "all good here, my friend.") and not c({"type": "lowercase"}, "Not good.")
-    assert c({"type": "uppercase"}, "YES SIR, THIS IS FINE!") and not c({"type": "uppercase"}, "YES sir")
-    assert c({"type": "max_words", "n": 3}, "one two three") and not c({"type": "max_words", "n": 3}, "one two three four")
-    assert c({"type": "min_words", "n": 2}, "one two") and not c({"type": "min_words", "n": 2}, "one")
-    assert c({"type": "bullets", "n": 2}, "* a\n* b") and not c({"type": "bullets", "n": 2}, "* a\n* b\n* c")
-    assert c({"type": "exclude_word", "word": "very"}, "every day") and not c({"type": "exclude_word", "word": "very"}, "Very nice")
-    assert c({"type": "end_phrase", "phrase": "That is all."}, "Done. That is all.") and not c({"type": "end_phrase", "phrase": "That is all."}, "That is all. Bye")
-    assert c({"type": "quotes"}, '"hello"') and not c({"type": "quotes"}, 'hello"')
-    assert c({"type": "no_commas"}, "no commas here") and not c({"type": "no_commas"}, "a, b")
-    assert c({"type": "title"}, "<<My day>>\nfine") and not c({"type": "title"}, "My day")
-    assert c({"type": "postscript"}, "hi\nP.S. bye") and not c({"type": "postscript"}, "hi")
-    assert c({"type": "start_word", "word": "Today"}, "Today I went") and not c({"type": "start_word", "word": "Today"}, "Yesterday")
-    # where IFEval's checker is not ours
-    kw = {"type": "include_keyword", "word": "river"}
-    assert c(kw, "rivers run") and not S.check_constraint(kw, "rivers run")
-    two = {"type": "bullets", "n": 2}
-    assert c(two, "- a\n- b") and not S.check_constraint(two, "- a\n- b")
-    assert not c({"type": "unknown"}, "anything") and not c({"type": "max_words"}, "no n") and not c("not a dict", "x")
-
-
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.sampled_from(sorted(S.IFEVAL_IDS) + ["start_word", "bogus"]),
-       st.dictionaries(st.sampled_from(["n", "word", "phrase"]), st.one_of(st.integers(), st.text(), st.none(), st.lists(st.integers()))),
-       st.text())
-def test_ifeval_check_never_raises_on_hostile_specs_or_text(ctype, fields, text):
-    assert S.ifeval_check({"type": ctype, **fields}, text) in (True, False)
+# ----- App. D: the held-out evaluation -----
 
 
 def test_eval_if_policy_scores_with_ifevals_checkers():
@@ -342,30 +249,6 @@ def test_eval_if_policy_scores_with_ifevals_checkers():
                 {"prompt": "q", "constraints": [{"type": "no_commas"}, {"type": "title"}]}]
     out = S.eval_if_policy(ScriptedSampler(["rivers run", "<<T>> a, b"]), CharTok(), test_set, SimpleNamespace(max_new_tokens=8))
     assert out["prompt_strict"] == 0.5 and out["inst_level"] == 2 / 3 and out["per_prompt"] == [1.0, 0.5]
-
-
-def test_repair_and_break_build_chosen_and_rejected():
-    rng = random.Random(0)
-    for p in S.if_prompts(0, 40, "train"):
-        chosen = S.repair_response(p["constraints"], "Hello, this is a very nice thing. I like it a lot, really.")
-        assert S.constraint_scores(p["constraints"], chosen)["all"] == 1.0, (p, chosen)
-        for con in p["constraints"]:
-            assert not S.check_constraint(con, S.break_response(con, chosen, rng))
-
-
-def test_benchmark_file_is_consistent():
-    items = S.read_jsonl(ROOT / "data/skill_rm/bench.jsonl")
-    assert {"precise_if", "math", "code", "focus"} <= {it["category"] for it in items}
-    for it in items:
-        assert len(it["rejected"]) >= 3 and it["chosen"] not in it["rejected"]
-        if it["category"] == "precise_if":
-            assert S.constraint_scores(it["meta"]["constraints"], it["chosen"])["all"] == 1.0
-            assert all(S.constraint_scores(it["meta"]["constraints"], r)["all"] < 1.0 for r in it["rejected"])
-        if it["category"] in ("math", "focus"):
-            assert P.math_correct(it["chosen"], it["meta"]["answer"])
-            assert not any(P.math_correct(r, it["meta"]["answer"]) for r in it["rejected"])
-    pools = S.read_jsonl(ROOT / "data/skill_rm/bon_pools.jsonl")
-    assert pools and all(len(p["candidates"]) == len(p["scores"]) for p in pools)
 
 
 # ----- the judge loop (scripted replies; the loop itself is what is tested) -----
@@ -435,8 +318,8 @@ def test_judge_loop_turn_budget_and_plain_judge():
 @pytest.mark.heavy(116)
 def test_smoke_tiny_preset(tmp_path, capsys):
     res = S.main(["--preset", "tiny", "--sampler", "hf", "--bench-per-cat", "1", "--methods", "baseline,skill_rm,oracle",
-                  "--formats", "pairwise", "--bon-prompts", "2", "--bon-N", "2", "--rl-steps", "1", "--rl-prompts", "1",
-                  "--G", "2", "--rl-eval-prompts", "2", "--rl-rewards", "skill_rm", "--max-turns", "2", "--rl-max-turns", "2",
+                  "--formats", "pairwise", "--bon-prompts", "2", "--bon-N", "2", "--steps", "1", "--prompts-per-step", "1",
+                  "--G", "2", "--eval-n", "2", "--rl-rewards", "skill_rm", "--max-turns", "2", "--rl-max-turns", "2",
                   "--max-new-tokens", "16", "--beta", "0", "--show-trace", "1", "--judge-sft-steps", "1",
                   "--judge-sft-batch", "2", "--judge-sft-items", "1", "--run-dir", str(tmp_path)])
     out = capsys.readouterr().out
@@ -517,20 +400,13 @@ def test_null_group_sd_is_the_position_locked_expectation():
     assert S.null_group_sd("anchored", 4) == pytest.approx(0.404, abs=1e-3) and S.null_group_sd("skill_rm", 4) == 0.0
 
 
-def test_select_items_draws_per_seed():
-    items = S.read_jsonl(ROOT / "data/skill_rm/bench.jsonl")
-    a, b = S.select_items(items, 2, seed=0), S.select_items(items, 2, seed=1)
-    assert len(a) == len(b) == 8 and {it["id"] for it in a} != {it["id"] for it in b}
-    assert S.select_items(items, 2, seed=0) == a and len(S.select_items(items, 0, seed=5)) == len(items)
-
-
 # ----- bugs of issue #11, each with a test that failed before its fix -----
 
 def test_paper_preset_has_a_nonempty_rl_test_set(tmp_path):
     args = S.parse_with_preset(S.build_parser(), S.PRESETS, argv=["--preset", "paper"])
-    assert args.rl_eval_prompts > 0 and len(S.if_prompts(0, args.rl_eval_prompts, "test")) == args.rl_eval_prompts
-    with pytest.raises(SystemExit, match="rl-eval-prompts"):  # stops before loading any model
-        S.main(["--preset", "paper", "--rl-eval-prompts", "0", "--model", str(tmp_path / "none")])
+    assert args.eval_n > 0 and len(S.if_prompts(0, args.eval_n, "test")) == args.eval_n
+    with pytest.raises(SystemExit, match="eval-n"):  # stops before loading any model
+        S.main(["--preset", "paper", "--eval-n", "0", "--model", str(tmp_path / "none")])
     assert S.eval_if_policy(ScriptedSampler(["x"]), CharTok(), [], judge_args(max_new_tokens=4)) == \
         {"prompt_strict": 0.0, "inst_level": 0.0, "per_prompt": []}
 
@@ -557,7 +433,7 @@ def test_contract_examples_are_valid_json():
 def test_first_object_ignores_braces_inside_strings():
     text = '<tool_call>{"name": "python_sandbox", "arguments": {"code": "print(\'}\' * 2, {1: 2})"}}</tool_call>'
     assert S.parse_tool_call(text) == {"name": "python_sandbox", "arguments": {"code": "print('}' * 2, {1: 2})"}}
-    assert S._first_object('{"a": "{", "b": 1}') == {"a": "{", "b": 1}
+    assert plumbing.first_json_object('{"a": "{", "b": 1}') == {"a": "{", "b": 1}
 
 
 def test_article_a_is_not_verdict_a():
@@ -584,7 +460,7 @@ def test_unknown_rl_variant_is_an_error(tmp_path):
     with pytest.raises(SystemExit, match="unknown --rl-rewards bogus"):  # before any model loads
         S.main(["--preset", "tiny", "--rl-rewards", "skill_rm,bogus", "--model", str(tmp_path / "none")])
     with pytest.raises(ValueError, match="unknown RL reward variant"):
-        S.judge_rewards(None, None, ["p"], ["r"], "bogus", {}, judge_args())
+        S.judge_rewards(S.Judge(None, None, {}), ["p"], ["r"], "bogus", judge_args())
 
 
 def test_tiny_judge_budget_fits_every_contract_reply():
@@ -658,7 +534,7 @@ def test_vllm_grammar_lets_the_judge_write_multiline_code():
     t = S.JudgeTask("Compute: 2 + 3 =", ["5", "6"], "pairwise", "skill_rm")
     S.execute_tool(t, {"name": "use_skill", "arguments": {"name": "reward_judge_fair"}}, skills, args)
     schema = S.turn_schema(t, skills, args)
-    ids = tok.encode(json_text({"name": "python_sandbox", "arguments": {"code": S.MATH_CHECK_CODE}}), add_special_tokens=False)
+    ids = tok.encode(json_text({"name": "python_sandbox", "arguments": {"code": rb.MATH_CHECK_CODE}}), add_special_tokens=False)
 
     def accepts(sc):
         m = xgr.GrammarMatcher(compiler.compile_json_schema(json.dumps(sc), any_whitespace=False, separators=(",", ":")))
@@ -808,8 +684,8 @@ def test_anchored_flip_maps_to_the_rollout_label():
     flips = [rng.random() < 0.5 for _ in range(6)]  # judge_rewards draws the same flips from seed 5
     # a judge that always prefers the rollout: its position is B when flipped (rollout shown second)
     replies = ['{"verdict": "%s"}' % ("B" if f else "A") for f in flips]
-    rewards, valid, tasks = S.judge_rewards(ScriptedSampler(replies), CharTok(), ["p"] * 6, [f"r{k}" for k in range(6)],
-                                            "anchored", skills, args, anchors=["ref"] * 6, seed=5)
+    rewards, valid, tasks = S.judge_rewards(S.Judge(ScriptedSampler(replies), CharTok(), skills), ["p"] * 6,
+                                            [f"r{k}" for k in range(6)], "anchored", args, anchors=["ref"] * 6, seed=5)
     assert all(t.candidates[1 if f else 0].startswith("r") for t, f in zip(tasks, flips))
     assert rewards == [1.0] * 6 and all(valid)
 
@@ -817,65 +693,25 @@ def test_anchored_flip_maps_to_the_rollout_label():
 def test_judge_rewards_pointwise_and_direct():
     skills = S.load_skills(SKILLS)
     args = judge_args(rl_max_turns=2)
-    r, v, _ = S.judge_rewards(ScriptedSampler(['{"name": "final_answer", "arguments": {"score": 0.7}}']), CharTok(),
-                              ["p", "q"], ["a", "b"], "skill_rm", skills, args)
+    judge = S.Judge(ScriptedSampler(['{"name": "final_answer", "arguments": {"score": 0.7}}']), CharTok(), skills)
+    r, v, _ = S.judge_rewards(judge, ["p", "q"], ["a", "b"], "skill_rm", args)
     assert r == [0.7, 0.7] and v == [True, True]
-    r, v, _ = S.judge_rewards(ScriptedSampler(['{"score": 0.3}']), CharTok(), ["p"], ["a"], "direct", skills, args)
+    r, v, _ = S.judge_rewards(S.Judge(ScriptedSampler(['{"score": 0.3}']), CharTok(), skills), ["p"], ["a"], "direct",
+                              args)
     assert r == [0.3] and v == [True]
-    r, v, _ = S.judge_rewards(ScriptedSampler(["nonsense"]), CharTok(), ["p"], ["a"], "direct", skills, args)
+    r, v, _ = S.judge_rewards(S.Judge(ScriptedSampler(["nonsense"]), CharTok(), skills), ["p"], ["a"], "direct", args)
     assert r == [0.5] and v == [False]  # invalid → 0.5, flagged
 
 
 def test_pointwise_final_answer_shaped_like_the_contract():
-    for score in S.SCORE_GRID:
+    for score in rb.SCORE_GRID:
         reply = json.dumps({"name": "final_answer", "arguments": {"score": score}})
         call = S.parse_tool_call(reply)
         assert call["name"] == "final_answer" and S.readout_pointwise(call["arguments"]) == (score, True)
-    assert S.final_example("pointwise", 1).startswith('{"score": S}')
-
-
-def test_held_out_if_test_split():
-    train = S.if_prompts(0, 400, "train") + S.if_prompts(0, 50, "sft") + S.if_prompts(1234, 50, "bench")
-    test = S.if_prompts(0, 300, "test")
-    assert not {p["prompt"] for p in test} & {p["prompt"] for p in train}
-    train_types = {c["type"] for p in train for c in p["constraints"]}
-    test_types = {c["type"] for p in test for c in p["constraints"]}
-    assert {"title", "postscript"} <= test_types and not {"title", "postscript"} & train_types
-    assert S.check_constraint({"type": "title"}, "<<My day>>\nfine") and not S.check_constraint({"type": "title"}, "My day")
-    assert S.check_constraint({"type": "postscript"}, "hi\nP.S. bye") and not S.check_constraint({"type": "postscript"}, "hi")
-
-
-def test_math_pairs_differ_only_in_the_value():
-    for it in [it for it in S.read_jsonl(ROOT / "data/skill_rm/bench.jsonl") if it["category"] == "math"]:
-        strip = lambda t: __import__("re").sub(r"-?\d+", "N", t)
-        assert all(strip(r) == strip(it["chosen"]) for r in it["rejected"]), it["id"]
+    assert rb.final_example("pointwise", 1).startswith('{"score": S}')
 
 
 # ----- issue #26 §2: data and bugs, each with a test that failed before its fix -----
-
-def _split_prompts():
-    """Every prompt each split can hold at the sizes the presets use (seeds 0-2), by split."""
-    bench = S.read_jsonl(ROOT / "data/skill_rm/bench.jsonl")
-    pools = S.read_jsonl(ROOT / "data/skill_rm/bon_pools.jsonl")
-    out = {f"bench-{c}": {it["prompt"] for it in bench if it["category"] == c} for c in ("precise_if", "math", "code", "focus")}
-    out |= {f"bon-{c}": {p["prompt"] for p in pools if p["category"] == c} for c in ("math", "precise_if")}
-    for c in ("precise_if", "math", "focus"):
-        out[f"sft-{c}"] = {it["prompt"] for seed in range(3) for it in S.sft_items(seed, 16) if it["category"] == c}
-    out["train"] = {p["prompt"] for seed in range(3) for p in S.if_prompts(seed, 400, "train")}
-    out["test"] = {p["prompt"] for seed in range(3) for p in S.if_prompts(seed, 300, "test")}
-    return out
-
-
-def test_no_prompt_appears_in_two_splits():
-    """reasoning-gym seeds item i with seed + i: splits drawn from seed, seed+1, seed+2 were shifted copies."""
-    splits = _split_prompts()
-    names = sorted(splits)
-    for i, a in enumerate(names):
-        for b in names[i + 1:]:
-            assert not splits[a] & splits[b], (a, b, sorted(splits[a] & splits[b])[:2])
-    assert all(len(v) > 0 for v in splits.values())
-    with pytest.raises(ValueError):
-        S.math_items("sft-math", 10_000, 4)  # outside its range: would run into the next split's seeds
 
 
 def test_text_checks_tie_is_a_tie():
@@ -889,13 +725,13 @@ def test_text_checks_tie_is_a_tie():
 
 
 def test_huge_integer_score_is_invalid_not_a_crash():
-    """{"score": <400-digit int>} raised OverflowError in _num (math.isfinite on an int) through judge_rewards."""
+    """{"score": <400-digit int>} raised OverflowError in _num (now stats.parse_number) through judge_rewards."""
     assert S.readout_pointwise({"score": 10 ** 400}) == (0.5, False)
     assert S.readout_pointwise({"satisfied_count": 10 ** 400, "total_count": 3}) == (0.5, False)
     assert S.readout_pointwise({"score": "1" * 400}) == (0.5, False)  # inf as a string
     skills = S.load_skills(SKILLS)
-    r, v, _ = S.judge_rewards(ScriptedSampler(['{"score": ' + "9" * 400 + "}"]), CharTok(), ["p"], ["a"], "direct",
-                              skills, judge_args(rl_max_turns=2))
+    r, v, _ = S.judge_rewards(S.Judge(ScriptedSampler(['{"score": ' + "9" * 400 + "}"]), CharTok(), skills), ["p"],
+                              ["a"], "direct", judge_args(rl_max_turns=2))
     assert r == [0.5] and v == [False]
 
 
@@ -927,7 +763,7 @@ def test_every_readout_and_parser_survives_hostile_output(judgment, text):
     for allow in (False, True):
         call = S.parse_tool_call(text, allow_code_block=allow)
         assert call is None or (call["name"] in S.TOOL_NAMES and isinstance(call["arguments"], dict))
-    assert S._normalise_call(judgment) is None or S._normalise_call(judgment)["name"] in S.TOOL_NAMES
+    assert plumbing._normalise_call(judgment) is None or plumbing._normalise_call(judgment)["name"] in S.TOOL_NAMES
     rating = S.parse_text_rating(text)
     assert rating is None or 0.0 <= rating <= 1.0
     t = S.JudgeTask("p", ["a", "b"], "pairwise", "skill_rm", label="A")

@@ -1,5 +1,4 @@
-"""Tests of skill_selfplay.py: the paper's equations against hand values, the zebra
-runtime, the BFCL-semantics checker, package validators, the solver phase (Eq. 6-7) on
+"""Tests of skill_selfplay.py: the paper's equations against hand values, package validators, the solver phase (Eq. 6-7) on
 real tasks with the tiny random model, and tiny smoke runs."""
 import copy
 import json
@@ -15,7 +14,10 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import skill_selfplay as S  # noqa: E402
-from plumbing import checkpoint_extra, json_text  # noqa: E402
+from plumbing import (SELFPLAY_LOGS, checkpoint_extra, effective_skills, json_text, parse_package,  # noqa: E402
+                      plot_diagnostics, render_package)
+from tasks.tool_calls import tool_schema_error  # noqa: E402
+from tasks.zebra import count_solutions, extract_json, make_zebra_puzzles, solution_grid  # noqa: E402
 from conftest import ONE_THREAD  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -106,8 +108,8 @@ def test_eq9_induce_set_frontier_exploration_records():
 
 
 def test_effective_skills_neff():
-    assert S.effective_skills({"a": 3, "b": 3, "c": 0}) == (2, pytest.approx(2.0))
-    assert S.effective_skills({}) == (0, 0.0)
+    assert effective_skills({"a": 3, "b": 3, "c": 0}) == (2, pytest.approx(2.0))
+    assert effective_skills({}) == (0, 0.0)
 
 
 # ----- task rewards (App. C) -----
@@ -132,7 +134,7 @@ def grid_text(grid):
 
 
 def test_eq15_zebra_reward_good_wrong_and_malformed():
-    _, p, sol = S.make_zebra_puzzles(5, ["small"], 1)[0]
+    _, p, sol = make_zebra_puzzles(5, ["small"], 1)[0]
     assert S.zebra_reward(grid_text(sol), p, sol)[:4] == (1.0, True, True, 1.0)
     swapped = copy.deepcopy(sol)  # swap one attribute between houses 1 and 2: legal grid, wrong cells
     a = next(iter(p["attributes"]))
@@ -146,42 +148,9 @@ def test_eq15_zebra_reward_good_wrong_and_malformed():
     assert S.zebra_reward("no grid {here", p, sol)[:4] == (0.0, False, False, 0.0)
 
 
-# ----- zebra runtime -----
+# ----- the skill stream compiles every package's blueprint -----
 
-def test_zebra_solution_count_zero_one_many():
-    base = {"houses": 2, "attributes": {"Name": ["Ann", "Ben"], "Pet": ["Cat", "Dog"]}}
-    none = {**base, "clues": [{"type": "fixed", "a": "Ann", "house": 1}, {"type": "left_of", "a": "Ben", "b": "Ann"}]}
-    one = {**base, "clues": [{"type": "fixed", "a": "Ann", "house": 1}, {"type": "same_house", "a": "Ann", "b": "Dog"}]}
-    many = {**base, "clues": [{"type": "next_to", "a": "Ann", "b": "Ben"}]}
-    assert S.count_solutions(none)[0] == 0
-    assert S.count_solutions(one) == (1, {"Ann": 1, "Ben": 2, "Dog": 1, "Cat": 2})
-    assert S.count_solutions(many, limit=2)[0] == 2            # stops at 2
-    assert S.count_solutions({**base, "clues": []}, limit=10)[0] == 4  # naive: 2!·2!
-
-
-def test_zebra_count_matches_brute_force():
-    import itertools
-    rng = random.Random(3)
-    for _ in range(20):
-        p = S.random_blueprint(rng, 3, 2)
-        _, pos = S.compile_puzzle(rng, p)
-        p["clues"] = [S.random_clue(rng, p, pos, list(S.ZEBRA_CLUE_TYPES)) for _ in range(3)]
-        p["clues"] = [c for c in p["clues"] if c]
-        brute = 0
-        (a1, v1), (a2, v2) = p["attributes"].items()
-        for perm1 in itertools.permutations(range(1, 4)):
-            for perm2 in itertools.permutations(range(1, 4)):
-                pos_ = {**dict(zip(v1, perm1)), **dict(zip(v2, perm2))}
-                brute += all(S.ZEBRA_CLUE_TYPES[c["type"]][1](pos_[c["a"]], pos_[c["b"]] if "b" in c else c["house"])
-                             for c in p["clues"])
-        assert S.count_solutions(p, limit=100)[0] == brute
-
-
-def test_generated_puzzles_are_unique_and_heldout_is_deterministic():
-    for scale, p, sol in S.make_zebra_puzzles(11, ["small", "medium", "large"], 3):
-        assert S.zebra_scale(p["houses"], len(p["attributes"])) == scale
-        assert S.count_solutions(p, 2)[0] == 1
-    assert S.make_zebra_puzzles(11, ["small"], 2) == S.make_zebra_puzzles(11, ["small"], 2)
+def test_every_package_blueprint_compiles_to_a_unique_puzzle():
     # every training-side compiled puzzle (skill stream) compiles and is unique too: each package's own blueprint
     pkgs, _ = S.load_library(os.path.join(ROOT, "data", "selfplay", "zebra"), "zebra")
     assert len(pkgs) == 8
@@ -189,80 +158,8 @@ def test_generated_puzzles_are_unique_and_heldout_is_deterministic():
         bp = {"houses": pkg["example"]["houses"], "attributes": pkg["example"]["attributes"]}
         r = S.check_proposal("zebra", json.dumps(bp), pkg, random.Random(i))
         assert r["reject"] is None and r["ok_schema"] and r["ok_contract"], (pkg["name"], r["why"])
-        assert S.count_solutions(r["task"], 2)[0] == 1
-        assert S.solution_grid(r["task"], S.count_solutions(r["task"], 2)[1]) == r["contract"]
-
-
-# ----- BFCL checker -----
-
-def bfcl_item(cat, idx):
-    return S.load_bfcl(cat)[idx]
-
-
-def _bfcl(call, e, gt, cat):
-    """The evaluation path of one reply that holds this call: decode, then BFCL's own checker."""
-    return S.bfcl_check(S.bfcl_decode("<tool_call>" + json.dumps(call) + "</tool_call>"), e["function"][0], gt, cat)[0]
-
-
-def test_bfcl_checker_accepts_and_rejects():
-    e, gt = bfcl_item("simple_python", 0)  # calculate_triangle_area(base=10, height=5, unit optional)
-    cat = "simple_python"
-    ok = lambda args: _bfcl({"name": "calculate_triangle_area", "arguments": args}, e, gt, cat)
-    assert ok({"base": 10, "height": 5})
-    assert ok({"base": 10, "height": 5, "unit": "units"})      # accepted value of an optional argument
-    assert not ok({"base": 10, "height": 6})                   # wrong value
-    assert not ok({"base": 10})                                # missing required
-    assert not ok({"base": 10, "height": 5, "color": "red"})   # unexpected parameter
-    assert not ok({"base": "10", "height": 5})                 # wrong type
-    assert not _bfcl({"name": "area", "arguments": {"base": 10, "height": 5}}, e, gt, cat)
-    e, gt = bfcl_item("simple_java", 0)  # Java values arrive as strings and go through BFCL's converter
-    call = {"name": "GeometryPresentation.createPresentation", "arguments": {"controller": "mapController", "parent": "mapArea"}}
-    assert _bfcl(call, e, gt, "simple_java")
-    e, gt = bfcl_item("simple_javascript", 0)
-    call = {"name": "validateUserInput", "arguments": {"inputField": "userInputField", "isComplete": "true"}}
-    assert _bfcl(call, e, gt, "simple_javascript")
-    call["arguments"]["isComplete"] = "false"
-    assert not _bfcl(call, e, gt, "simple_javascript")
-    e, gt = bfcl_item("live_simple", 0)
-    assert _bfcl({"name": "get_user_info", "arguments": {"user_id": 7890, "special": "black"}}, e, gt, "live_simple")
-    assert _bfcl({"name": "get_user_info", "arguments": {"user_id": 7890, "special": "Black "}}, e, gt,
-                 "live_simple")  # BFCL's case/space normalisation
-
-
-def test_bfcl_verdicts_are_bfcls_own():
-    """The cases where our former re-implementation disagreed with BFCL's checker (issue #13): nested element
-    types, an empty optional array, a malformed second <tool_call> block (a decode failure, not dropped), and
-    hostile values (the checker raising is a wrong answer, never a crash)."""
-    f = {"name": "f", "parameters": {"type": "dict", "required": ["xs"], "properties": {
-        "xs": {"type": "array", "items": {"type": "float"}}, "opt": {"type": "array", "items": {"type": "string"}}}}}
-    gt = [{"f": {"xs": [[1.0, 2.0]], "opt": ["", ["a"]]}}]
-    ok = lambda args: S.bfcl_check([{"f": args}], f, gt, "simple_python")[0]
-    assert ok({"xs": [1.0, 2.0]}) and not ok({"xs": [1, 2]})                 # nested types: [1, 2] is not [1.0, 2.0]
-    assert ok({"xs": [1.0, 2.0], "opt": []}) and ok({"xs": [1.0, 2.0], "opt": ["a"]})  # "" accepted: [] passes
-    good = '<tool_call>{"name": "f", "arguments": {"xs": [1.0, 2.0]}}</tool_call>'
-    assert S.bfcl_decode(good) == [{"f": {"xs": [1.0, 2.0]}}]
-    assert S.bfcl_decode(good + "<tool_call>{broken</tool_call>") is None
-    assert not S.bfcl_check(S.bfcl_decode(good + good), f, gt, "simple_python")[0]  # two calls: wrong count
-    e, gt = bfcl_item("simple_java", 0)
-    for v in ("{", "[[[", "new Foo(", None, 3, {"a": [1]}):
-        call = {"GeometryPresentation.createPresentation": {"controller": v, "parent": "mapArea"}}
-        assert S.bfcl_check([call], e["function"][0], gt, "simple_java")[0] is False
-
-
-def test_bfcl_checker_accepts_python_ground_truth():
-    """The first accepted value of every Python item (simple_python, live_simple) passes, except a few where
-    BFCL's own answers fail its checker (a required parameter without an answer, dict-valued answers); items
-    whose answers nest value lists in dicts are left out (a naive loop over the real data)."""
-    for cat, quirks in (("simple_python", 2), ("live_simple", 4)):
-        kept, passed = 0, 0
-        for e, gt in S.load_bfcl(cat):
-            name, args = list(gt[0].items())[0]
-            if any(isinstance(v[0], dict) for v in args.values() if v):
-                continue
-            kept += 1
-            first = {k: v[0] for k, v in args.items() if v and v[0] != ""}
-            passed += S.bfcl_check([{name: first}], e["function"][0], gt, cat)[0]
-        assert passed == kept - quirks, (cat, passed, kept)
+        assert count_solutions(r["task"], 2)[0] == 1
+        assert solution_grid(r["task"], count_solutions(r["task"], 2)[1]) == r["contract"]
 
 
 # ----- skill packages and validators -----
@@ -272,7 +169,7 @@ def test_initial_libraries_load_and_roundtrip():
         pkgs, stats = S.load_library(os.path.join(ROOT, "data", "selfplay", fam), fam)
         assert len(pkgs) == n and set(stats) == {p["name"] for p in pkgs}
         for p in pkgs:
-            back, err = S.parse_package(S.render_package(p))
+            back, err = parse_package(render_package(p))
             assert err is None and back == p
 
 
@@ -302,7 +199,7 @@ def test_validators_reject_broken_packages(tmp_path):
     z["compiler"]["min_counts"] = {"teleport": 1}
     assert S.validate_package(z, "zebra") is not None
     # a broken file in a library folder is skipped, never a crash
-    (tmp_path / "ok.md").write_text(S.render_package(pkg))
+    (tmp_path / "ok.md").write_text(render_package(pkg))
     (tmp_path / "broken.md").write_text("---\nname: x\n---\n## Validator\n```json\n{not json\n```\n")
     (tmp_path / "nofront.md").write_text("just text")
     pkgs, _ = S.load_library(str(tmp_path), "tool")
@@ -394,7 +291,7 @@ def test_gate_rejects_the_reported_mutations_with_a_reason():
         assert _gate_ok("zebra", z, pkg)["reject"] == "schema"
     deep = "[" * 100000 + "]" * 100000                              # hostile nesting depth: unparseable, not a crash
     assert S.check_proposal("tool", deep, None, random.Random(0)) is None
-    assert S.parse_tool_calls("<tool_call>" + deep + "</tool_call>") == [] and S.extract_json(deep) is None
+    assert S.parse_tool_calls("<tool_call>" + deep + "</tool_call>") == [] and extract_json(deep) is None
 
 
 _SCALARS = (st.none() | st.booleans() | st.integers(-3, 8) | st.floats() | st.text(max_size=6)
@@ -504,14 +401,14 @@ def test_solver_aid_tool_prefix_is_prompt_and_part_of_the_scored_answer():
         def generate(self, prompts, n, *a, **k):
             self.prompts, self.stop = prompts, k.get("stop")
             return super().generate(prompts, n)
-    args = type("A", (), {"family": "tool", "solver_aid": "on", "K": 4, "max_new_tokens": 8, "temperature": 1.0})()
+    args = type("A", (), {"family": "tool", "solver_aid": True, "K": 4, "max_new_tokens": 8, "temperature": 1.0})()
     sampler = Recording(completion)
     S.probe_records("tool", [rec], sampler, tok, args)
     plain = S.chat_ids(tok, S.solver_messages("tool", rec["task"]))
     assert sampler.prompts[0][:len(plain)] == plain and tok.decode(sampler.prompts[0][len(plain):]) == '<tool_call>{"name": "'
     assert sampler.stop == ["</tool_call>"]
     assert rec["v_solve"] == pytest.approx(1.0) and rec["consistent"] and rec["valid"]
-    args.solver_aid = "off"
+    args.solver_aid = False
     rec2 = dict(rec)
     S.probe_records("tool", [rec2], sampler, tok, args)             # the same completion without the opening
     assert sampler.prompts[0] == plain and sampler.stop is None and rec2["v_solve"] == 0.0 and not rec2["valid"]
@@ -520,10 +417,10 @@ def test_solver_aid_tool_prefix_is_prompt_and_part_of_the_scored_answer():
 def test_proposer_grammar_on_vllm_prefill_on_hf():
     """--proposer-grammar on: a sampler that can constrain decoding gets TASK_SCHEMA and no prefill; the HF
     sampler, which cannot, gets the PROPOSER_PREFIX prefill instead (and the prefix is part of the proposal)."""
-    from grpo import Dist
+    from plumbing import Dist
     tok = _tok()
     args = S.parse_args(["--family", "zebra", "--preset", "tiny"])
-    assert args.proposer_grammar == "on"
+    assert args.proposer_grammar is True
     pkgs, stats = S.load_library(os.path.join(ROOT, "data", "selfplay", "zebra"), "zebra")
     reply = ' 2, "attributes": {"Name": ["Ann", "Ben"], "Pet": ["Cat", "Dog"]}, "clues": []}'
 
@@ -543,7 +440,8 @@ def test_proposer_grammar_on_vllm_prefill_on_hf():
     plain = S.chat_ids(tok, S.proposer_messages("zebra", None))
     for sampler, schema, prefix in ((Constraining('{"houses":' + reply), S.TASK_SCHEMA["zebra"], ""),
                                     (HF(), None, S.PROPOSER_PREFIX["zebra"])):
-        _, local, _ = S.propose("t", 2, sampler, FixedReply("no"), tok, pkgs, stats, args, random.Random(0), Dist())
+        P = S.Players(None, None, None, None, None, sampler, None, FixedReply("no"), None, tok)
+        _, local, _ = S.propose("t", 2, P, pkgs, stats, args, random.Random(0), Dist())
         assert sampler.schema == schema
         explore = sampler.prompts[-1]  # the exploration-stream prompt
         assert explore[:len(plain)] == plain and tok.decode(explore[len(plain):]) == prefix
@@ -554,7 +452,7 @@ def test_solver_aid_zebra_grid_schema():
     """--solver-aid on (zebra): each probe is decoded under its own puzzle's grid_schema, which admits the
     solution and any grid of the puzzle's values, and nothing else; off: no schema."""
     import jsonschema  # installed with vllm
-    _, p, sol = S.make_zebra_puzzles(3, ["small"], 1)[0]
+    _, p, sol = make_zebra_puzzles(3, ["small"], 1)[0]
     v = jsonschema.Draft202012Validator(S.grid_schema(p))
     assert v.is_valid(sol)
     a = next(iter(p["attributes"]))
@@ -568,11 +466,11 @@ def test_solver_aid_zebra_grid_schema():
         def generate(self, prompts, n, *args_, **k):
             self.schema = k.get("json_schema")
             return super().generate(prompts, n)
-    args = type("A", (), {"family": "zebra", "solver_aid": "on", "K": 2, "max_new_tokens": 8, "temperature": 1.0})()
+    args = type("A", (), {"family": "zebra", "solver_aid": True, "K": 2, "max_new_tokens": 8, "temperature": 1.0})()
     sampler = Recording(json.dumps(sol))
     S.probe_records("zebra", [rec], sampler, _tok(), args)
     assert sampler.schema == [S.grid_schema(p)] and rec["v_solve"] == pytest.approx(1.0)
-    args.solver_aid = "off"
+    args.solver_aid = False
     S.probe_records("zebra", [dict(rec)], sampler, _tok(), args)
     assert sampler.schema is None
 
@@ -589,7 +487,7 @@ def test_plot_diagnostics_writes_both_figures(tmp_path):
     recs = [{"stream": "skill" if i % 2 else "explore", "x_text": S.render_zebra_prompt(p["example"]), "valid": True,
              "skill": p["name"], "v_solve": 0.5, "R": 1.0} for i, p in enumerate(pkgs)]
     rows = [dict(S.iteration_metrics(recs, recs, pkgs, {}, [], t), iteration=t) for t in (1, 2)]
-    spread = S.plot_diagnostics(str(tmp_path), rows, [recs, []])
+    spread = plot_diagnostics(str(tmp_path), rows, [recs, []])
     assert (tmp_path / "diagnostics.png").stat().st_size > 0 and (tmp_path / "tasks_pca.png").stat().st_size > 0
     assert set(spread) == {"skill", "explore"} and all(v > 0 for v in spread.values())
 
@@ -724,7 +622,7 @@ def test_smoke_two_rank_gloo_and_resume(tmp_path, tiny_model_dir):
     flags = [os.path.join(ROOT, "tests", "selfplay_ddp_check.py"), "--family", "tool", "--preset", "tiny",
              "--model", tiny_model_dir, "--proposer-prompts", "4", "--proposer-G", "2", "--K", "2", "--max-new-tokens", "8",
              "--solver-steps", "1", "--eval-n", "3", "--controller-max-new-tokens", "8", "--prune-min-attempts", "99",
-             "--collect-prompts", "2", "--proposer-sft-steps", "1", "--solver-sft-steps", "1", "--proposer-grammar", "off",
+             "--collect-prompts", "2", "--proposer-sft-steps", "1", "--solver-sft-steps", "1", "--no-proposer-grammar",
              "--sampler", "hf", "--no-autocast", "--no-plots"]
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     env = {**os.environ, **ONE_THREAD}
@@ -798,7 +696,7 @@ def curriculum_records(family):
         skill, explore, outside = by_tool["set_light"], by_tool["search_products"]["example"], by_tool["get_weather"]["example"]
     else:
         skill = min(pkgs, key=lambda p: p["example"]["houses"] * len(p["example"]["attributes"]))
-        explore, outside = [p for _, p, _ in S.make_zebra_puzzles(7, ["small"], 2)]
+        explore, outside = [p for _, p, _ in make_zebra_puzzles(7, ["small"], 2)]
     recs = []
     for stream, task, pkg, v in (("skill", skill["example"], skill, 0.5), ("explore", explore, None, 0.4),
                                  ("explore", outside, None, 0.9)):
@@ -823,7 +721,7 @@ def solver_args(model_dir, family, run_dir, *extra):
     default for zebra is off, as in Table 5; test_eq6 covers that case)."""
     return S.parse_args([
         "--family", family, "--preset", "tiny", "--model", model_dir, "--solver-G", "8", "--solver-batch", "2",
-        "--solver-steps", "1", "--max-new-tokens", "96", "--weight-decay", "0", "--no-autocast", "--solver-aid", "off", "--zebra-band", "on",
+        "--solver-steps", "1", "--max-new-tokens", "96", "--weight-decay", "0", "--no-autocast", "--no-solver-aid", "--zebra-band",
         "--run-dir", str(run_dir), *extra])
 
 
@@ -848,7 +746,8 @@ def prime(model, tok, family, task, steps=100):
     """SFT (grpo.sft_update) on the right answer and on "No." for one task, so the solver's samples for it are
     a mix of reward-1 and reward-0 answers: a group whose rewards vary, hence a nonzero GRPO gradient."""
     import torch
-    from grpo import Dist, sft_update
+    from grpo import sft_update
+    from plumbing import Dist
     args = type("A", (), {"micro_batch": 8, "precision": "fp32", "grad_clip": 1.0})()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
     prompt = S.chat_ids(tok, S.solver_messages(family, task["task"]))
@@ -864,7 +763,7 @@ def test_eq7_solver_phase_trains_on_curriculum(family, tiny_model_dir, tmp_path)
     """Eq. (6) then Eq. (7) on real tasks: the solver sees exactly the in-band valid tasks and never package
     text, its rewards are Eq. 14/15 of its own answers, and an update with varying rewards moves its weights."""
     import torch
-    from grpo import Dist, make_optimizer
+    from plumbing import Dist, make_optimizer
     from plumbing import load_model
     pkgs, recs = curriculum_records(family)
     args = solver_args(tiny_model_dir, family, tmp_path)
@@ -878,7 +777,8 @@ def test_eq7_solver_phase_trains_on_curriculum(family, tiny_model_dir, tmp_path)
     before = {k: v.clone() for k, v in solver.state_dict().items()}
     sampler, opt = RecordingSampler(solver, tok), make_optimizer(solver, args)
     torch.manual_seed(1)
-    D, steps = S.solver_phase(recs, 1, solver, ref, opt, sampler, tok, args, random.Random(0), dist)  # iteration t = 1
+    P = S.Players(None, solver, ref, None, opt, None, sampler, None, None, tok)
+    D, steps = S.solver_phase(recs, 1, P, args, random.Random(0), dist)  # iteration t = 1
     # Eq. (6): the two in-band valid records, the skill stream first; out-of-band and invalid ones are dropped
     assert [id(r) for r in D] == [id(r) for r in in_band]
     # the solver saw x only: exactly the prompts of the curriculum tasks, no package text anywhere
@@ -912,7 +812,7 @@ def test_eq7_solver_phase_trains_on_curriculum(family, tiny_model_dir, tmp_path)
 def test_eq7_empty_curriculum_leaves_solver_untouched(tiny_model_dir, tmp_path):
     """No valid record in the band: D(t) is empty, nothing is sampled, no optimizer step, nothing logged."""
     import torch
-    from grpo import Dist, make_optimizer
+    from plumbing import Dist, make_optimizer
     from plumbing import load_model
     for family in ("tool", "zebra"):
         _, recs = curriculum_records(family)
@@ -921,7 +821,8 @@ def test_eq7_empty_curriculum_leaves_solver_untouched(tiny_model_dir, tmp_path):
         solver, tok = load_model(args.model, Dist(), args.dtype)
         before = {k: v.clone() for k, v in solver.state_dict().items()}
         sampler, opt = RecordingSampler(solver, tok), make_optimizer(solver, args)
-        D, steps = S.solver_phase(outside, 0, solver, None, opt, sampler, tok, args, random.Random(0), Dist())
+        P = S.Players(None, solver, None, None, opt, None, sampler, None, None, tok)
+        D, steps = S.solver_phase(outside, 0, P, args, random.Random(0), Dist())
         assert D == [] and steps == [] and sampler.calls == [] and opt.state_dict()["state"] == {}
         assert all(torch.equal(before[k], v) for k, v in solver.state_dict().items())
         assert not os.path.exists(tmp_path / family / "solver" / "metrics.jsonl")
@@ -931,7 +832,7 @@ def test_eq7_constant_rewards_leave_solver_unchanged(tiny_model_dir, tmp_path):
     """The contrast to the test above: the unprimed random solver scores 0 on every answer, so every group's
     advantages are 0 and (π_θ = π_ref, no weight decay) the GRPO step of Eq. 7 leaves the weights as they were."""
     import torch
-    from grpo import Dist, make_optimizer
+    from plumbing import Dist, make_optimizer
     from plumbing import load_model
     _, recs = curriculum_records("tool")
     args = solver_args(tiny_model_dir, "tool", tmp_path, "--max-new-tokens", "16")
@@ -939,7 +840,8 @@ def test_eq7_constant_rewards_leave_solver_unchanged(tiny_model_dir, tmp_path):
     ref, _ = load_model(args.model, Dist(), args.dtype, trainable=False)  # π^(0), loaded apart as main() does
     before = {k: v.clone() for k, v in solver.state_dict().items()}
     sampler, opt = RecordingSampler(solver, tok), make_optimizer(solver, args)
-    D, (m,) = S.solver_phase(recs, 0, solver, ref, opt, sampler, tok, args, random.Random(0), Dist())
+    P = S.Players(None, solver, ref, None, opt, None, sampler, None, None, tok)
+    D, (m,) = S.solver_phase(recs, 0, P, args, random.Random(0), Dist())
     assert len(D) == 2 and m["reward"] == 0.0 and m["skipped"] == 0.0 and m["n_tokens"] > 0 and m["grad_norm"] == 0.0
     assert all(torch.equal(before[k], v) for k, v in solver.state_dict().items())
 
@@ -960,14 +862,14 @@ def test_forced_grid_tokens_leave_the_solver_loss(tiny_model_dir, tmp_path):
     grpo_update documents what it does then: no step (skipped, weights untouched), while the same batch with
     the mask dropped would move them."""
     import torch
-    from grpo import Dist
+    from plumbing import Dist
     from plumbing import ConstrainedHFSampler, load_model, load_policy
     bench = _forced_bench()
     r = bench.measure(["--model", tiny_model_dir, "--tasks", "8", "--solver-G", "4", "--no-autocast"])
     assert r["n_rollouts"] == 32 and 0 < r["forced"] < r["generated"]
     assert r["off"]["n_tokens"] == r["generated"] and r["on"]["n_tokens"] == r["generated"] - r["forced"]
     assert r["on"]["grad_norm"] > 0 and r["off"]["grad_norm"] > 0 and r["on"]["grad_norm"] != r["off"]["grad_norm"]
-    args = S.parse_args(["--family", "zebra", "--preset", "tiny", "--solver-aid", "on", "--model", tiny_model_dir,
+    args = S.parse_args(["--family", "zebra", "--preset", "tiny", "--solver-aid", "--model", tiny_model_dir,
                          "--solver-G", "4", "--no-autocast", "--run-dir", str(tmp_path)])
     dist = Dist()
     solver, tok = load_policy(args, dist)
@@ -1063,11 +965,11 @@ class Killed(Exception):
 
 def _resume(tmp_path, tiny_model_dir, args):
     """A fresh proposer and solver (and optimizers) loaded by --resume's call; (extra, the two models)."""
-    from grpo import Dist, make_optimizer
+    from plumbing import Dist, make_optimizer
     from plumbing import load_model, resume_checkpoint
     models = {name: load_model(tiny_model_dir, Dist(), args.dtype)[0] for name in ("proposer", "solver")}
     opts = {name: make_optimizer(m, args) for name, m in models.items()}
-    ck = resume_checkpoint(tmp_path, models, opts, Dist(), logs=S.LOGS)
+    ck = resume_checkpoint(tmp_path, models, opts, Dist(), logs=SELFPLAY_LOGS)
     return (ck[1] if ck else None), models
 
 
@@ -1080,14 +982,15 @@ def test_resume_after_a_kill_in_an_iterations_save_uses_the_last_complete_pair(p
     leaves one metrics row per iteration. (A kill at the later points of a commit: tests/test_crash.py.)"""
     import torch
     import plumbing
-    from grpo import Dist, make_optimizer
+    from plumbing import Dist, make_optimizer
     from plumbing import load_model, read_metrics
     args = _tiny_args(tiny_model_dir, tmp_path, "--family", "zebra")
     model, tok = load_model(tiny_model_dir, Dist(), args.dtype)
     opt = make_optimizer(model, args)
     pkgs = _library("zebra")[:1]
     stats = {p["name"]: S.new_stats() for p in pkgs}
-    S.save_iteration(0, _players(model, opt, tok), pkgs, stats, [], [], [{"pool_size": 1}], [["base", {}]], args, Dist())
+    S.save_iteration(0, _players(model, opt, tok), (pkgs, stats, []), [], [{"pool_size": 1}], [["base", {}]], args,
+                     Dist())
     saved = {k: v.clone() for k, v in model.state_dict().items()}
     with torch.no_grad():
         for v in model.parameters():
@@ -1099,7 +1002,7 @@ def test_resume_after_a_kill_in_an_iterations_save_uses_the_last_complete_pair(p
     with monkeypatch.context() as m:
         m.setattr(plumbing, "kill_point", die)
         with pytest.raises(Killed):
-            S.save_iteration(1, _players(model, opt, tok), pkgs, stats, [], [], [{"pool_size": 1}, {"pool_size": 2}],
+            S.save_iteration(1, _players(model, opt, tok), (pkgs, stats, []), [], [{"pool_size": 1}, {"pool_size": 2}],
                              [], args, Dist())
     assert len(open(tmp_path / "metrics.jsonl").readlines()) == 2          # iteration 2's row was logged
     extra, players = _resume(tmp_path, tiny_model_dir, args)
@@ -1107,7 +1010,7 @@ def test_resume_after_a_kill_in_an_iterations_save_uses_the_last_complete_pair(p
     for m_ in players.values():                                             # both from iteration 1's pair
         assert all(torch.equal(saved[k], v) for k, v in m_.state_dict().items())
     assert [json.loads(line)["step"] for line in open(tmp_path / "metrics.jsonl")] == [1]
-    S.save_iteration(1, _players(model, opt, tok), pkgs, stats, [], [], [{"pool_size": 1}, {"pool_size": 2}], [],
+    S.save_iteration(1, _players(model, opt, tok), (pkgs, stats, []), [], [{"pool_size": 1}, {"pool_size": 2}], [],
                      args, Dist())
     assert [json.loads(line)["step"] for line in open(tmp_path / "metrics.jsonl")] == [1, 2]
     assert sorted(read_metrics(tmp_path)) == [1, 2] and checkpoint_extra(tmp_path)["iteration"] == 2
@@ -1117,11 +1020,11 @@ def test_resume_after_a_kill_in_an_iterations_save_uses_the_last_complete_pair(p
 def test_checkpoint_extra_reads_no_optimizer_state(tiny_model_dir, tmp_path, monkeypatch):
     """`extra` lives in its own file (extra.pt): reading it never unpickles an optimizer state (≈ 48 GB at 4B)."""
     import torch
-    from grpo import Dist, make_optimizer
+    from plumbing import Dist, make_optimizer
     from plumbing import load_model
     args = _tiny_args(tiny_model_dir, tmp_path, "--family", "zebra")
     model, tok = load_model(tiny_model_dir, Dist(), args.dtype)
-    S.save_iteration(0, _players(model, make_optimizer(model, args), tok), [], {}, [], [], [{"pool_size": 0}],
+    S.save_iteration(0, _players(model, make_optimizer(model, args), tok), ([], {}, []), [], [{"pool_size": 0}],
                      [["base", {"zebra_cell": 0.5}]], args, Dist())
     real, read = torch.load, []
     monkeypatch.setattr(torch, "load", lambda f, *a, **k: read.append(os.path.basename(f)) or real(f, *a, **k))
@@ -1134,7 +1037,7 @@ def test_resume_cuts_every_log_back_to_the_commit(tiny_model_dir, tmp_path):
     """Resume from iteration 1: the rows written after its commit (main, proposer, solver logs) are dropped, the
     warm-ups' rows (before it) stay; resume with nothing committed drops every row, the warm-ups' too (they run
     again)."""
-    from grpo import Dist, make_optimizer
+    from plumbing import Dist, make_optimizer
     from plumbing import load_model
     args = _tiny_args(tiny_model_dir, tmp_path, "--family", "zebra")
     steps = lambda sub: [json.loads(x)["step"] for x in open(tmp_path / sub / "metrics.jsonl")]
@@ -1146,22 +1049,22 @@ def test_resume_cuts_every_log_back_to_the_commit(tiny_model_dir, tmp_path):
     for sub, ks in (("proposer_sft", [0]), ("solver_sft", [0, 1]), ("proposer", [0, 1]), ("solver", [0, 1, 2])):
         log(sub, ks)
     model, tok = load_model(tiny_model_dir, Dist(), args.dtype)
-    S.save_iteration(0, _players(model, make_optimizer(model, args), tok), [], {}, [], [], [{"pool_size": 0}], [],
+    S.save_iteration(0, _players(model, make_optimizer(model, args), tok), ([], {}, []), [], [{"pool_size": 0}], [],
                      args, Dist())                                          # logs row 1 of the main log, commits
     for sub, ks in (("", [2]), ("proposer", [2, 3]), ("solver", [3, 4, 5])):
         log(sub, ks)                                                        # iteration 2, killed before its commit
     assert _resume(tmp_path, tiny_model_dir, args)[0]["iteration"] == 1
-    assert [steps(s) for s in S.LOGS] == [[1], [0, 1], [0, 1, 2], [0], [0, 1]]
+    assert [steps(s) for s in SELFPLAY_LOGS] == [[1], [0, 1], [0, 1, 2], [0], [0, 1]]
     for f in tmp_path.glob("ckpt*"):
         shutil.rmtree(f)                                                    # nothing committed: a fresh start
     assert _resume(tmp_path, tiny_model_dir, args)[0] is None
-    assert [steps(s) for s in S.LOGS] == [[]] * 5
+    assert [steps(s) for s in SELFPLAY_LOGS] == [[]] * 5
 
 
 def test_save_iteration_rerun_does_not_duplicate_library_changes(tiny_model_dir, tmp_path):
     """A resumed run repeats the iteration whose checkpoint was not written: its change-log lines replace the
     first attempt's instead of being appended a second time; earlier iterations' lines stay."""
-    from grpo import Dist, make_optimizer
+    from plumbing import Dist, make_optimizer
     from plumbing import load_model
     args = _tiny_args(tiny_model_dir, tmp_path, "--family", "zebra")
     model, tok = load_model(tiny_model_dir, Dist(), args.dtype)
@@ -1172,7 +1075,7 @@ def test_save_iteration_rerun_does_not_duplicate_library_changes(tiny_model_dir,
     for t, changes in ((0, [{"iteration": 0, "op": "prune", "skill": "a", "reason": "r"}]),
                        (1, [{"iteration": 1, "op": "refine", "skill": "b", "reason": "r"}]),
                        (1, [{"iteration": 1, "op": "refine", "skill": "b", "reason": "r"}])):  # iteration 1 again
-        S.save_iteration(t, _players(model, opt, tok), pkgs, stats, changes, [], [row], [], args, Dist())
+        S.save_iteration(t, _players(model, opt, tok), (pkgs, stats, changes), [], [row], [], args, Dist())
     lines = [json.loads(line) for line in open(tmp_path / "library_changes.jsonl")]
     assert [(c["iteration"], c["skill"]) for c in lines] == [(0, "a"), (1, "b")]
     assert checkpoint_extra(tmp_path)["iteration"] == 2
@@ -1214,7 +1117,7 @@ def test_novelty_is_checked_against_the_library_before_pruning():
     other = next(p for p in _library("tool") if p["name"] != pkg["name"])
     stats = {old["name"]: dict(S.new_stats(), a_t=10, R_t=0.0), other["name"]: dict(S.new_stats(), a_t=10, R_t=5.0)}
     args = S.parse_args(["--family", "tool", "--preset", "tiny", "--induce-min", "1", "--gamma-induce", "0.5"])
-    from grpo import Dist
+    from plumbing import Dist
     pkgs, stats2, changes = S.evolve_library(0, [old, other], stats, [_explore_record(pkg)],
                                              ListReply([INDUCE_REPLY]), _tok(), args, Dist())
     assert [p["name"] for p in pkgs] == [other["name"]]                    # pruned (Eq. 8) ...
@@ -1248,16 +1151,16 @@ def test_proposer_rewards_are_R_minus_rho_and_minus_one(tmp_path):
     """Eq. 5's reward: R_propose (Eq. 2) − ρ (App. C) for a parsed proposal, --parse-penalty (−1) for an
     unparseable one. Zebra exploration stream: two copies of one unique puzzle (one cluster: ρ = 2/4) probed
     with one right and one wrong grid each (v_solve = ½, R = 1), and two replies that are not JSON."""
-    from grpo import Dist
+    from plumbing import Dist
     args = S.parse_args(["--family", "zebra", "--preset", "tiny", "--unguided", "--proposer-prompts", "2",
-                         "--proposer-G", "2", "--K", "2", "--proposer-grammar", "off", "--solver-aid", "off",
+                         "--proposer-G", "2", "--K", "2", "--no-proposer-grammar", "--no-solver-aid",
                          "--run-dir", str(tmp_path)])
     one = {"houses": 2, "attributes": {"Name": ["Ann", "Ben"], "Pet": ["Cat", "Dog"]},
            "clues": [{"type": "fixed", "a": "Ann", "house": 1}, {"type": "same_house", "a": "Ann", "b": "Dog"}]}
     reply = json.dumps(one)[len(S.PROPOSER_PREFIX["zebra"]):]  # the reply continues the prefilled opening
     grid = json.dumps({"House 1": {"Name": "Ann", "Pet": "Dog"}, "House 2": {"Name": "Ben", "Pet": "Cat"}})
-    rollouts, recs, n_unparsed = S.proposer_round(0, 0, ListReply([reply, "no"]), ListReply([grid, "no"]), _tok(), [],
-                                                  {}, args, random.Random(0), Dist())
+    P = S.Players(None, None, None, None, None, ListReply([reply, "no"]), None, ListReply([grid, "no"]), None, _tok())
+    rollouts, recs, n_unparsed = S.proposer_round(0, 0, P, [], {}, args, random.Random(0), Dist())
     assert n_unparsed == 2 and len(recs) == 2 and len(rollouts) == 4
     for rec in recs:
         assert rec["valid"] and rec["v_solve"] == pytest.approx(0.5) and rec["R"] == pytest.approx(1.0)
@@ -1271,7 +1174,7 @@ def _finished_run(root, arm_flags, seed, cells, recs, sft=None):
     import stats
     args = S.parse_args(["--family", "zebra", "--preset", "tiny", "--T", "1", "--seed", str(seed),
                          "--run-dir", str(root / f"{'-'.join(arm_flags) or 'skill'}-s{seed}"), *arm_flags])
-    from grpo import Dist
+    from plumbing import Dist
     baselines = S.trivial_baselines(args, Dist())
     n = len(S.zebra_heldout(args)[0])
     rows = [("base", 0.0)] + ([("solver SFT", sft)] if sft is not None else []) + [("iter 1", cells)]
@@ -1323,7 +1226,7 @@ def test_prime_proposer_targets_are_the_worked_examples(monkeypatch):
     (tested in test_grpo.py) is replaced by a recorder: what is checked here is the data it is given."""
     import torch
     import grpo
-    from grpo import Dist
+    from plumbing import Dist
     tok, pkgs, seen = _tok(), _library("zebra")[:2], []
     monkeypatch.setattr(grpo, "sft_update", lambda model, opt, examples, *a: seen.extend(examples) or {"sft_loss": 0.0})
     args = S.parse_args(["--family", "zebra", "--proposer-sft-steps", "1", "--run-dir", "/tmp/pt-13-prime"])
@@ -1343,7 +1246,7 @@ def test_proposer_sft_batch_draws_that_many_examples(monkeypatch):
     """--proposer-sft-batch B: each SFT step trains on B of the examples, drawn with a seeded rng."""
     import torch
     import grpo
-    from grpo import Dist
+    from plumbing import Dist
     tok, pkgs, seen = _tok(), _library("zebra")[:3], []
     monkeypatch.setattr(grpo, "sft_update", lambda model, opt, examples, *a: seen.append(examples) or {"sft_loss": 0.0})
     args = S.parse_args(["--family", "zebra", "--proposer-sft-steps", "3", "--proposer-sft-batch", "2",
@@ -1359,7 +1262,7 @@ def test_scripted_tool_tasks_pass_the_gate_and_state_every_argument():
     tasks = S.scripted_tool_tasks(_random.Random(0), 50)
     s0_tools = {t["name"] for p in _library("tool") for t in p["example"]["tools"]}
     for task in tasks:
-        assert S.tool_schema_error(task) is None, task
+        assert tool_schema_error(task) is None, task
         assert all(str(v) in task["dialogue"][0]["content"] for v in task["call"]["arguments"].values())
         assert 2 <= len(task["tools"]) <= 3 and not {t["name"] for t in task["tools"]} & s0_tools
     assert len({S.call_key(t["call"]) for t in tasks}) >= 30
@@ -1370,7 +1273,7 @@ def test_prime_solver_targets_are_the_reference_calls(monkeypatch):
     reply that tool_reward scores as the scripted task's own reference call (R = 1), not merely as its own parse."""
     import torch
     import grpo
-    from grpo import Dist
+    from plumbing import Dist
     tok, seen = _tok(), []
     monkeypatch.setattr(grpo, "sft_update", lambda model, opt, examples, *a: seen.extend(examples) or {"sft_loss": 0.0})
     args = S.parse_args(["--family", "tool", "--preset", "tiny", "--solver-sft-steps", "2", "--solver-sft-tasks", "6",
@@ -1392,14 +1295,14 @@ def test_prime_solver_zebra_targets_are_the_grids_of_puzzles_outside_the_heldout
     the JSON grid that Eq. 15 scores as the full solution (R = 1)."""
     import torch
     import grpo
-    from grpo import Dist
+    from plumbing import Dist
     tok, seen = _tok(), []
     monkeypatch.setattr(grpo, "sft_update", lambda model, opt, examples, *a: seen.extend(examples) or {"sft_loss": 0.0})
     args = S.parse_args(["--family", "zebra", "--preset", "tiny", "--solver-sft-steps", "1", "--solver-sft-tasks", "8",
                          "--run-dir", "/tmp/pt-13-prime-solver"])
     S.prime_solver(torch.nn.Linear(1, 1), tok, args, Dist())
     heldout = {S.render_zebra_prompt(p) for _, p, _ in S.zebra_heldout(args)[0]}
-    puzzles = {S.render_zebra_prompt(p): (p, sol) for _, p, sol in S.make_zebra_puzzles(
+    puzzles = {S.render_zebra_prompt(p): (p, sol) for _, p, sol in make_zebra_puzzles(
         f"{args.data_seed}-solver-sft", S.zebra_heldout(args)[1], 8)}
     assert 1 <= len(seen) <= 8
     for prompt, target in seen:
@@ -1438,8 +1341,8 @@ def _zebra_gold(args):
     puzzles, _ = S.zebra_heldout(args)
     sols = [sol for _, _, sol in puzzles]
     for pkg in _library("zebra"):
-        n, pos = S.count_solutions(pkg["example"], 2)
-        sols.append(S.solution_grid(pkg["example"], pos))
+        n, pos = count_solutions(pkg["example"], 2)
+        sols.append(solution_grid(pkg["example"], pos))
     return puzzles, sols
 
 
@@ -1471,9 +1374,10 @@ class _Engine:
 
 
 def test_heldout_eval_resets_the_prefix_cache_fits_the_budget_and_saves_every_generation(tmp_path):
-    """eval_zebra: the prefix cache is reset before generating, the budget fits the longest held-out gold grid,
-    decoding is greedy in the tiny preset (stated in its help), and every reply is saved, scored, per puzzle."""
-    from grpo import Dist
+    """evaluate (zebra): the prefix cache is reset before generating, the budget fits the longest held-out
+    gold grid, decoding is greedy in the tiny preset (stated in its help), and every reply is saved, scored,
+    per puzzle."""
+    from plumbing import Dist
     args = S.parse_args(["--family", "zebra", "--preset", "tiny", "--rg-eval-n", "0", "--run-dir", str(tmp_path)])
     tok = _tok()
 
@@ -1486,7 +1390,7 @@ def test_heldout_eval_resets_the_prefix_cache_fits_the_budget_and_saves_every_ge
             self.seen.append((len(prompts), n, max_new_tokens, temperature, self.llm.resets, len(k["json_schema"])))
             return super().generate(prompts, n)
     sampler = Recording()
-    res = S.eval_zebra(sampler, tok, args, Dist(), "iter 1")
+    res = S.evaluate(sampler, tok, args, Dist(), "iter 1")
     puzzles, _ = S.zebra_heldout(args)
     budget = S.answer_budget(args, tok, [sol for _, _, sol in puzzles])
     assert sampler.seen == [(len(puzzles), args.eval_samples, budget, 0.0, 1, len(puzzles))]
@@ -1498,7 +1402,7 @@ def test_heldout_eval_resets_the_prefix_cache_fits_the_budget_and_saves_every_ge
 def test_trivial_baselines_are_scored_by_the_same_checker_and_printed(tmp_path, capsys):
     """A constant value per attribute gets exactly 1/N of each puzzle's cells and no grid; listed order is a
     valid grid, right only when the solution is the listed order. Both rows print under every table."""
-    from grpo import Dist
+    from plumbing import Dist
     args = S.parse_args(["--family", "zebra", "--preset", "tiny", "--run-dir", str(tmp_path)])
     rows = S.trivial_baselines(args, Dist())
     assert [name for name, _ in rows] == ["constant", "listed order"]
@@ -1510,7 +1414,7 @@ def test_trivial_baselines_are_scored_by_the_same_checker_and_printed(tmp_path, 
         in_order = all(sol[f"House {h}"][a] == v[h - 1] for a, v in p["attributes"].items() for h in range(1, p["houses"] + 1))
         assert o["valid"] == 1.0 and o["grid"] == float(in_order)
     assert rows[0][1]["zebra_cell"] == pytest.approx(sum(1 / p["houses"] for _, p, _ in puzzles) / len(puzzles))
-    S.print_table([("base", {"zebra_cell": 0.1})], "zebra", rows)
+    S.print_main_table([("base", {"zebra_cell": 0.1})], "zebra", rows)
     out = capsys.readouterr().out
     assert "[constant]" in out and "[listed order]" in out and "base" in out
 

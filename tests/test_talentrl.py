@@ -1,5 +1,5 @@
-"""Tests for talentrl.py: the equations against hand values, the search world,
-the parsers, and a tiny end-to-end run on one and on two gloo ranks."""
+"""Tests for talentrl.py: the equations against hand values, the parsers, phase I and II, evaluation, and a
+tiny end-to-end run on one and on two gloo ranks. The search world's tests: tests/test_tasks_search_world.py."""
 import argparse
 import json
 import os
@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 import talentrl as T  # noqa: E402
+import tasks.search_world as S  # noqa: E402
 
 from conftest import ONE_THREAD  # noqa: E402  (two ranks of two threads on a 2-core CPU ran the smoke ~6x slower)
 
@@ -111,150 +112,9 @@ def test_eq4_route_parser_strict(text, want):
     assert T.parse_route(text, ids) == want
 
 
-# ----- environment -----
-def test_answers_normalise_and_f1():
-    assert T.exact_match("The  Amber Lantern.", "amber lantern") == 1.0
-    assert T.exact_match(None, "x") == 0.0
-    assert T.exact_match("1,234", "1234") == 1.0
-    assert T.f1_score("Amber Lantern Hall", "the Amber Lantern") == pytest.approx(0.8)
-    assert T.f1_score("", "x") == 0.0
-
-
-def test_malformed_actions_are_penalised_not_fatal():
-    task = dict(question="q", answer="Velm")
-    ep = T.new_episode(task)
-    assert "invalid" in T.env_reply(ep, "I think it is Velm.", lambda q: [], 4)
-    assert "invalid" in T.env_reply(ep, "<search></search>", lambda q: [], 4)
-    obs = T.env_reply(ep, "ok <search>hamlet</search>", lambda q: [dict(text="A."), dict(text="B.")], 4)
-    assert obs.strip() == "<information>Doc 1: A. Doc 2: B.</information>"
-    assert T.env_reply(ep, "<answer>velm</answer>", lambda q: [], 4) is None
-    assert ep["n_invalid"] == 2 and ep["n_search"] == 1
-    assert T.episode_return(ep, 0.1) == pytest.approx(0.8)
-    # the step budget ends an episode without an answer: return 0 minus penalties
-    ep = T.new_episode(task)
-    for _ in range(3):
-        assert T.env_reply(ep, "<search>x</search>", lambda q: [], 4) is not None
-    assert T.env_reply(ep, "<search>x</search>", lambda q: [], 4) is None and ep["pred"] is None
-
-
-@pytest.fixture(scope="module")
-def world():
-    w = T.build_world(3, 24, 10, 6, 6, 6, 3)
-    return w, T.render_passages(w), T.build_questions(w, 3, 30, 10)
-
-
-def _naive_answer(w, q):
-    """Recompute the gold answer of a question from the structured world with a plain loop."""
-    e = [w[i] for i in q["support"]]
-    text, t = q["question"], q["qtype"]
-    if text.startswith("Whose creator"):  # a bridge on each side, then compare the creators' birth years
-        return min(e[:2], key=lambda x: w[x["creator"]]["born"])["name"]
-    if t == "comparison":
-        key = "born" if "born" in text else "founded" if "founded" in text else "population"
-        pick = max if key == "population" else min
-        return pick(e, key=lambda x: x[key])["name"]
-    if t == "constrained":
-        return e[1]["name"]
-    if "How old" in text:
-        return str(e[0]["year"] - e[1]["born"])
-    if "How many years" in text:
-        return str(e[0]["founded"] - e[1]["founded"])
-    last = e[-1]
-    if "born?" in text:
-        return str(last["born"]) if "year" in text else w[last["birthplace"]]["name"]
-    for key, rx in (("country", "country"), ("river", "river"), ("elevation", "elevation"), ("population", "population")):
-        if rx in text:
-            return str(last[key])
-    if "headquartered" in text:
-        return w[last["hq"]]["name"]
-    if "take place" in text:
-        return w[last["location"]]["name"]
-    if "created" in text:
-        return w[last["creator"]]["name"]
-    raise AssertionError(text)
-
-
-def test_questions_answerable_unique_and_disjoint(world):
-    w, passages, qs = world
-    text = {p["id"]: p["text"] for p in passages}
-    seen = set()
-    types = set()
-    for split, parts in qs.items():
-        assert parts["test"], split
-        for q in parts["train"] + parts["test"]:
-            types.add(q["qtype"])
-            assert q["question"] not in seen  # train and test never share a question
-            seen.add(q["question"])
-            assert _naive_answer(w, q) == q["answer"]
-            support = " ".join(text[i] for i in q["support"])
-            if q["qtype"] in ("temporal",) and q["answer"].lstrip("-").isdigit() and "population" not in q["question"]:
-                continue  # an arithmetic answer: its operands are in the support passages (checked above)
-            assert q["answer"] in support, q
-    assert types == set(T.QTYPES)
-    # names are unique except for the deliberate homonyms, which differ by occupation
-    names = {}
-    for e in w.values():
-        names.setdefault(e["name"], []).append(e)
-    for n, es in names.items():
-        if len(es) > 1:
-            assert all(x["type"] == "person" and x["shared"] for x in es)
-            assert len({x["occupation"] for x in es}) == len(es)
-
-
-def test_constrained_answer_is_the_only_match(world):
-    w, _, qs = world
-    for q in [q for p in qs.values() for q in p["train"] + p["test"] if q["qtype"] == "constrained"]:
-        creator, year = q["support"][0], int(q["question"].rstrip("?").split()[-1])
-        hits = [e for e in w.values() if e["type"] == "work" and e["creator"] == creator and e["year"] == year]
-        assert [h["name"] for h in hits] == [q["answer"]]
-
-
 @pytest.fixture(scope="module")
 def embedder():
     return T.load_embedder()
-
-
-def test_retrieval_finds_gold_passage_single_hop(world, embedder):
-    w, passages, qs = world
-    P = T.embed(embedder, [p["text"] for p in passages])
-    single = [q for p in qs.values() for q in p["test"] if q["qtype"] in ("single", "longtail", "disambiguation")][:20]
-    hits = sum(q["support"][0] in [d["id"] for d in T.search_corpus(q["question"], passages, P, embedder, 3)]
-               for q in single)
-    assert hits / len(single) >= 0.9
-
-
-# ----- SkillBank and talents -----
-def test_skillbank_and_talents_load(tmp_path):
-    bank, mistakes = T.load_skillbank(T.DATA / "skillbank.json")
-    assert len(bank) == 26 and len({s["skill_id"] for s in bank}) == 26 and mistakes
-    talents = T.load_talents(T.DATA / "talents.json", bank)
-    assert len(talents) == 8 and all(t["skills"] and t["guidance"] and t["description"] for t in talents)
-    # every skill belongs to at least one talent (App. B: 26 distinct referenced skills)
-    assert {s for t in talents for s in t["skills"]} == {s["skill_id"] for s in bank}
-    # a SkillRL-format bank from elsewhere: unknown categories load, missing associations drop
-    other = {"general_skills": [{"skill_id": "g1", "title": "t", "principle": "p", "when_to_apply": "w"}],
-             "task_specific_skills": {"webshop": [{"skill_id": "w1", "title": "t2", "principle": "p2"}]}}
-    f = tmp_path / "bank.json"
-    f.write_text(json.dumps(other))
-    b2, m2 = T.load_skillbank(f)
-    assert [s["skill_id"] for s in b2] == ["g1", "w1"] and b2[1]["category"] == "webshop" and m2 == other
-    with pytest.warns(UserWarning, match="talent_bridge_entity: links to .*'mul_005'"):
-        assert all(t["skills"] == [] for t in T.load_talents(T.DATA / "talents.json", b2))
-    T.save_skillbank(tmp_path / "out.json", b2, m2)
-    assert T.load_skillbank(tmp_path / "out.json")[0] == b2
-
-
-def test_broken_skillbank_gives_clear_error(tmp_path):
-    f = tmp_path / "bad.json"
-    f.write_text("{not json")
-    with pytest.raises(ValueError, match="SkillBank"):
-        T.load_skillbank(f)
-    f.write_text(json.dumps({"general_skills": [{"skill_id": "x", "title": "t"}]}))
-    with pytest.raises(ValueError, match="principle"):
-        T.load_skillbank(f)
-    f.write_text(json.dumps([1, 2]))
-    with pytest.raises(ValueError, match="general_skills"):
-        T.load_skillbank(f)
 
 
 def test_proposed_skill_parser_tolerates_garbage():
@@ -262,18 +122,6 @@ def test_proposed_skill_parser_tolerates_garbage():
     assert T.parse_proposed_skills('[{"title": "a"}]') == []
     got = T.parse_proposed_skills('Sure! [{"title": "Check years", "principle": "Search each year.", "when_to_apply": "dates"}]')
     assert got == [dict(title="Check years", principle="Search each year.", when_to_apply="dates")]
-
-
-def test_scripted_teacher_reads_facts():
-    doc = ("<information>Doc 1: The Iron Tide. The Iron Tide is an album released in 1950 by the composer Ka Vel. "
-           "Doc 2: Ka Vel (composer). Ka Vel was a composer born in 1920 in Osk, Dalmiria. Known works: The Iron Tide.</information>")
-    facts = T.read_facts(doc)
-    assert T.scripted_answer("How old was the creator of The Iron Tide in the year it was released?", facts, {"arith"}) == "30"
-    assert T.scripted_answer("Where was the creator of the album The Iron Tide born?", facts, {"follow"}) == "Osk"
-    # without the talent's move the teacher reads naively: a year copied instead of the age computed
-    assert T.scripted_answer("How old was the creator of The Iron Tide in the year it was released?", facts) == "1950"
-    assert T.scripted_answer("Where was Nobody born?", facts, {"check"}) is None  # verification checks the name
-    assert T.scripted_answer("Where was Nobody born?", facts) == "Osk"  # the naive reader does not
 
 
 def test_phase1_keeps_positive_utility_tasks_with_routing_and_execution_targets(embedder):
@@ -409,35 +257,6 @@ def test_return_is_the_task_score_alone_by_default(preset):
     assert T.episode_return(ep, args.invalid_penalty) == 0.0
 
 
-def _skill(i, **extra):
-    return dict(skill_id=f"s{i}", title=f"title {i}", principle=f"principle {i}", when_to_apply=f"when {i}", **extra)
-
-
-@pytest.mark.parametrize("section", ["query_type_skills", "task_specific_skills"])
-def test_skillrl_bank_layouts_load_whole_and_round_trip(section, tmp_path):
-    # SkillRL's search bank keeps per-type skills under query_type_skills, its ALFWorld bank under
-    # task_specific_skills; both carry fields the loader does not use (metadata, extra skill keys)
-    raw = {"metadata": {"source": "skillrl", "version": 3}, "general_skills": [_skill(0), _skill(1, source_type="x")],
-           section: {"multi_hop": [_skill(2), _skill(3)], "comparison": [_skill(4)], "empty": []},
-           "common_mistakes": [{"mistake_id": "m1", "description": "d"}]}
-    f = tmp_path / "bank.json"
-    f.write_text(json.dumps(raw))
-    bank, kept = T.load_skillbank(f)
-    assert [s["skill_id"] for s in bank] == [f"s{i}" for i in range(5)]
-    assert [s["category"] for s in bank] == ["general", "general", "multi_hop", "multi_hop", "comparison"]
-    T.save_skillbank(tmp_path / "out.json", bank, kept)
-    assert json.loads((tmp_path / "out.json").read_text()) == raw  # a load → save round trip changes nothing
-    # a skill added by evolution joins the bank's own per-type section
-    T.save_skillbank(tmp_path / "grown.json", bank + [dict(_skill(9), category="bridge")], kept)
-    grown = json.loads((tmp_path / "grown.json").read_text())
-    assert grown[section]["bridge"] == [_skill(9)] and set(grown) == set(raw)
-    # talent links to skills of the per-type section survive; a missing one is named in a warning
-    talents = tmp_path / "talents.json"
-    talents.write_text(json.dumps([dict(talent_id="talent_x", description="d", guidance="g", skills=["s2", "s4", "gone"])]))
-    with pytest.warns(UserWarning, match=r"talent_x: links to \['gone'\]"):
-        assert T.load_talents(talents, bank)[0]["skills"] == ["s2", "s4"]
-
-
 class RecordingSampler:
     """Records the temperatures it is asked for; routes and answers with fixed strings."""
 
@@ -471,7 +290,7 @@ def test_evaluation_on_two_ranks_counts_what_one_process_counts(tiny_world, tok,
     args, W = tiny_world
     tasks = [q for s in T.SPLITS for q in W.questions[s]["test"][:2]]
     one, _ = T.evaluate(RecordingSampler(tok), tok, W, tasks, True, args, T.setup_distributed())
-    shares = {}  # each rank's outcomes, as grpo.gather_objects would concatenate them in rank order
+    shares = {}  # each rank's outcomes, as plumbing.gather_objects would concatenate them in rank order
     monkeypatch.setattr(T, "gather_objects", lambda items, dist: shares.setdefault(dist.rank, items))
     for rank in (0, 1):
         T.evaluate(RecordingSampler(tok), tok, W, tasks, True, args, types.SimpleNamespace(rank=rank, world=2))
@@ -502,7 +321,7 @@ def test_phase1_draws_every_question_type_the_evaluation_uses(tiny_world):
     train = [q for s in T.SPLITS for q in W.questions[s]["train"]]
     sft, rl = T.split_pools(train, args.sft_tasks)
     test_types = {q["qtype"] for s in T.SPLITS for q in W.questions[s]["test"]}
-    assert {q["qtype"] for q in sft} == test_types == set(T.QTYPES)
+    assert {q["qtype"] for q in sft} == test_types == set(S.QTYPES)
     assert {q["split"] for q in rl} <= set(T.TRAIN_SPLITS) and not {q["question"] for q in sft} & {q["question"] for q in rl}
 
 
@@ -779,7 +598,16 @@ def test_route_temperature_other_than_the_training_temperature_is_refused():
     args = T.parse_with_preset(T.build_parser(), T.PRESETS, argv=["--preset", "tiny", "--route-temperature", "1.0"])
     T.check_args(args)  # equal to --temperature: fine
     T.check_args(T.parse_with_preset(T.build_parser(), T.PRESETS, argv=["--preset", "tiny", "--route-temperature", "0.7",
-                                                                          "--rl-steps", "0"]))  # no RL: nothing log-probed
+                                                                          "--steps", "0"]))  # no RL: nothing log-probed
+
+
+@pytest.mark.parametrize("old,new", list(T.RENAMED.items()))
+def test_old_flag_names_give_a_one_line_hint(old, new, capsys):
+    with pytest.raises(SystemExit):
+        T.parse_with_preset(T.build_parser(), T.PRESETS, argv=["--preset", "tiny", old, "1"])
+    assert f"{old} is now {new}" in capsys.readouterr().err
+    args = T.parse_with_preset(T.build_parser(), T.PRESETS, argv=["--preset", "tiny", new, "1"])
+    assert getattr(args, new.lstrip("-").replace("-", "_")) == 1
 
 
 def test_routing_rationales_are_grounded_in_the_question(tiny_world):
@@ -819,9 +647,9 @@ def test_routing_accuracy_against_c_star_and_the_majority_router():
 # ----- smoke: tiny end to end on two gloo ranks, then a resume that recomputes every row -----
 # 28 SFT tasks (4 per question type), 1 epoch of original rows, 3 of talent-selection rows at 5e-4, no execution
 # rows, no zero-shot row, 2 test questions per split, 2 actions per episode
-SMOKE = ["--preset", "tiny", "--n-test", "2", "--n-train", "60", "--sft-tasks", "28", "--sft-epochs", "1", "--route-epochs", "3",
+SMOKE = ["--preset", "tiny", "--eval-n", "2", "--n-train", "60", "--sft-tasks", "28", "--sft-epochs", "1", "--route-epochs", "3",
          "--exec-epochs", "0", "--no-zero-shot", "--sft-lr", "5e-4", "--max-steps", "2", "--topk-docs", "2", "--K", "2",
-         "--k-reduced", "1", "--rl-steps", "1", "--tasks-per-step", "2", "--G", "2", "--evolve-every", "1", "--val-tasks", "2",
+         "--k-reduced", "1", "--steps", "1", "--prompts-per-step", "2", "--G", "2", "--evolve-every", "1", "--val-tasks", "2",
          "--evolve-max-tokens", "16", "--max-new-tokens", "48", "--sampler", "hf"]
 
 

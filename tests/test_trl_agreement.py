@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import grpo
+import plumbing
 
 import trl.trainer.grpo_trainer as trl_grpo  # requirements.txt: trl (a test dependency)
 import trl.trainer.utils as trl_utils
@@ -114,4 +115,4 @@ def test_group_advantages_equal_trl_and_verl_formulas():
 def test_token_entropy_equals_trl_entropy_from_logits():
     logits = torch.randn(5, 300, generator=torch.Generator().manual_seed(1))
     for tau in (1.0, 0.7):
-        assert torch.allclose(grpo.token_entropy(logits, tau), trl_utils.entropy_from_logits(logits / tau), atol=1e-5)
+        assert torch.allclose(plumbing.token_entropy(logits, tau), trl_utils.entropy_from_logits(logits / tau), atol=1e-5)

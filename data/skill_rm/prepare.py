@@ -8,10 +8,11 @@ where it can produce them:
   code         HumanEval: the canonical solution vs. mutants and model samples that fail the tests;
   focus        a short correct answer vs. a long, polished, wrong one (style bias);
 and best-of-N pools: N policy samples per math / instruction prompt, true score by the checker.
-Every split draws from its own seeds and tasks (skill_rm.math_items, skill_rm.split_tasks).
+Every split draws from its own seeds and tasks (tasks/reward_bench.py: math_items, split_tasks).
 
-  python data/skill_rm/prepare.py --preset tiny --per-cat 12 --bon-N 8     (~3 min on a 2-core CPU)
+  python data/skill_rm/prepare.py --preset tiny --per-cat 12 --bon-N 8
 """
+import argparse
 import random
 import re
 import sys
@@ -20,11 +21,14 @@ import zlib
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from grpo import chat_ids, parse_with_preset, setup_distributed  # noqa: E402
-from plumbing import load_policy, make_sampler  # noqa: E402
+from grpo import add_grpo_args, chat_ids, parse_with_preset  # noqa: E402
+from plumbing import load_policy, make_sampler, setup_distributed  # noqa: E402
 from sandbox import CODE_IMPORTS, run_sandboxed  # noqa: E402
-from skill_rm import (MATH_SPLITS, PRESETS, break_response, build_parser, constraint_scores, if_prompts, math_items,  # noqa: E402
-                      math_pair, polished_wrong, read_jsonl, repair_response, write_jsonl)
+from tasks.reward_bench import (DATA, MATH_SPLITS, break_response, constraint_scores, if_prompts,  # noqa: E402
+                                math_items, math_pair, polished_wrong, read_jsonl, repair_response, write_jsonl)
+
+# skill_rm.py's presets, the part that samples the candidates: the tiny preset's sampler, length and pool size
+PRESETS = {"tiny": dict(sampler="auto", max_new_tokens=48, bon_N=4), "paper": {}}
 
 
 CODE_MUTATIONS = [(" < ", " <= "), (" <= ", " < "), (" > ", " >= "), (" >= ", " > "), (" == ", " != "),
@@ -165,6 +169,17 @@ def math_bench_items(seed, n, rng):
         out.append({"id": f"math-{k}", "category": "math", "prompt": m["prompt"], "chosen": chosen,
                     "rejected": rejected, "meta": {"answer": m["answer"]}})
     return out
+
+
+def build_parser():
+    """The policy's flags (grpo.add_grpo_args, with skill_rm.py's defaults) and the files and pools to write."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_grpo_args(p)
+    p.set_defaults(G=4, max_new_tokens=1024)  # as skill_rm.py
+    p.add_argument("--bench", default=str(DATA / "bench.jsonl"), help="benchmark file; bon_pools.jsonl beside it")
+    p.add_argument("--bon-N", type=int, default=8, help="pool size N (paper: 10)")
+    p.add_argument("--bon-temperature", type=float, default=1.0, help="policy temperature for the pools")
+    return p
 
 
 def main(argv=None):

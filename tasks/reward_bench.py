@@ -1,0 +1,685 @@
+"""The world of Skill-RM (skill_rm.py): verifiable instructions and their hidden checkers, the arithmetic
+items, the answers built from checkers (chosen / rejected), the judge-SFT split, the benchmark files, the
+JETTS knockout with its baselines random@N and oracle@N, the benchmark's presentation and answer contract
+(and the plain judge's prompt), the judgment record JudgeTask with the benchmark's and the SFT split's
+judgments, and the scripted judge that knows the label (the tables' upper bound, the source of SFT traces).
+
+    p = if_prompts(seed, n, "train")[0]                 # {"prompt": ..., "constraints": [{"type": ...}, ...]}
+    constraint_scores(p["constraints"], response)       # the hidden checkers: {"checks", "all", "frac"}
+    ifeval_check(c, response)                           # IFEval's own checker (the held-out evaluation)
+    items = select_items(read_jsonl(DATA / "bench.jsonl"), per_cat, seed)
+
+Every split (bench, bon, sft, train, test) draws from its own tasks and seeds, so no prompt is in two.
+data/skill_rm/prepare.py builds bench.jsonl and bon_pools.jsonl with these functions.
+"""
+import functools
+import json
+import random
+import re
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from plumbing import json_text
+
+DATA = Path(__file__).resolve().parent.parent / "data" / "skill_rm"
+
+# --- verifiable instructions (their checkers follow) ---
+
+IF_TASKS = [
+    "Write a short note about the ocean.", "Describe a rainy day in a city.",
+    "Explain why people enjoy gardening.", "Give advice to someone starting a new job.",
+    "Describe your favourite kind of breakfast.", "Write a short story about a lost key.",
+    "Explain how a bicycle works.", "Describe a walk in the forest.",
+    "Write a message inviting a friend to dinner.",
+    "Explain why sleep is important.", "Describe a busy market.", "Write a thank-you note to a teacher.",
+    "Explain what a library is for.", "Describe the moon at night.", "Give tips for learning a new language.",
+    "Write a short poem about winter.", "Explain how to make tea.", "Describe a train journey.",
+    "Write a product description for a water bottle.", "Explain why exercise helps.",
+    "Describe a summer festival.",
+    "Write a short review of a fictional cafe.", "Explain how plants grow.", "Describe an old house.",
+    "Write a note to a neighbour about a lost cat.", "Explain what a map is used for.",
+    "Describe a snowy mountain village.", "Give advice for a long flight.",
+    "Write a short speech for a birthday.",
+    "Explain why bees matter.", "Describe a quiet morning.", "Write a short letter to your future self.",
+]
+# test instructions use their own tasks (never seen in training) and add constraint types training never sees
+IF_TEST_TASKS = [
+    "Describe a lighthouse on a stormy night.", "Explain how a compass works.",
+    "Write a short note about autumn leaves.", "Give advice for a first camping trip.",
+    "Describe a crowded train station.", "Explain why people keep diaries.",
+    "Write a short message to a new colleague.", "Describe the smell of fresh bread.",
+]
+HELD_OUT_GROUPS = [("title", "postscript")]  # test-only constraint types (IFEval's title and P.S. checks)
+KEYWORDS = ["river", "lamp", "garden", "coffee", "window", "music", "friend", "bridge", "candle", "stone"]
+BANNED = ["very", "really", "good", "nice", "thing"]
+END_PHRASES = ["Is there anything else I can help with?", "That is all.", "Thank you for reading."]
+START_WORDS = ["Today", "Honestly", "Imagine"]
+# groups of mutually exclusive constraint types (at most one per group in a prompt)
+CONSTRAINT_GROUPS = [("lowercase", "uppercase"), ("max_words", "min_words", "bullets"), ("include_keyword",),
+                     ("exclude_word",), ("end_phrase", "quotes"), ("start_word",), ("no_commas",)]
+
+
+def render_constraint(c):
+    """The natural-language form the policy and the judge see."""
+    t = c["type"]
+    return {"lowercase": "Your entire response must be in lowercase letters; no capital letters are allowed.",
+            "uppercase": "Your entire response must be in English capital letters only.",
+            "max_words": f"Answer in at most {c.get('n')} words.",
+            "min_words": f"Answer with at least {c.get('n')} words.",
+            "bullets": f"Your answer must contain exactly {c.get('n')} bullet points, each starting with "
+                       "'* '.",
+            "include_keyword": f"Include the word \"{c.get('word')}\" in your response.",
+            "exclude_word": f"Do not use the word \"{c.get('word')}\" anywhere in your response.",
+            "end_phrase": f"End your response with the exact phrase \"{c.get('phrase')}\". "
+                          "No other words should follow it.",
+            "quotes": "Wrap your entire response in double quotation marks.",
+            "start_word": f"Start your response with the word \"{c.get('word')}\".",
+            "no_commas": "Do not use any commas in your response.",
+            "title": "Your answer must contain a title, wrapped in double angular brackets, such as "
+                     "<<poem of joy>>.",
+            "postscript": "At the end of your response, please explicitly add a postscript starting with P.S."
+            }.get(t, f"(unknown constraint {t})")
+
+
+def make_if_prompt(rng, n_constraints, tasks=IF_TASKS, held_out=False):
+    """One instruction: a task plus n constraints from distinct groups, with their specs; held_out
+    makes the first constraint a test-only type."""
+    task = rng.choice(tasks)
+    cons = []
+    groups = rng.sample(CONSTRAINT_GROUPS, n_constraints - 1 if held_out else n_constraints)
+    for group in (rng.sample(HELD_OUT_GROUPS, 1) if held_out else []) + groups:
+        t = rng.choice(group)
+        c = {"type": t}
+        if t in ("max_words",):
+            c["n"] = rng.choice([20, 30, 40])
+        elif t == "min_words":
+            c["n"] = rng.choice([40, 60])
+        elif t == "bullets":
+            c["n"] = rng.choice([2, 3])
+        elif t == "include_keyword":
+            c["word"] = rng.choice(KEYWORDS)
+        elif t == "exclude_word":
+            c["word"] = rng.choice(BANNED)
+        elif t == "end_phrase":
+            c["phrase"] = rng.choice(END_PHRASES)
+        elif t == "start_word":
+            c["word"] = rng.choice(START_WORDS)
+        cons.append(c)
+    prompt = task + " " + " ".join(render_constraint(c) for c in cons)
+    return {"prompt": prompt, "constraints": cons}
+
+
+IF_SPLITS = ("bench", "bon", "sft", "train", "test")
+
+
+def split_tasks(split):
+    """The tasks a split's instruction prompts use, disjoint across splits (so no prompt is in two):
+    test has its own IF_TEST_TASKS; bench, bon and sft take every 6th of IF_TASKS; train the other half."""
+    if split not in IF_SPLITS:
+        raise ValueError(f"unknown split '{split}' (one of {', '.join(IF_SPLITS)})")
+    if split == "test":
+        return IF_TEST_TASKS
+    if split == "train":
+        return [t for k, t in enumerate(IF_TASKS) if k % 6 >= 3]
+    return IF_TASKS[("bench", "bon", "sft").index(split)::6]
+
+
+def if_prompts(seed, n, split):
+    """Deterministic instruction prompts from the split's own tasks (split_tasks); every other test
+    prompt has a constraint type no other split has."""
+    rng = random.Random(f"{split}-{seed}")
+    if split == "test":
+        return [make_if_prompt(rng, rng.choice([1, 2, 2, 3]), IF_TEST_TASKS, held_out=k % 2 == 0)
+                for k in range(n)]
+    return [make_if_prompt(rng, rng.choice([1, 2, 2, 3]), split_tasks(split)) for _ in range(n)]
+
+
+# --- the checkers (hidden from every judge and reward) ---
+
+def _words(text):
+    return re.findall(r"[A-Za-z0-9']+", text)
+
+
+def check_constraint(c, response):
+    """Deterministic checker of one constraint (IFEval-style); unknown type → False."""
+    r, t = response.strip(), c.get("type")
+    if t == "lowercase":
+        return r == r.lower() and any(ch.isalpha() for ch in r)
+    if t == "uppercase":
+        return r == r.upper() and any(ch.isalpha() for ch in r)
+    if t == "max_words":
+        return len(_words(r)) <= c["n"]
+    if t == "min_words":
+        return len(_words(r)) >= c["n"]
+    if t == "bullets":
+        return len([l for l in r.splitlines() if re.match(r"^\s*\*\s", l)]) == c["n"]
+    if t == "include_keyword":
+        return re.search(r"\b" + re.escape(c["word"]) + r"\b", r, re.I) is not None
+    if t == "exclude_word":
+        return re.search(r"\b" + re.escape(c["word"]) + r"\b", r, re.I) is None
+    if t == "end_phrase":
+        return r.lower().endswith(c["phrase"].lower())
+    if t == "quotes":
+        return len(r) > 1 and r[0] == '"' and r[-1] == '"'
+    if t == "start_word":
+        w = _words(r)
+        return bool(w) and w[0].lower() == c["word"].lower()
+    if t == "no_commas":
+        return "," not in r
+    if t == "title":
+        return re.search(r"<<[^\n]+>>", r) is not None
+    if t == "postscript":
+        return re.search(r"^\s*P\.S\.", r, re.M) is not None
+    return False
+
+
+def constraint_scores(constraints, response, check=check_constraint):
+    """Per-constraint pass/fail, the prompt-level 'all pass' and the satisfied fraction."""
+    ok = [check(c, response) for c in constraints]
+    return {"checks": ok, "all": float(all(ok)), "frac": sum(ok) / max(len(ok), 1)}
+
+
+# The held-out evaluation uses IFEval's own instruction checkers (Google's registry, as shipped in lm-eval),
+# not the training checks above: our constraint type -> (IFEval instruction id, its build_description kwargs).
+# IFEval has no "start with the word X" (its first-word check also fixes the paragraph count): start_word
+# keeps ours.
+IFEVAL_IDS = {
+    "lowercase": ("change_case:english_lowercase", lambda c: {}),
+    "uppercase": ("change_case:english_capital", lambda c: {}),
+    "max_words": ("length_constraints:number_words",
+                  lambda c: {"num_words": c["n"] + 1, "relation": "less than"}),
+    "min_words": ("length_constraints:number_words", lambda c: {"num_words": c["n"], "relation": "at least"}),
+    "bullets": ("detectable_format:number_bullet_lists", lambda c: {"num_bullets": c["n"]}),
+    "include_keyword": ("keywords:existence", lambda c: {"keywords": [c["word"]]}),
+    "exclude_word": ("keywords:forbidden_words", lambda c: {"forbidden_words": [c["word"]]}),
+    "end_phrase": ("startend:end_checker", lambda c: {"end_phrase": c["phrase"]}),
+    "quotes": ("startend:quotation", lambda c: {}),
+    "no_commas": ("punctuation:no_comma", lambda c: {}),
+    "title": ("detectable_format:title", lambda c: {}),
+    "postscript": ("detectable_content:postscript", lambda c: {"postscript_marker": "P.S."}),
+}
+
+
+@functools.cache
+def ifeval_registry():
+    """lm-eval's `instructions_registry.INSTRUCTION_DICT`, imported without lm-eval's task manager: lm-eval
+    is installed --no-deps (its evaluator needs sacrebleu, datasets, ...), so `lm_eval.tasks` is bound to its
+    folder before the import instead of running its __init__. IFEval's case checks use langdetect: seeded,
+    so exact."""
+    import importlib.util
+    import sys
+    import types
+    import langdetect
+    langdetect.DetectorFactory.seed = 0
+    if "lm_eval.tasks" not in sys.modules:
+        tasks = types.ModuleType("lm_eval.tasks")
+        tasks.__path__ = [str(Path(importlib.util.find_spec("lm_eval").origin).parent / "tasks")]
+        sys.modules["lm_eval.tasks"] = tasks
+    from lm_eval.tasks.ifeval import instructions_registry
+    return instructions_registry.INSTRUCTION_DICT
+
+
+def ifeval_check(c, response):
+    """IFEval's checker of one constraint (ours for a type IFEval lacks); a malformed spec or a checker that
+    raises on the response is False (model output is hostile input)."""
+    if not isinstance(c, dict) or not isinstance(response, str):
+        return False
+    # outside the try: a missing lm-eval is an ImportError, not every check False
+    registry = ifeval_registry()
+    try:
+        if c.get("type") not in IFEVAL_IDS:
+            return bool(check_constraint(c, response))
+        iid, kwargs = IFEVAL_IDS[c["type"]]
+        checker = registry[iid](iid)
+        checker.build_description(**kwargs(c))
+        return bool(checker.check_following(response))
+    except Exception:  # noqa: BLE001 -- a checker's assert or regex error on hostile text is a failed check
+        return False
+
+
+# --- answers built from a prompt's checkers (the SFT split; data/skill_rm/prepare.py too) ---
+
+def repair_response(constraints, text):
+    """Edit a model response until it satisfies every constraint (builds 'chosen' answers from real
+    outputs)."""
+    words = text.replace("\n", " ").split()
+    types = {c["type"]: c for c in constraints}
+    for c in constraints:
+        if c["type"] == "exclude_word":
+            words = [w for w in words if re.sub(r"\W", "", w).lower() != c["word"]]
+    if "max_words" in types:
+        extra = sum(len(_words(types[k].get("word", types[k].get("phrase", ""))))
+                    for k in ("include_keyword", "end_phrase", "start_word") if k in types)
+        words = words[:max(types["max_words"]["n"] - extra - 2, 3)]
+    if "min_words" in types:
+        filler = "This matters because small details shape how we see the world around us every day".split()
+        while len(_words(" ".join(words))) < types["min_words"]["n"] + 2:
+            words += filler
+    out = " ".join(words).strip()
+    if "no_commas" in types:
+        out = out.replace(",", "")
+    if "include_keyword" in types and not check_constraint(types["include_keyword"], out):
+        out += f" It reminds me of a {types['include_keyword']['word']}."
+    if "start_word" in types and not check_constraint(types["start_word"], out):
+        out = types["start_word"]["word"] + " " + out
+    if "bullets" in types:
+        sents = [s.strip() for s in re.split(r"(?<=[.!?])\s+", out) if s.strip()] or [out]
+        n = types["bullets"]["n"]
+        sents = (sents * n)[:n] if len(sents) < n else sents[:n - 1] + [" ".join(sents[n - 1:])]
+        out = "\n".join("* " + s.replace("*", "") for s in sents)
+    if "end_phrase" in types and not check_constraint(types["end_phrase"], out):
+        out = out.rstrip() + " " + types["end_phrase"]["phrase"]
+    if "quotes" in types:
+        out = '"' + out.replace('"', "'") + '"'
+    if "lowercase" in types:
+        out = out.lower()
+    if "uppercase" in types:
+        out = out.upper()
+    return out
+
+
+def break_response(constraint, text, rng):
+    """Edit a response so that it violates `constraint` (builds 'rejected' answers)."""
+    t = constraint["type"]
+    if t == "lowercase":
+        return "The " + text if text else "The End"
+    if t == "uppercase":
+        return text + " thank you."
+    if t == "max_words":
+        return text + " " + " ".join(["Also, there is much more to say about this topic."] * 8)
+    if t == "min_words":
+        return " ".join(text.split()[:8])
+    if t == "bullets":
+        return text + "\n* One more point."
+    if t == "include_keyword":
+        return re.sub(r"\b" + re.escape(constraint["word"]) + r"\b", "thing", text, flags=re.I)
+    if t == "exclude_word":
+        return text + f" It is {constraint['word']}."
+    if t == "end_phrase":
+        return text + " Have a great day."
+    if t == "quotes":
+        return text.strip('"')
+    if t == "start_word":
+        return "Well, " + text
+    if t == "no_commas":
+        return text.replace(". ", ", and ", 1) if ". " in text else text + ", indeed"
+    return text + " ?"
+
+
+MATH_SPLITS = ("bench-math", "bench-focus", "bon-math", "sft-math", "sft-focus")
+
+
+def math_items(split, seed, n):
+    """reasoning-gym chain_sum problems (1-2 digits, 2-3 terms) with their gold answers, disjoint across
+    splits: reasoning-gym seeds item i with seed + i, so each (split, seed) reads its own seed range,
+    (split index + 1)·10⁸ + 10⁴·seed; and as small problems recur under any seed, a split keeps only
+    the problems whose prompt hashes to it (crc32 mod the number of splits)."""
+    import reasoning_gym
+    if not (0 <= seed < 10_000 and n <= 1000):
+        raise ValueError(f"math_items: seed {seed} / n {n} outside the split's range "
+                         "(seed < 10000, n ≤ 1000)")
+    k = MATH_SPLITS.index(split)
+    ds = reasoning_gym.create_dataset("chain_sum", seed=(k + 1) * 10 ** 8 + 10_000 * seed, size=10 * n,
+                                      min_terms=2, max_terms=3, min_digits=1, max_digits=2)
+    out, seen = [], set()
+    for e in ds:
+        prompt = e["question"] + " Give the final answer as a number."
+        if zlib.crc32(prompt.encode()) % len(MATH_SPLITS) == k and prompt not in seen:
+            seen.add(prompt)
+            out.append({"prompt": prompt, "answer": str(e["answer"]), "entry": e, "ds": ds})
+        if len(out) == n:
+            return out
+    raise ValueError(f"math_items: only {len(out)} of {n} problems of split {split} in its seed range")
+
+
+MATH_STYLES = [  # chosen and rejected answers of one item share a style: only the value differs
+    "{expr} = {v}. The answer is {v}.",
+    "Adding the terms from left to right gives {v}. So {expr} = {v}, and the final answer is {v}.",
+    "Let me compute it step by step: {expr} = {v}.\nFinal answer: {v}",
+]
+
+
+def math_pair(m, rng):
+    """One math item: the correct worked answer and three wrong ones in the same style."""
+    style, expr, v = rng.choice(MATH_STYLES), m["entry"]["metadata"]["expression"], int(m["answer"])
+    wrong = rng.sample([v + d for d in (-10, -3, -2, -1, 1, 2, 3, 10)], 3)
+    return style.format(expr=expr, v=v), [style.format(expr=expr, v=w) for w in wrong]
+
+
+def polished_wrong(answer, rng):
+    """A long, confident, well-formatted answer with a wrong final number (style-bias case)."""
+    wrong = int(float(answer)) + rng.choice([-3, -2, -1, 1, 2, 3])
+    return ("Great question! Let's work through this carefully, step by step, so that nothing is missed.\n\n"
+            "**Step 1.** Read the expression from left to right and keep track of every sign.\n"
+            "**Step 2.** Combine the terms one at a time, double-checking each intermediate result.\n"
+            "**Step 3.** Verify the total once more to be completely sure.\n\n"
+            f"Putting it all together, the final answer is **{wrong}**. I am confident this is correct, and "
+            "I hope this detailed explanation helps!")
+
+
+def sft_items(seed, n):
+    """Judge-SFT split, built without a model from seeds the benchmark never uses: precise_if (a
+    repaired answer vs. one with a constraint broken), math (same-style pairs), focus (short
+    right vs. polished wrong); n items per category."""
+    rng, items = random.Random(f"sft-{seed}"), []
+    for k, p in enumerate(if_prompts(seed, n, "sft")):
+        base = rng.choice(["I think this is a lovely idea and I would enjoy it a lot.",
+                           "Here is my answer. It is short and clear, and it covers the main point."])
+        chosen = repair_response(p["constraints"], base)
+        rejected = [break_response(c, chosen, rng) for c in rng.choices(p["constraints"], k=3)]
+        items.append({"id": f"sft-if-{k}", "category": "precise_if", "prompt": p["prompt"], "chosen": chosen,
+                      "rejected": rejected, "meta": {"constraints": p["constraints"]}})
+    for k, m in enumerate(math_items("sft-math", seed, n)):
+        chosen, rejected = math_pair(m, rng)
+        items.append({"id": f"sft-math-{k}", "category": "math", "prompt": m["prompt"], "chosen": chosen,
+                      "rejected": rejected, "meta": {"answer": m["answer"]}})
+    for k, m in enumerate(math_items("sft-focus", seed, n)):
+        rejected = [polished_wrong(m["answer"], rng)] + [f"The answer is {int(m['answer']) + d}."
+                                                         for d in (-1, 1)]
+        items.append({"id": f"sft-focus-{k}", "category": "focus", "prompt": m["prompt"],
+                      "chosen": f"The answer is {m['answer']}.", "rejected": rejected,
+                      "meta": {"answer": m["answer"]}})
+    return items
+
+
+# --- the benchmark files (written by data/skill_rm/prepare.py) ---
+
+def read_jsonl(path):
+    rows = []
+    for i, line in enumerate(Path(path).read_text().splitlines()):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise SystemExit(f"{path}:{i + 1}: not valid JSON ({e.msg}); "
+                                 "rebuild with data/skill_rm/prepare.py")
+    return rows
+
+
+def write_jsonl(path, rows):
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def select_items(items, per_cat, seed=0):
+    """per_cat items of each category drawn with the run's seed (0 or more than there are = all), so
+    seeded runs judge different items; categories in a fixed order."""
+    cats = {}
+    for it in items:
+        cats.setdefault(it["category"], []).append(it)
+    pick = lambda c, xs: (random.Random(f"select-{seed}-{c}").sample(xs, per_cat)
+                          if 0 < per_cat < len(xs) else xs)
+    return [it for c in sorted(cats) for it in pick(c, cats[c])]
+
+
+# --- best-of-N by JETTS sequential pairwise knockout (§5), with its baselines random@N and oracle@N ---
+
+def knockout_schedule(N, seed, pool_id):
+    """JETTS sequential knockout, seeded: candidate order, A/B flip per match, tie-break coin per match."""
+    rng = random.Random(f"{seed}-{pool_id}")
+    order = rng.sample(range(N), N)
+    flips = [rng.random() < 0.5 for _ in range(N - 1)]
+    coins = [rng.random() < 0.5 for _ in range(N - 1)]
+    return order, flips, coins
+
+
+def sequential_knockout(pool_scores, judge_batch, seed, ks):
+    """Best-of-N by sequential pairwise knockout (§5, JETTS protocol).
+
+    The first candidate of a seeded order is the incumbent; each next one challenges
+    it in a seeded A/B order; the judged winner stays; a Tie or invalid verdict is a
+    seeded coin. `judge_batch([(pool, a, b), ...]) -> ['A' | 'B' | other, ...]` judges
+    one match per pool per round (all pools in one batch).
+    Returns seqko@k = mean over pools of the incumbent's true score after k candidates."""
+    P = len(pool_scores)
+    N = min(len(s) for s in pool_scores)
+    sched = [knockout_schedule(N, seed, p) for p in range(P)]
+    inc = [s[0][0] for s in sched]
+    at = {1: [pool_scores[p][inc[p]] for p in range(P)]}
+    for r in range(1, N):
+        reqs, sides = [], []
+        for p in range(P):
+            order, flips, _ = sched[p]
+            a, b = (order[r], inc[p]) if flips[r - 1] else (inc[p], order[r])
+            reqs.append((p, a, b)), sides.append((a, b))
+        verdicts = judge_batch(reqs)
+        for p, v in enumerate(verdicts):
+            a, b = sides[p]
+            if v not in ("A", "B"):
+                v = "A" if sched[p][2][r - 1] else "B"  # invalid or tie: seeded random pick
+            inc[p] = a if v == "A" else b
+        if r + 1 in ks:
+            at[r + 1] = [pool_scores[p][inc[p]] for p in range(P)]
+    out = {f"seqko@{k}": sum(at[k]) / P for k in sorted(at) if k in ks}
+    # random@N: expected true score of a uniformly random pick; oracle@N: the pool's best
+    out[f"random@{N}"] = sum(sum(s[:N]) / N for s in pool_scores) / P
+    out[f"oracle@{N}"] = sum(max(s[:N]) for s in pool_scores) / P
+    out["per_pool"] = {f"seqko@{N}": at[N], f"random@{N}": [sum(s[:N]) / N for s in pool_scores],
+                       f"oracle@{N}": [max(s[:N]) for s in pool_scores]}
+    return out
+
+
+# --- the benchmark's presentation and answer contract (MT-Bench / RewardBench2 wording, B.3), the plain
+# LLM-as-a-judge prompt, and the contract as the JSON schema of a final answer ---
+
+LABELS = "ABCDEFGHIJ"
+CRITERIA = ("helpfulness, relevance, accuracy, depth, creativity and level of detail, and whether every "
+            "instruction of the user is followed")
+
+
+def format_candidates(prompt, candidates):
+    """MT-Bench / RewardBench style layout; K = 1 is a single response."""
+    if len(candidates) == 1:
+        return (f"[User Question]\n{prompt}\n\n[The Start of the Response]\n{candidates[0]}\n"
+                "[The End of the Response]")
+    parts = [f"[User Question]\n{prompt}\n"]
+    for lab, c in zip(LABELS, candidates):
+        parts.append(f"[The Start of Assistant {lab}'s Answer]\n{c}\n[The End of Assistant {lab}'s Answer]\n")
+    return "\n".join(parts)
+
+
+def final_example(mode, K):
+    """The final answer's shape in words, as every judge's prompt states it (the schema of final_schema)."""
+    if mode == "pointwise":
+        return '{"score": S} with S from 0 to 1 (satisfied constraints / all constraints, e.g. 0.7)'
+    if mode == "pairwise":
+        return ('{"verdict": "A"} if A is better, {"verdict": "B"} if B is better, '
+                '{"verdict": "Tie"} if neither is')
+    return '{"choice": "X"} where X is one of ' + ", ".join(LABELS[:K])
+
+
+def contract_text(mode, K):
+    """The benchmark contract: what final answer the judge must give (B.3)."""
+    return "final_answer " + final_example(mode, K)
+
+
+def plain_system_prompt(mode, K):
+    """Direct LLM-as-a-judge prompt (MT-Bench / RewardBench2 wording, B.3), one turn."""
+    if mode == "pointwise":
+        return ("Please act as an impartial judge and evaluate how well the response follows every "
+                "instruction of the user. Be as objective as possible. Give the share of the instructions "
+                'that the response follows as a score from 0 to 1, strictly in this format: {"score": 0.7}.')
+    return ("Please act as an impartial judge and evaluate the quality of the responses provided by AI "
+            "assistants to the user question displayed below. Choose the assistant that follows the user's "
+            f"instructions and answers the question better, considering {CRITERIA}. Avoid any position "
+            "biases; do not let the length of the responses or the names of the assistants influence you. "
+            "Be as objective as possible. Output your final verdict by strictly following this format: "
+            + final_example(mode, K) + ".")
+
+
+SCORE_GRID = [round(0.1 * k, 1) for k in range(11)]  # pointwise scores the judge may give: 0, 0.1, …, 1
+FINAL_KEYS = ("verdict", "choice", "score")
+
+
+def schema_object(props):
+    return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
+
+
+MAX_CHECKLIST = 6  # checklist form: satisfied_count ≤ total_count ≤ this (our prompts hold ≤ 3 constraints)
+
+
+def final_schema(mode, K, checklist=False):
+    """A final answer: {"verdict": "A"|"B"|"Tie"} (§3's pairwise readout has a tie), {"choice": "A".."D"}
+    or {"score": 0..1} (on SCORE_GRID); checklist adds the form {"satisfied_count": s, "total_count": t}
+    (§3's checklist readout, what the instruction-following skill asks for)."""
+    if mode == "pointwise":
+        score = schema_object({"score": {"enum": SCORE_GRID}})
+        if not checklist:
+            return score
+        counts = [schema_object({"satisfied_count": {"enum": list(range(t + 1))},
+                                 "total_count": {"const": t}}) for t in range(1, MAX_CHECKLIST + 1)]
+        return {"anyOf": [score] + counts}
+    if mode == "pairwise":
+        return schema_object({"verdict": {"enum": ["A", "B", "Tie"]}})
+    return schema_object({"choice": {"enum": list(LABELS[:K])}})
+
+
+# --- a judgment: the candidates a judge is shown and its whole trace (skill_rm.run_judges fills it); the
+# benchmark's and the SFT split's judgments ---
+
+@dataclass
+class JudgeTask:
+    """One judgment: K candidates for one prompt, judged by one method; keeps the whole trace."""
+    prompt: str
+    candidates: list
+    mode: str                   # pointwise (K = 1) | pairwise (K = 2) | selection (K ≥ 2)
+    method: str                 # baseline | appended | python_only | skill_rm | oracle (scripted: the label)
+    label: object = None        # the correct final answer ("A", "C", 0.7); only the oracle judge reads it
+    category: str = ""          # benchmark category (picks the oracle's verifier)
+    scripted: bool = False      # replies come from scripted_reply (the oracle; SFT traces), not a model
+    messages: list = field(default_factory=list)
+    schemas: list = field(default_factory=list)  # the JSON schema of each assistant turn (--constrained)
+    trace: list = field(default_factory=list)
+    skill: object = None        # the loaded Skill, if any
+    n_viewed: int = 0
+    retries_left: int = 1
+    force: bool = False         # the next reply must be final_answer
+    force_asked: bool = False
+    done: bool = False
+    judgment: object = None     # final structured judgment (dict) or None (invalid)
+    turns: int = 0
+    tool_calls: int = 0
+
+
+def benchmark_tasks(items, methods, formats, seed):
+    """Judge tasks for every (item, method, format): pairwise in both orders; best-of-4 seeded shuffle."""
+    tasks, meta = [], []
+    for it in items:
+        for method in methods:
+            if "pairwise" in formats:
+                for order in (0, 1):  # order 0: chosen shown as A; order 1: chosen shown as B
+                    cands = ([it["chosen"], it["rejected"][0]] if order == 0
+                             else [it["rejected"][0], it["chosen"]])
+                    tasks.append(JudgeTask(it["prompt"], cands, "pairwise", method, label="AB"[order],
+                                           category=it["category"]))
+                    meta.append((it["id"], it["category"], method, "pairwise", order))
+            if "best_of_4" in formats:
+                cands = [it["chosen"]] + it["rejected"][:3]
+                perm = random.Random(f"{seed}-{it['id']}").sample(range(4), 4)
+                tasks.append(JudgeTask(it["prompt"], [cands[i] for i in perm], "selection", method,
+                                       label=LABELS[perm.index(0)], category=it["category"]))
+                meta.append((it["id"], it["category"], method, "best_of_4", LABELS[perm.index(0)]))
+    return tasks, meta
+
+
+def judge_sft_tasks(items, method, seed):
+    """Scripted judge tasks on the SFT split: each item pairwise (random order), best-of-4 (random
+    permutation) and, for precise_if, pointwise on the chosen and on one rejected answer."""
+    rng, tasks = random.Random(seed), []
+    for it in items:
+        flip = rng.random() < 0.5
+        pair = [it["rejected"][0], it["chosen"]] if flip else [it["chosen"], it["rejected"][0]]
+        tasks.append(JudgeTask(it["prompt"], pair, "pairwise", method, "AB"[flip], it["category"],
+                               scripted=True))
+        perm = rng.sample(range(4), 4)
+        cands = [it["chosen"]] + it["rejected"][:3]
+        tasks.append(JudgeTask(it["prompt"], [cands[i] for i in perm], "selection", method,
+                               LABELS[perm.index(0)], it["category"], scripted=True))
+        if it["category"] == "precise_if":
+            for r in (it["chosen"], it["rejected"][0]):
+                checks = constraint_scores(it["meta"]["constraints"], r)["checks"]
+                label = {"satisfied_count": sum(checks), "total_count": len(checks)}  # the checklist form
+                tasks.append(JudgeTask(it["prompt"], [r], "pointwise", method, label, it["category"],
+                                       scripted=True))
+    return tasks
+
+
+def format_trace(task):
+    """The whole trace of one judgment, for printing."""
+    out = [f"=== {task.method} judge, mode {task.mode}, K={len(task.candidates)}, turns {task.turns}, "
+           f"skill {task.skill.name if task.skill else '-'}, resources viewed {task.n_viewed} ==="]
+    for step in task.trace:
+        out.append(f"[turn {step['turn']}] action: {step['action'].strip()[:600]}")
+        if step["call"]:
+            out.append(f"   parsed call: {json.dumps(step['call'])[:300]}")
+        if step["observation"]:
+            out.append(f"   observation: {step['observation'].strip()[:600]}")
+    out.append(f"final judgment: {json.dumps(task.judgment)[:400]}")
+    return "\n".join(out)
+
+
+def tool_counts(task):
+    """{tool name: calls} over one judgment's trace."""
+    out = {}
+    for step in task.trace:
+        if step["call"]:
+            out[step["call"]["name"]] = out.get(step["call"]["name"], 0) + 1
+    return out
+
+
+# --- the scripted judge: the oracle upper bound of the tables and the SFT traces ---
+
+def oracle_skill(task):
+    """The skill the scripted judge loads: the instruction-following skill for instructions with
+    constraints (any mode), the fair judge otherwise."""
+    if task.mode == "pointwise" or task.category == "precise_if":
+        return "instruction_following_pointwise"
+    return "reward_judge_fair"
+
+
+def oracle_verifier(task):
+    """The verifier the scripted judge runs for a task (None: no checker applies, e.g. code);
+    "python_sandbox": it writes the check itself (MATH_CHECK_CODE). Math and focus items share their
+    arithmetic prompts, so both get the sandbox, as the fair skill's step 3 says: one tool per prompt
+    kind, or the SFT judge learns whichever tool its traces use more often."""
+    if oracle_skill(task) == "instruction_following_pointwise":
+        return "text_checks"
+    return "python_sandbox" if task.category in ("math", "focus") else None
+
+
+# the scripted judge's own check of an arithmetic item: recompute the sum, name the candidates whose last
+# number matches
+MATH_CHECK_CODE = ("import re\n"
+                   "e = prompt.split(':')[1].split('=')[0]\n"
+                   "v = str(sum(int(t.replace(' ', '')) for t in re.findall(r'[-+]? *\\d+', e)))\n"
+                   "print(v, 'matches:', [l for l, c in zip('ABCD', candidates) "
+                   "if re.findall(r'-?\\d+', c)[-1:] == [v]])")
+
+
+def scripted_final(task, checklist):
+    """The known label as a final answer; a checklist label {"satisfied_count", "total_count"} becomes
+    a score where the schema has no checklist form (checklist False: plain judges)."""
+    if isinstance(task.label, dict):
+        if checklist:
+            return dict(task.label)
+        return {"score": round(task.label["satisfied_count"] / max(task.label["total_count"], 1), 1)}
+    return {{"pointwise": "score", "pairwise": "verdict"}.get(task.mode, "choice"): task.label}
+
+
+def scripted_reply(task, checklist):
+    """The scripted judge's next reply to a skill_rm.JudgeTask: use_skill → run_verifier or python_sandbox
+    (math) → final_answer with the known label (plain methods: the final answer at once). checklist: the
+    loaded skill asks for the checklist form (skill_rm.asks_checklist)."""
+    if task.method in ("baseline", "appended") or task.force:
+        return json_text(scripted_final(task, checklist))  # compact, as the turn schema decodes it
+    if task.skill is None:
+        return json_text({"name": "use_skill", "arguments": {"name": oracle_skill(task)}})
+    ran = any(step["call"] and step["call"]["name"] in ("run_verifier", "python_sandbox")
+              for step in task.trace)
+    check = oracle_verifier(task)
+    if not ran and check == "python_sandbox":
+        return json_text({"name": "python_sandbox", "arguments": {"code": MATH_CHECK_CODE}})
+    if not ran and check and task.skill.resource(check):
+        return json_text({"name": "run_verifier", "arguments": {"id": check}})
+    return json_text({"name": "final_answer", "arguments": scripted_final(task, checklist)})
