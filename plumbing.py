@@ -60,6 +60,7 @@ def embedded_model_path():
         if not (out / "config.json").exists():
             from transformers import AutoModelForCausalLM, AutoTokenizer
             print(f"nanoskill: converting {gguf} once into {out}", file=sys.stderr)
+            rng = torch.random.get_rng_state()  # from_config's random init must not move the run's seed
             tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
             packed = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf, dtype=torch.float32)
             cfg = packed.config
@@ -71,6 +72,7 @@ def embedded_model_path():
             shutil.rmtree(tmp, ignore_errors=True)
             plain.save_pretrained(tmp), tok.save_pretrained(tmp)
             os.replace(tmp, out)
+            torch.random.set_rng_state(rng)  # a run that converts draws what a cached run draws
     return str(out)
 
 
