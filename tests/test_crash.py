@@ -88,7 +88,7 @@ def test_grpo_killed_at_six_points_resumes_bit_identical(tiny_model_dir, tmp_pat
     out = _run(common + ["--run-dir", str(ref)])
     assert out.returncode == 0, out.stderr[-3000:]
     assert len(_rows(ref)) == 6
-    w0 = plumbing.load_model(tiny_model_dir, __import__("grpo").Dist())[0].state_dict()
+    w0 = plumbing.load_model(tiny_model_dir, plumbing.Dist())[0].state_dict()
     assert any(not torch.equal(w0[k], v) for k, v in _weights(ref).items()), "the weights never moved"
     said = _kill_at_each(common + ["--run-dir", str(run)], KILLS)
     _assert_same_run(ref, run)
@@ -106,7 +106,7 @@ def test_talentrl_killed_at_five_points_resumes_bit_identical(tiny_model_dir, tm
     out = _run(["talentrl", tiny_model_dir, str(ref)])
     assert out.returncode == 0, out.stderr[-3000:]
     assert len(_rows(ref)) == 5
-    w0 = plumbing.load_model(tiny_model_dir, __import__("grpo").Dist())[0].state_dict()
+    w0 = plumbing.load_model(tiny_model_dir, plumbing.Dist())[0].state_dict()
     assert any(not torch.equal(w0[k], v) for k, v in _weights(ref).items()), "the weights never moved"
     kills = ["metrics:after_row:step0", "ckpt:before_complete:step1", "metrics:torn:step2",
              "ckpt:between_renames:step3", "ckpt:after_tmp_rename:step4"]
