@@ -10,6 +10,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = open(os.path.join(ROOT, "README.md")).read()
 SECTIONS = {"grpo": "## grpo.py", "skill_entropy": "## Skill Entropy", "skill_rm": "## Skill-RM",
             "skill_selfplay": "## Skill Self-Play", "talentrl": "## TalentRL"}
+WORLDS = ["tasks." + p[:-3] for p in sorted(os.listdir(os.path.join(ROOT, "tasks"))) if p[0] != "_" and p.endswith(".py")]
 
 
 def _section(title):
@@ -45,9 +46,7 @@ def test_equation_tables_name_functions_that_exist(mod):
     """In each section's equation → code table (header 'paper', 'paper mechanism' or 'equation'), every
     backticked identifier of the code column is an attribute of the script, of grpo / plumbing / sandbox /
     stats, or of a world in tasks/."""
-    worlds = ["tasks." + p[:-3] for p in sorted(os.listdir(os.path.join(ROOT, "tasks")))
-              if p[0] != "_" and p.endswith(".py")]
-    modules = [importlib.import_module(m) for m in [mod, "grpo", "plumbing", "sandbox", "stats"] + worlds]
+    modules = [importlib.import_module(m) for m in [mod, "grpo", "plumbing", "sandbox", "stats"] + WORLDS]
     in_table, checked = False, 0
     for line in _section(SECTIONS[mod]).splitlines():
         if not line.startswith("|"):
@@ -77,9 +76,7 @@ def test_read_in_this_order_names_functions_that_exist(mod):
     text = _section(SECTIONS[mod])
     assert "**Read in this order**" in text
     para = text.split("**Read in this order**", 1)[1].split("\n\n", 1)[0]
-    worlds = ["tasks." + p[:-3] for p in sorted(os.listdir(os.path.join(ROOT, "tasks")))
-              if p[0] != "_" and p.endswith(".py")]
-    modules = [importlib.import_module(m) for m in [mod, "grpo", "plumbing", "stats"] + worlds]
+    modules = [importlib.import_module(m) for m in [mod, "grpo", "plumbing", "stats"] + WORLDS]
     names = [n for n in re.findall(r"`([A-Za-z_][A-Za-z0-9_.]*)`", para) if not n.endswith(".py")]
     assert len(names) >= 6
     for name in names:
