@@ -10,7 +10,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = open(os.path.join(ROOT, "README.md")).read()
 SECTIONS = {"grpo": "## grpo.py", "skill_entropy": "## Skill Entropy", "skill_rm": "## Skill-RM",
             "skill_selfplay": "## Skill Self-Play", "talentrl": "## TalentRL"}
-WORLDS = ["tasks." + p[:-3] for p in sorted(os.listdir(os.path.join(ROOT, "tasks"))) if p[0] != "_" and p.endswith(".py")]
+WORLDS = ["tasks." + p[:-3] for p in sorted(os.listdir(os.path.join(ROOT, "tasks")))
+          if p[0] != "_" and p.endswith(".py")]
 
 
 def _section(title):
