@@ -5,7 +5,8 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install bubblewrap cuda-check demo test bench clean skill-rm-seeds selfplay-compare precision-compare gpu-smoke
+.PHONY: install bubblewrap cuda-check demo test bench clean skill-rm-seeds selfplay-compare precision-compare gpu-smoke \
+        evidence results-table
 
 install: $(STAMP) bubblewrap cuda-check
 
@@ -64,6 +65,35 @@ demo: install
 	done
 	@echo "report: runs/demo/REPORT.md"
 
+# Evidence (#48): each paper's tiny preset once per seed (seeds are the unit of evidence), kept in results/:
+# results/<run>/tiny/seed<k>/results.json (provenance inside) and results/<run>/tiny/aggregate.json, the
+# headline pooled over the seeds (stats.py --aggregate). A seed whose results.json exists is skipped; an
+# interrupted one resumes from its checkpoint in runs/evidence/ (skill_rm has no resume: it reruns).
+# skill_selfplay's training-side puzzles follow --data-seed, so each seed draws its own. Then the README block.
+# One paper, two seeds: `make evidence PAPERS=grpo SEEDS="0 1"`. Logs: runs/evidence/<run>/seed<k>.log.
+PAPERS ?= grpo skill_entropy skill_rm skill_selfplay:tool skill_selfplay:zebra talentrl
+evidence: install
+	set -eo pipefail; for r in $(PAPERS); do \
+	  s=$${r%%:*}; fam=$${r#*:}; name=$$s; extra=""; \
+	  if [ "$$fam" != "$$r" ]; then name=$$s-$$fam; extra="--family $$fam"; fi; \
+	  for k in $(SEEDS); do \
+	    out=results/$$name/tiny/seed$$k; run=runs/evidence/$$name/seed$$k; \
+	    [ ! -e $$out/results.json ] || continue; \
+	    resume=""; [ ! -d $$run ] || [ $$s = skill_rm ] || resume=--resume; \
+	    [ $$s != skill_selfplay ] || extra="$$extra --data-seed $$k"; \
+	    mkdir -p $$run $$out; echo "== $$s.py --preset tiny $$extra --seed $$k $$resume"; \
+	    $(BIN)/python $$s.py --preset tiny $$extra --seed $$k $$resume --run-dir $$run \
+	      > $$run.log 2>&1 || { tail -n 20 $$run.log; exit 1; }; \
+	    cp $$run/results.json $$run/*.png $$out/ 2>/dev/null || cp $$run/results.json $$out/; \
+	  done; \
+	  $(BIN)/python stats.py --aggregate $$(ls -d results/$$name/tiny/seed*) --out results/$$name/tiny/aggregate.json; \
+	done
+	$(MAKE) results-table
+
+# The README's results block (between its results-table markers) from results/ alone.
+results-table: install
+	$(BIN)/python stats.py --readme
+
 # Skill-SP against unguided self-play (the no-library ablation) on zebra at tiny scale, one run per seed and
 # arm (each its own process), then the pooled headline (skill_selfplay.py --aggregate: each arm vs the better
 # trivial answer, Skill-SP vs unguided paired over puzzles × seeds, CI and p). One seed:
@@ -79,7 +109,12 @@ selfplay-compare: install
 
 # The CUDA path in < 8 min where only torch and transformers are installed (no vLLM, network or model cache):
 # gpu/smoke.py, one PASS/FAIL/SKIP line per check (README 'GPU'); `python gpu/smoke.py --cpu` is its dry run.
-SMOKE_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
+# It runs on the box's own torch whatever .venv holds (offline, `make install` stops at vLLM and leaves a .venv
+# without torch): the first of .venv's python and $(PYTHON) whose torch sees CUDA, else the first that imports
+# torch, else $(PYTHON). `make gpu-smoke SMOKE_PYTHON=...` picks another.
+torch_ok = $(shell $(1) -c 'import sys, torch; sys.exit(not ($(2)))' >/dev/null 2>&1 && echo $(1))
+SMOKE_PYTHON ?= $(firstword $(foreach py,$(BIN)/python $(PYTHON),$(call torch_ok,$(py),torch.cuda.is_available())) \
+                $(foreach py,$(BIN)/python $(PYTHON),$(call torch_ok,$(py),True)) $(PYTHON))
 gpu-smoke:
 	$(SMOKE_PYTHON) gpu/smoke.py
 
@@ -103,7 +138,7 @@ precision-compare: install
 
 # Skill-RM vs. the LLM-judge baseline over seeds: one process per seed (run them one at a time, or
 # separately with `make skill-rm-seeds SEEDS=1`), then the headline pooled over items × seeds (stats.aggregate).
-SEEDS ?= 0 1 2
+SEEDS ?= 0 1 2 3 4
 skill-rm-seeds: install
 	set -e; for s in $(SEEDS); do $(BIN)/python skill_rm.py --preset tiny --seed $$s --run-dir runs/skill_rm-seed$$s; done
 	$(BIN)/python skill_rm.py --aggregate $$(ls -d runs/skill_rm-seed*)

@@ -7,7 +7,8 @@ Reinforcement Learning System at Scale" (Yu et al., arXiv 2503.14476). Run on it
 hello-world: it trains the policy on short arithmetic with an answer tag (the world: tasks/toy.py).
 
     python grpo.py --preset tiny                          # 2-core CPU
-    torchrun --nproc_per_node=8 grpo.py --preset paper    # 8 GPUs, NCCL, same code
+    python grpo.py --preset gpu                           # one 80 GB GPU, Qwen2.5-0.5B-Instruct
+    torchrun --nproc_per_node=8 grpo.py --preset paper --model Qwen/Qwen3-4B   # 8 GPUs, NCCL, same code
 
 Reading order: config → rollouts → GRPO loss → update → SFT → main. Model loading, DDP and FSDP2, the
 samplers, the chunked log-probs, MasterAdamW, checkpoints and logging are plumbing, not GRPO: plumbing.py.
@@ -38,7 +39,6 @@ Differences from the papers:
 import argparse
 import dataclasses
 import random
-import sys
 import time
 
 import numpy as np
@@ -48,11 +48,11 @@ from tqdm import tqdm
 
 import stats
 from plumbing import (ChunkedTokenLogProb, MasterAdamW, PrecisionSwitch, add_memory_args, all_reduce_sum,
-                      dtypes_follow_precision, exit_ranks, grad_sync, load_model, load_policy, log_metrics,
-                      make_optimizer, make_sampler, parse_with_preset, per_rank, plot_curves, precision_flag,
-                      prefix_rows, reduce_metrics, resume_checkpoint, same_count_on_all_ranks,
-                      save_checkpoint, seed_everything, setup_distributed, token_entropy, trained_logits,
-                      unwrap)
+                      check_resume, dtypes_follow_precision, grad_sync, kill_point, load_model,
+                      load_policy, log_metrics, make_optimizer, make_sampler, parse_with_preset, per_rank,
+                      plot_curves, precision_flag, prefix_rows, preflight, reduce_metrics, resume_checkpoint,
+                      run_main, run_settings, same_count_on_all_ranks, save_checkpoint, seed_everything,
+                      setup_distributed, token_entropy, trained_logits, unwrap)
 
 # ----- config -----
 
@@ -464,6 +464,7 @@ def sft_loop(model, examples, args, dist, lr, batch, steps=None, epochs=1, seed=
         if log_dir is not None:
             log_metrics(log_dir, step, {**m, "epoch": (step + 1) * B / n}, dist,
                         keys=("sft_loss", "grad_norm", "epoch"))
+        kill_point("sft", step)  # test hook: a kill during a warm-up (tests/test_crash.py)
     nan = float("nan")
     return {"sft_steps": steps, "sft_examples": n, "sft_loss": float(np.mean(losses)) if losses else nan,
             "sft_loss_last": losses[-1] if losses else nan, "grad_norm": m.get("grad_norm", nan)}
@@ -475,8 +476,14 @@ PRESETS = {
     # 2-core CPU, embedded 135M model
     "tiny": dict(steps=6, prompts_per_step=6, G=6, max_new_tokens=32, lr=2e-5, micro_batch=18,
                  sampler="auto"),
-    # 8 GPUs, same model family at DeepSeekMath-like settings: the flag defaults
-    "paper": dict(),
+    # 8 GPUs at DeepSeekMath-like settings (the flag defaults); the toy task has no paper model: --model names
+    # one (parse_with_preset refuses without it)
+    "paper": dict(model=None),
+    # one GPU of ≥ 80 GB, at most 1 h (estimated, not run): Qwen2.5-0.5B-Instruct in one process (the memory
+    # plan: 24 GiB, no FSDP or checkpointing needed). Intended comparison: held-out greedy accuracy after vs
+    # before GRPO over 500 toy problems, paired, beside the best constant answer (main's headline)
+    "gpu": dict(model="Qwen/Qwen2.5-0.5B-Instruct", sampler="auto", steps=100, prompts_per_step=32, G=8,
+                max_new_tokens=256, max_model_len=1024, eval_n=500, micro_batch=8),
 }
 
 
@@ -497,16 +504,17 @@ def main(argv=None):
     args = parse_with_preset(build_parser(), PRESETS, argv=argv, name="grpo")
     if args.aggregate:
         return stats.aggregate_main(args.aggregate)
+    check_resume(args)  # --resume with the run's own settings, or one line naming the changed flags
     dist = setup_distributed()
     per_rank(args.prompts_per_step, dist, "--prompts-per-step")  # before any model loads
+    preflight(args, dist, frozen=int(args.beta > 0))  # vLLM is there; the memory plan fits (π_ref when β > 0)
     seed_everything(args.seed + dist.rank)
     model, tok = load_policy(args, dist)
     ref = load_model(args.model, dist, args.dtype, trainable=False)[0] if args.beta > 0 else None
     opt = make_optimizer(model, args)
-    start, extra = 0, {}
-    if args.resume and (ck := resume_checkpoint(args.run_dir, model, opt, dist)):
+    start, extra = 0, {"settings": run_settings(args)}  # the flags a --resume checks (check_resume)
+    if args.resume and (ck := resume_checkpoint(args.run_dir, model, opt, dist)):  # says "resumed … at step"
         start, extra = ck[0] + 1, ck[1]
-        print(f"resumed from {args.run_dir}/ckpt at step {ck[0]}", file=sys.stderr)
     sampler = make_sampler(args, model, tok, dist)
     if args.eval_n and "acc_before" not in extra:
         extra["items_before"], extra["chance"] = toy.toy_eval(sampler, tok, args, args.eval_n)
@@ -529,6 +537,7 @@ def main(argv=None):
             save_checkpoint(args.run_dir, model, tok, opt, step, extra, dist)
     if args.eval_n:
         items_after = toy.toy_eval(sampler, tok, args, args.eval_n)[0]
+        kill_point("eval:after")  # test hook: a kill during the last evaluation (a resume evaluates again)
         extra["acc_after"] = float(np.mean(items_after))
     if dist.is_main:
         plot_curves(args.run_dir, ("reward", "accuracy", "kl"))
@@ -546,5 +555,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
-    exit_ranks()  # under torchrun: barrier, destroy, os._exit (plumbing.exit_ranks says why)
+    run_main(main)  # main(); a package not installed: one line; under torchrun exit_ranks (plumbing)

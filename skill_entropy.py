@@ -11,8 +11,8 @@ answer reward a reward for predicting the task's SkE rank (Eq. 5, 6), after an S
     python skill_entropy.py --preset tiny --resume         # a stage's file already in --run-dir is read back
     python skill_entropy.py --preset tiny --resume --lambda-sweep 0.9,0.5   # only the new rows are trained
     make ske-seeds                                         # tiny runs for seeds 0 1 2, then --aggregate
-    python skill_entropy.py --preset gpu                   # power-sized Table 3 on one 80 GB GPU (README)
-    torchrun --nproc_per_node 8 skill_entropy.py --preset paper --model Qwen/Qwen3-4B-Instruct-2507
+    python skill_entropy.py --preset gpu                   # Table 3's headline pair, one 80 GB GPU (README)
+    torchrun --nproc_per_node 8 skill_entropy.py --preset paper   # Qwen3-4B-Instruct-2507, 8 GPUs
 
 The world (skill bank, seeds, prompts, scorers eval_d, Skill²-Bench's step scores) is tasks/skill_bank.py;
 docs/skill_entropy.md has the stages and their files, a reading order and all 15 differences from the paper.
@@ -33,7 +33,6 @@ import argparse
 import json
 import random
 import time
-import zlib
 from argparse import RawDescriptionHelpFormatter as RawDescription
 from collections import defaultdict
 from dataclasses import dataclass
@@ -44,18 +43,20 @@ import torch
 
 from grpo import (add_grpo_args, chat_ids, group_advantages, grpo_update, parse_with_preset,
                   sample_group_rollouts, seed_everything, sft_loop)
-from plumbing import (HFSampler, barrier, check_response_budget, checkpoint_state, exit_ranks, frozen_models,
-                      json_to_table, load_checkpoint, load_model, load_policy, log_metrics, make_optimizer,
-                      plot_curves, plot_fig2, read_back, read_metrics, reduce_metrics, renamed_flags, replica,
-                      resume_checkpoint, save_checkpoint, setup_distributed, shared_sampler, table_to_json,
-                      unwrap, write_json)
-from stats import (aggregate_main, compare, format_headline, format_null, permutation_null, pooled_null,
-                   print_table, spearman, write_results)
-from tasks.skill_bank import (CHECKS, DATA, LEVELS, add_scorer_args, ask_stepwise, bank_keys, bench_eval,
-                              diverse_subset, gold_trace, label_bank, load_bank, make_generate, make_seed,
-                              make_task, match_labels, offshelf_traces, parse_proposal, parse_response,
-                              parse_verdict, proposer_prompt, rule_checks, score_replies, score_steps,
-                              summarize, task_prompt, template_task, verifier_prompt, weakest_first)
+from plumbing import (HFSampler, barrier, check_response_budget, check_resume, checkpoint_state, preflight,
+                      frozen_models, json_to_table, load_checkpoint, load_model, load_policy, log_metrics,
+                      make_optimizer, on_ranks, per_rank, plot_curves, plot_fig2, read_back, read_metrics,
+                      reduce_metrics, renamed_flags, replica, resume_checkpoint, resume_finished, row_seed,
+                      run_main, run_settings, save_checkpoint, setup_distributed, shared_sampler,
+                      table_to_json, unwrap, write_json)
+from stats import (aggregate_main, compare, format_headline, format_null, permutation_null, print_table,
+                   spearman, write_results)
+from tasks.skill_bank import (CHECKS, DATA, LEVELS, add_scorer_args, aggregate_nulls, ask_stepwise, bank_keys,
+                              bench_eval, diverse_subset, gold_trace, label_bank, load_bank, make_generate,
+                              make_seed, make_task, match_labels, offshelf_traces, parse_proposal,
+                              parse_response, parse_verdict, proposer_prompt, rule_checks, score_replies,
+                              score_steps, summarize, task_prompt, template_task, verifier_prompt,
+                              weakest_first)
 
 
 # ----- config: flags and presets -----
@@ -82,15 +83,14 @@ PRESETS = {
                  micro_batch=4, vllm_kv_seqs=32, propose_max_new_tokens=128, label_seeds=1, sft_epochs=6,
                  sft_lr=1e-4, steps=2, prompts_per_step=2, G=4, lr=2e-5, n_label=2, sampler="auto",
                  baselines="sft,grpo,format_only,shuffled_ske,ske_rl"),
-    # the flag defaults (the paper's values) on GPUs: vLLM, a context for 4096 new tokens + a long task prompt
-    "paper": dict(sampler="vllm", max_model_len=8192, null_perms=200),
-    # ≥ 80 % power for Skill-Entropy RL vs each control at δ = 5 points over 300 test tasks × 3 seeds (README,
-    # "--preset gpu"), one 80 GB GPU; only skills with more than two possible answers; --eval-n 300, --G 8
+    # the flag defaults (the paper's values) on GPUs, its main model (§4.2): 4096 new tokens + a long prompt
+    "paper": dict(model="Qwen/Qwen3-4B-Instruct-2507", sampler="vllm", max_model_len=8192, null_perms=200),
+    # one GPU of ≥ 80 GB, at most 1 h per seed (estimated, not run), Qwen3-1.7B: Skill-Entropy RL vs GRPO
+    # paired over 300 test tasks (README "--preset gpu": one seed of its power-sized run)
     "gpu": dict(model="Qwen/Qwen3-1.7B", sampler="auto", max_model_len=4096, max_new_tokens=1024,
-                acc_max_new_tokens=256, propose_max_new_tokens=1024, skills=GPU_SKILLS, acc_samples=32,
-                direct_pairs=100, n_train=3000, n_sft=1000, test_len="2,6", llm_proposer_tasks=300, steps=100,
-                prompts_per_step=32, baselines="sft,grpo,format_only,shuffled_ske,ske_rl", label_seeds=4,
-                n_label=200),
+                acc_max_new_tokens=256, propose_max_new_tokens=1024, skills=GPU_SKILLS, direct_pairs=100,
+                n_train=1500, n_sft=500, test_len="2,6", llm_proposer_tasks=300, prompts_per_step=32,
+                steps=30, baselines="grpo,ske_rl", label_seeds=4, n_label=200, grad_checkpointing=True),
 }
 RENAMED = {"--rl-steps": "--steps", "--n-test": "--eval-n"}
 
@@ -464,11 +464,6 @@ def row_spec(name, args):
     return spec
 
 
-def row_seed(seed, name):
-    """One Table 3 row's RNG seed: --seed and the row's name (crc32), whatever other rows run."""
-    return (seed * 1_000_003 + zlib.crc32(name.encode())) % 2 ** 31
-
-
 def shuffled_table(table, seed):
     """Control: the same SkE values, permuted over the ordered skill pairs."""
     pairs = sorted(table["pairwise"])
@@ -538,12 +533,13 @@ def lambda_ent_effect(rollouts, args, lambda_ans):
 def run_sft(args, dist, tasks, teacher_gen, judge, doms, out_dir, reuse):
     """SFT warm-up (§4.2) on the teacher's correct traces, else gold ones; `reuse`: load a finished one."""
     policy, tok = load_policy(args, dist)
-    if reuse and checkpoint_state(out_dir, True) == "done":
-        load_checkpoint(out_dir, policy, None, dist)
+    if reuse and checkpoint_state(out_dir, True) == "done":  # by an earlier run (--resume) or this one
+        (resume_finished(out_dir, policy, dist) if args.resume else
+         load_checkpoint(out_dir, policy, None, dist))
         return policy, tok
     (Path(out_dir) / "metrics.jsonl").unlink(missing_ok=True)
     prompts = [task_prompt(t, doms) for t in tasks]
-    texts = teacher_gen(prompts, args.max_new_tokens)
+    texts = on_ranks(lambda share: teacher_gen(share, args.max_new_tokens), prompts, dist)  # each its share
     examples, n_teacher = [], 0
     for t, pr, txt in zip(tasks, prompts, texts):
         p = parse_response(txt, len(t["steps"]))
@@ -558,7 +554,7 @@ def run_sft(args, dist, tasks, teacher_gen, judge, doms, out_dir, reuse):
         examples.append((chat_ids(tok, pr), target_ids))
     m = sft_loop(policy, examples, args, dist, args.sft_lr, args.prompts_per_step, epochs=args.sft_epochs,
                  seed=args.seed, log_dir=out_dir)
-    done = dict(done=True, n_examples=len(examples))
+    done = dict(done=True, n_examples=len(examples), settings=run_settings(args))
     save_checkpoint(out_dir, policy, tok, None, m["sft_steps"], done, dist)
     if dist.is_main:
         print(f"[train] SFT → {out_dir}: {len(examples)} traces, {n_teacher} teacher's")
@@ -583,9 +579,9 @@ def run_grpo(args, dist, row, reward_fn, doms, samplers):
     load_checkpoint(init_dir, policy, None, dist)  # restores the SFT run's RNG too: reseed below
     state = checkpoint_state(out_dir, args.resume)
     if state == "done":
-        load_checkpoint(out_dir, policy, None, dist)
+        resume_finished(out_dir, policy, dist)
         return policy, tok
-    ref = None
+    ref, record = None, {"spec": row.spec, "settings": run_settings(args)}  # in every checkpoint
     if args.beta > 0:
         ref = load_model(args.model, dist, args.dtype, trainable=False)[0]
         load_checkpoint(init_dir, ref, None, dist)
@@ -598,11 +594,11 @@ def run_grpo(args, dist, row, reward_fn, doms, samplers):
     elif dist.is_main:  # a fresh run: no rows of an older run
         (Path(out_dir) / "metrics.jsonl").unlink(missing_ok=True)
     sampler = shared_sampler(samplers, args, policy, tok, dist)
-    P = max(1, args.prompts_per_step // dist.world)
+    n = args.prompts_per_step
     for step in range(start, args.steps):
         t0 = time.time()
-        lo = (step * args.prompts_per_step + dist.rank * P)
-        batch = [tasks[(lo + j) % len(tasks)] for j in range(P)]
+        # the step's n tasks of the stream, dealt over the ranks (main refuses n < world)
+        batch = [tasks[(step * n + j) % len(tasks)] for j in range(n)][dist.rank::dist.world]
         prompts = [chat_ids(tok, task_prompt(t, doms)) for t in batch]
         rollouts = sample_group_rollouts(sampler, prompts, args.G, args)
         parts = reward_fn([r.text for r in rollouts], [batch[r.group] for r in rollouts])
@@ -620,8 +616,8 @@ def run_grpo(args, dist, row, reward_fn, doms, samplers):
                                                   "n_groups_kept", "n_groups_lam_ent_changed", "skipped",
                                                   "kl", "loss", "grad_norm", "completion_len", "time_step"))
         if (step + 1) % args.save_every == 0 and step + 1 < args.steps:
-            save_checkpoint(out_dir, policy, tok, opt, step, {"done": False, "spec": row.spec}, dist)
-    save_checkpoint(out_dir, policy, tok, None, args.steps - 1, {"done": True, "spec": row.spec}, dist)
+            save_checkpoint(out_dir, policy, tok, opt, step, {"done": False, **record}, dist)
+    save_checkpoint(out_dir, policy, tok, None, args.steps - 1, {"done": True, **record}, dist)
     if dist.is_main and (Path(out_dir) / "metrics.jsonl").exists():
         plot_curves(out_dir, ("reward", "r_ans", "r_ent", "format_ok"))
     del ref, opt
@@ -667,19 +663,23 @@ def table3_headline(rows, test, seed):
         if a in rows and b in rows and rows[a].get("per_task") and rows[b].get("per_task"):
             ids = [t["id"] for t in test if t["id"] in rows[a]["per_task"] and t["id"] in rows[b]["per_task"]]
             pa, pb = rows[a]["per_task"], rows[b]["per_task"]
+            # paper_effect: Table 3 (§4.2), Qwen3-4B-Instruct: Skill-Entropy RL beats GRPO by +9.6 points
             entries.append(compare(f"Table 3: {ROW_NAMES[a]} vs {ROW_NAMES[b]} (per-task cross-skill score)",
-                                   a, b, [pa[i] for i in ids], [pb[i] for i in ids]))
+                                   a, b, [pa[i] for i in ids], [pb[i] for i in ids],
+                                   paper_effect=0.096 if (a, b) == ("ske_rl", "grpo") else None))
     return entries
 
 
 def evaluate_row(args, dist, policy, tok, test, doms, fz, lam_ent):
-    """A Table 3 row on the test tasks (cross-skill mode, greedy), with its per-task mean step score."""
+    """A Table 3 row on the test tasks (cross-skill, greedy), per-task mean step scores (rank 0: on_rank0)."""
     t1 = time.time()
     if dist.world == 1 and args.sampler != "hf":  # the rows' shared engine, loaded with this model
         sampler = shared_sampler(fz.samplers, args, policy, tok, dist)
-    else:  # under torchrun only rank 0 evaluates: no collective engine calls
-        sampler = HFSampler(unwrap(policy), tok)
-    res = bench_eval(make_generate(sampler, tok), test, doms, fz, args, "cross")
+    else:  # under torchrun HF generate on every rank: a vLLM engine's calls are collectives of all ranks
+        sampler = HFSampler(unwrap(policy), tok, args.hf_batch)
+    gen = fz.deal("<policy>", make_generate(sampler, tok))
+    res = fz.on_rank0(lambda: bench_eval(gen, test, doms, fz, args, "cross")) or []
+    fz.samplers.pop("<policy>")  # the row's weights are not kept
     per_task = defaultdict(list)
     for r in res:
         per_task[r["task"]].append(r["score"])
@@ -791,37 +791,26 @@ def write_headline(args, run, bank, acc, table, t3, bj=None):
         headline += table3_headline(t3, [dict(id=i) for i in ids], args.seed)
     write_results(run, results, headline)
 
-
-def aggregate_nulls(run_dirs):
-    """--aggregate extra: each SkE statistic's mean over the runs against the mean of their null draws."""
-    nulls = [json.loads((Path(d) / "results.json").read_text()).get("ske_null") for d in run_dirs]
-    nulls = [n for n in nulls if n]
-    if not nulls:
-        return {}
-    out = pooled_null(nulls, NULL_SIDES)
-    print(f"\nSkE against its permutation null, mean over {len(nulls)} runs:")
-    print(format_null(out, NULL_NAMES))
-    return out
-
 # ----- main: the paper's pipeline, one function per stage, each writing its file into --run-dir -----
 
 
 def construct_skill_bank(args, dist, bank, fz):
     """§3.2 stage (1): seeds labelled by the LLM, labels clustered → bank_labelled.json (for review)."""
     path = Path(args.run_dir) / "bank_labelled.json"
-    if dist.is_main and not (args.resume and path.exists()):
+    def stage():  # on rank 0; every rank generates its share of its calls (on_rank0)
         t0 = time.time()
         lb = label_bank(bank, fz.gen_of(args.ref_model), fz.embed, args)
         sizes = ", ".join(f"{d} {len(v['skills'])}" for d, v in lb["domains"].items())
         print(f"[bank] labelled bank: {sizes} skills ({time.time() - t0:.0f}s) → {path}")
         write_json(path, lb)
+    fz.on_rank0(stage, skip=args.resume and path.exists())
     barrier(dist)
 
 
 def estimate_skill_entropy(args, dist, bank, fz):
     """§3.1, §3.2 (2), B.3–B.5: Acc → Eq. (3), (7), levels, Figure 2, the null → ske_table.json."""
     run, path = Path(args.run_dir), Path(args.run_dir) / "ske_table.json"
-    if dist.is_main and not (args.resume and path.exists()):
+    def stage():
         acc = estimate_acc(bank, fz.gen_of(args.ref_model), fz.judge, args)
         table = build_ske_table(bank, acc, args)
         plot_fig2(bank, acc, table, run / "fig2_ske.png")
@@ -829,6 +818,7 @@ def estimate_skill_entropy(args, dist, bank, fz):
         table["null"] = ske_null(bank, acc["chains"], args, args.null_perms, args.seed)
         print_ske(acc, table, args, t0)
         write_json(path, table_to_json(acc, table))
+    fz.on_rank0(stage, skip=args.resume and path.exists())
     acc, table = json_to_table(read_back(path, dist))
     keys = bank_keys(bank)
     missing = [(a, b) for a in keys for b in keys if a != b and (a, b) not in table["pairwise"]]
@@ -842,7 +832,7 @@ def estimate_skill_entropy(args, dist, bank, fz):
 def annotate_offshelf(args, dist, table, fz):
     """§4.4: off-the-shelf traces in steps labelled from the bank, with their plans' SkE and level."""
     path = Path(args.run_dir) / "offshelf_labelled.json"
-    if dist.is_main and not (args.resume and path.exists()):
+    def stage():
         pair, rows = (lambda a, b: table["pairwise"][(a, b)]), []
         for p, t, who, steps in offshelf_traces(fz, args):  # tasks/skill_bank.py: teacher, annotator, D.4
             seq = [k for k, _ in steps]
@@ -851,6 +841,7 @@ def annotate_offshelf(args, dist, table, fz):
                              steps=[dict(skill=list(k), answer=a) for k, a in steps], ske=ske,
                              level=level_of(ske, table["thetas"]) if ske is not None else None))
         write_json(path, dict(rows=rows))
+    fz.on_rank0(stage, skip=args.resume and path.exists())
     r = read_back(path, dist)["rows"]
     if dist.is_main:
         n_annot = sum(x["annotator"] == "annotator" for x in r)
@@ -863,7 +854,7 @@ def annotate_offshelf(args, dist, table, fz):
 def synthesize_tasks(args, dist, bank, table, fz):
     """§3.2 stage (3), B.6–B.9: train tasks (verifiable domains) and test tasks (all nine) → tasks.json."""
     path = Path(args.run_dir) / "tasks.json"
-    if dist.is_main and not (args.resume and path.exists()):
+    def stage():
         t0 = time.time()
         use_llm = args.regenerations > 0 and args.llm_proposer_tasks != 0
         proposer = fz.gen_of(args.proposer) if use_llm else None
@@ -873,6 +864,7 @@ def synthesize_tasks(args, dist, bank, table, fz):
         print(f"[synth] {len(train)} train / {len(test)} test tasks in {time.time() - t0:.0f}s; proposer "
               f"{by(train + test, 'proposer')}; levels: train {by(train, 'level')}, test {by(test, 'level')}")
         write_json(path, dict(tasks=train + test))
+    fz.on_rank0(stage, skip=args.resume and path.exists())
     tasks = read_back(path, dist)["tasks"]
     return [t for t in tasks if t["split"] == "train"], [t for t in tasks if t["split"] == "test"]
 
@@ -880,7 +872,7 @@ def synthesize_tasks(args, dist, bank, table, fz):
 def evaluate_skill2_bench(args, dist, bank, test, fz):
     """§3.3: Skill²-Bench single- and cross-skill evaluation of --model (Table 2 shape, C) → bench.json."""
     doms, path = list(bank), Path(args.run_dir) / "bench.json"
-    if dist.is_main and not (args.resume and path.exists()):
+    def stage():
         t0 = time.time()
         gen = fz.gen_of(args.model)
         single = bench_eval(gen, test, doms, fz, args, "single")
@@ -890,6 +882,7 @@ def evaluate_skill2_bench(args, dist, bank, test, fz):
                               seconds=time.time() - t0,
                               steps=[[r["task"], r["step"], r["score"]] for r in single],
                               cross_steps=[[r["task"], r["step"], r["score"]] for r in cross]))
+    fz.on_rank0(stage, skip=args.resume and path.exists())
     bj = read_back(path, dist)
     if dist.is_main:
         print_bench(bj, doms)
@@ -938,9 +931,10 @@ def train_skill_entropy_rl(args, dist, bank, fz, acc, table, train, test):
                           f"r_ent={spec['r_ent']}, seed {row.seed}): {args.steps} GRPO steps, "
                           f"{lam_ent['updates']} updates, in "
                           f"{time.time() - t0:.0f}s; " + lambda_ent_note(lam_ent, spec["lam"][1]))
-            policy = replica(policy)  # under FSDP, full weights that rank 0 runs alone (every rank calls it)
+            policy = replica(policy)  # under FSDP, full weights that every rank generates from
+            row_eval = evaluate_row(args, dist, policy, tok, test, doms, fz, lam_ent)
             if dist.is_main:
-                write_json(path, evaluate_row(args, dist, policy, tok, test, doms, fz, lam_ent))
+                write_json(path, row_eval)
             barrier(dist)
             del policy
         out[name] = json.loads(path.read_text())
@@ -955,7 +949,7 @@ def main(argv=None):
     args = parse_with_preset(build_parser(), PRESETS, argv=argv, name="skill_entropy")
     if args.aggregate:  # finished runs (one seed each): pooled headline table, then the SkE nulls
         entries = aggregate_main(args.aggregate)
-        return entries, aggregate_nulls(args.aggregate)
+        return entries, aggregate_nulls(args.aggregate, NULL_SIDES, NULL_NAMES)
     if not (0 <= args.lambda_ans <= 1 and 0 <= args.lambda_ent <= 1):
         raise SystemExit("--lambda-ans/--lambda-ent must lie in [0, 1]")
     rl_rows = ([r for r in args.baselines.split(",") if r and "lam" in row_spec(r, args)]
@@ -965,7 +959,10 @@ def main(argv=None):
     if args.max_new_tokens >= args.max_model_len:
         raise SystemExit(f"--max-new-tokens {args.max_new_tokens} leaves no room for the prompt in "
                          f"--max-model-len {args.max_model_len}")
+    check_resume(args)  # --resume with the run's own settings, or one line naming the changed flags
     dist = setup_distributed()
+    per_rank(args.prompts_per_step, dist, "--prompts-per-step")  # every rank a share of each step
+    preflight(args, dist, frozen=1 + (args.beta > 0), engines=1 + (dist.world == 1), hf=dist.world > 1)
     seed_everything(args.seed + dist.rank)
     Path(args.run_dir).mkdir(parents=True, exist_ok=True)
     bank = load_bank(args.bank, args.skills_per_domain, args.domains, args.skills)
@@ -994,5 +991,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
-    exit_ranks()  # under torchrun: barrier, destroy, os._exit (plumbing.exit_ranks says why)
+    run_main(main)  # main(); a package not installed: one line; under torchrun exit_ranks (plumbing)

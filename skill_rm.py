@@ -15,6 +15,7 @@ every policy scored by checkers that no reward sees.
 
 Run (the benchmark files come from data/skill_rm/prepare.py; the world is tasks/reward_bench.py):
   tiny (2-core CPU, RL included; README):  python skill_rm.py --preset tiny
+  one 80 GB GPU, Qwen3-1.7B (README):     python skill_rm.py --preset gpu
   paper settings (needs GPUs):             python skill_rm.py --preset paper --model Qwen/Qwen3.5-27B
   print one judge trace:                   python skill_rm.py --preset tiny --show-trace 1 --no-rl
 
@@ -51,20 +52,20 @@ import torch
 
 from grpo import add_grpo_args, chat_ids, grpo_update, parse_with_preset, sft_loop, sample_group_rollouts
 from grpo import seed_everything
-from plumbing import (TOOL_NAMES, Dist, GrammarReplay, SkillError, VLLMSampler, cpu_snapshot, exit_ranks,
+from plumbing import (TOOL_NAMES, Dist, GrammarReplay, SkillError, VLLMSampler, cpu_snapshot, preflight,
                       first_json_object, gather_objects, load_model, load_policy, log_metrics, make_judge,
                       make_judge_sampler, make_optimizer, make_sampler, on_ranks, parse_label,
                       parse_text_rating, parse_text_verdict, parse_tool_call, per_rank, plot_curves,
                       read_skill_folder, reduce_metrics, renamed_flags, restore_snapshot, setup_distributed,
-                      unwrap, xgrammar_schema)
+                      run_main, unwrap, xgrammar_schema)
 from sandbox import run_sandboxed
 from stats import (aggregate_main, binomial_p, compare, format_headline, parse_number, print_table, vs_chance,
                    write_results)
 from tasks import reward_bench as rb
-from tasks.reward_bench import (FINAL_KEYS, LABELS, JudgeTask, benchmark_tasks, constraint_scores,
-                                contract_text, final_schema, format_candidates, format_trace, if_prompts,
-                                ifeval_check, judge_sft_tasks, plain_system_prompt, read_jsonl, schema_object,
-                                select_items, sft_items, tool_counts)
+from tasks.reward_bench import (FINAL_KEYS, LABELS, JudgeTask, bench_items, benchmark_tasks,
+                                constraint_scores, contract_text, final_schema, format_candidates,
+                                format_trace, if_prompts, ifeval_check, judge_sft_tasks, plain_system_prompt,
+                                pooled, read_jsonl, schema_object, select_items, sft_items, tool_counts)
 
 ROOT = Path(__file__).resolve().parent
 
@@ -78,8 +79,13 @@ PRESETS = {
                  eval_n=8, judge_max_new_tokens=128, max_new_tokens=48, max_turns=3, rl_max_turns=3,
                  methods="baseline,skill_rm,oracle", judge_sft_steps=24, judge_sft_items=4, judge_sft_batch=4,
                  judge_sft_lr=1e-4),
-    # the flag defaults: the paper's judge (temperature 0, 5 turns, 7 in RL) at paper scale (needs GPUs).
-    "paper": {},
+    # the flag defaults (judge at temperature 0, 5 turns, 7 in RL); no model: here one is judge and policy
+    "paper": dict(model=None),  # (the paper's judge Qwen3.5-27B, its policy Llama-3.1-Tulu-3-8B-SFT)
+    # one GPU of ≥ 80 GB, at most 1 h (estimated, not run), Qwen3-1.7B as judge and policy: Skill-RM vs the
+    # plain judge on the §5 benchmark's pairwise accuracy, paired over its items, the oracle as the ceiling
+    "gpu": dict(model="Qwen/Qwen3-1.7B", sampler="auto", methods="baseline,skill_rm,oracle", bon_prompts=16,
+                rl_rewards="skill_rm,direct", steps=20, prompts_per_step=16, eval_n=100, max_new_tokens=512,
+                judge_max_new_tokens=512, grad_checkpointing=True),
 }
 RENAMED = {"--rl-steps": "--steps", "--rl-prompts": "--prompts-per-step", "--rl-eval-prompts": "--eval-n",
            "--skip-bench": "--no-benchmark", "--skip-bon": "--no-bon", "--skip-rl": "--no-rl"}
@@ -672,13 +678,17 @@ def code_result_used(task):
     obs = runs[-1]["observation"]
     if task.mode == "pointwise":
         r, ok = readout_pointwise(task.judgment)
-        said = [int(a) / int(b) for a, b in re.findall(r"(\d+) of (\d+) pass", obs) if int(b)]
+        # parse_number, not int(): int(a) / int(b) overflows a float past ~308 digits (int() refuses 4,300);
+        # (?<!\d): not every suffix of a run of digits again (quadratic in a flood of digits)
+        passes = re.findall(r"(?<!\d)(\d+) of (\d+) pass", obs)
+        counts = [(parse_number(a), parse_number(b)) for a, b in passes]
+        said = [a / b for a, b in counts if a is not None and b]
         said += [float(x) for x in re.findall(r"score (\d+(?:\.\d+)?)", obs)]
         return ok and any(abs(r - x) < 0.051 for x in said) if said else None
     labels = LABELS[:len(task.candidates)]
     named = set()
     for line in obs.splitlines():
-        if re.search(r"match\w*|most constraints pass", line) and ":" in line:
+        if ":" in line and re.search(r"match\w*|most constraints pass", line):
             named |= set(re.findall(r"\b([" + labels + r"])\b", line.rsplit(":", 1)[1]))
             named |= {"Tie"} if "tie" in line.rsplit(":", 1)[1].lower() else set()
     if not named:
@@ -723,13 +733,6 @@ def score_benchmark(tasks, meta):
     mean = lambda v: sum(v) / len(v) if v else float("nan")
     return {k: {m: (v if m.startswith("items") else mean(v)) for m, v in row.items()}
             | {"n": len(row["score"]), "n_judgments": len(row["turns"])} for k, row in acc.items()}
-
-
-def pooled(res, method, fmt, key="score"):
-    """One metric of a method and format pooled over categories, weighted by items (nan if absent)."""
-    rows = [r for (m, f, _), r in res.items() if m == method and f == fmt and key in r and r[key] == r[key]]
-    n = sum(r["n"] for r in rows)
-    return sum(r[key] * r["n"] for r in rows) / n if n else float("nan")
 
 
 def print_benchmark_table(res, methods, formats):
@@ -845,15 +848,6 @@ MODEL_JUDGES = ("baseline", "appended", "python_only", "skill_rm")  # a model ju
 COIN = {"pairwise": 0.25, "best_of_4": 0.25, "consistent": 0.5}  # a coin per order / per pick
 
 
-def bench_items(res, method, fmt, key="items"):
-    """{item id: value} of one method and format over every category."""
-    out = {}
-    for (m, f, _), r in res.items():
-        if m == method and f == fmt:
-            out.update(r.get(key, {}))
-    return out
-
-
 def judge_warnings(res, methods):
     """What makes a table meaningless, per model judge: position-locked (pairwise consistency 0), at chance
     (not above the 25 % coin at p < 0.05, exact binomial), never a tool call (tool-using methods)."""
@@ -879,29 +873,36 @@ def build_headline(res, bon, rl, methods):
     for fmt in ("pairwise", "best_of_4"):
         for m in judges:
             it = bench_items(res, m, fmt)
-            if it:
+            if it:  # item ids: a seed draws from the same bench, so an item may recur (stats clusters it)
                 H.append(vs_chance(f"{fmt} accuracy of {m} vs coin", m, [it[k] for k in sorted(it)],
-                                   COIN[fmt]))
+                                   COIN[fmt], item_ids=sorted(it)))
             cons = bench_items(res, m, fmt, "items_consistent")
             if cons:
                 H.append(vs_chance(f"pairwise consistency of {m} vs coin (position-locked: 0)", m,
-                                   [cons[k] for k in sorted(cons)], COIN["consistent"]))
+                                   [cons[k] for k in sorted(cons)], COIN["consistent"],
+                                   item_ids=sorted(cons)))
         a, b = bench_items(res, "skill_rm", fmt), bench_items(res, "baseline", fmt)
         ids = sorted(set(a) & set(b))
         if ids:
+            # paper_effect: Table 2, Qwen3.5-27B, Skill-RM 86.2 vs LLM-as-a-Judge 83.9 (benchmark average)
             H.append(compare(f"{fmt} accuracy: Skill-RM vs plain judge{note}", "skill_rm", "baseline",
-                             [a[k] for k in ids], [b[k] for k in ids], chance=COIN[fmt]))
+                             [a[k] for k in ids], [b[k] for k in ids], chance=COIN[fmt],
+                             paper_effect=0.023, item_ids=ids))
     for m, r in (bon or {}).items():
         pp = r["per_pool"]
         seqko, rand, orc = (next(v for k, v in pp.items() if k.startswith(x))
                             for x in ("seqko@", "random@", "oracle@"))
         N = next(k for k in pp if k.startswith("random@"))[7:]
-        H.append(compare(f"best-of-N seqko@{N} vs random@{N} ({m})", m, f"random@{N}", seqko, rand))
-        H.append(compare(f"best-of-N seqko@{N} vs oracle@{N} ({m})", m, f"oracle@{N}", seqko, orc))
+        pools = range(len(seqko))  # pool p: line p of the fixed bon_pools.jsonl in every seed
+        H.append(compare(f"best-of-N seqko@{N} vs random@{N} ({m})", m, f"random@{N}", seqko, rand,
+                         item_ids=pools))
+        H.append(compare(f"best-of-N seqko@{N} vs oracle@{N} ({m})", m, f"oracle@{N}", seqko, orc,
+                         item_ids=pools))
     if bon and "skill_rm" in bon and "baseline" in bon:
         N = next(k for k in bon["skill_rm"]["per_pool"] if k.startswith("seqko@"))
         H.append(compare(f"best-of-N {N}: Skill-RM vs plain judge{note}", "skill_rm", "baseline",
-                         bon["skill_rm"]["per_pool"][N], bon["baseline"]["per_pool"][N]))
+                         bon["skill_rm"]["per_pool"][N], bon["baseline"]["per_pool"][N],
+                         item_ids=range(len(bon["skill_rm"]["per_pool"][N]))))
     for v, r in (rl or {}).items():
         if "group_sds" in r:
             H.append(vs_chance(f"IF-RL within-group reward sd ({v}) vs no-signal judge", v, r["group_sds"],
@@ -921,10 +922,13 @@ def main(argv=None):
                          "rerun without it")
     check_args(args)
     dist = setup_distributed()
+    preflight(args, dist, frozen=1 + (args.rl and args.beta > 0), hf=dist.world > 1,  # the judge; π_ref
+              engines=(args.max_model_len, args.judge_max_model_len) if dist.world == 1 else 1)
     if args.rl:
         per_rank(args.prompts_per_step, dist, "--prompts-per-step")
     seed_everything(args.seed + dist.rank)
     t_start = time.time()
+    Path(args.run_dir).mkdir(parents=True, exist_ok=True)  # without judge SFT nothing had made it
 
     # the Reward-Evaluation Skills: one folder each (SKILL.md, resources.yaml, rubrics, verifiers)
     try:
@@ -986,5 +990,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
-    exit_ranks()  # under torchrun: barrier, destroy, os._exit (plumbing.exit_ranks says why)
+    run_main(main)  # main(); a package not installed: one line; under torchrun exit_ranks (plumbing)

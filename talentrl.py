@@ -12,7 +12,8 @@ group-relative advantages (Eq. 10), token by token (Eq. 14), through the clipped
     python talentrl.py --preset tiny                              # 2-core CPU (wall time: README)
     python talentrl.py --aggregate runs/talentrl-s0 runs/talentrl-s1 runs/talentrl-s2   # Table 1, mean ± sd
     torchrun --nproc_per_node=2 talentrl.py --preset tiny          # the same on 2 CPU ranks (gloo)
-    torchrun --nproc_per_node=8 talentrl.py --preset paper         # Table 4 settings (GPUs)
+    python talentrl.py --preset gpu                               # one 80 GB GPU, Qwen2.5-1.5B-Instruct
+    torchrun --nproc_per_node=8 talentrl.py --preset paper         # Table 4 settings, Qwen2.5-7B-Instruct
 
 Glossary: x task, 𝒯 talent catalog, c a talent, c* the SFT-selected talent, 𝒮 SkillBank, q(x, s) cosine
 similarity, ℛ(x) recall pool, λ talent bonus, K skill budget, k reduced budget, τ trajectory, R(τ) return,
@@ -50,10 +51,11 @@ import torch
 import stats
 from grpo import (Rollout, add_grpo_args, chat_ids, group_advantages, grpo_update, multi_turn_rollouts,
                   parse_with_preset, seed_everything, sft_loop)
-from plumbing import (HFSampler, broadcast_object, cpu_snapshot, exit_ranks, frozen_copy, gather_objects,
-                      load_checkpoint, load_embedder, load_model, load_policy, log_metrics, make_optimizer,
-                      make_sampler, phase_logger, plot_curves, reduce_metrics, renamed_flags,
-                      restore_snapshot, resume_checkpoint, retokenize, save_checkpoint, setup_distributed)
+from plumbing import (HFSampler, broadcast_object, check_resume, cpu_snapshot, frozen_copy, preflight,
+                      gather_objects, load_embedder, load_model, load_policy, log_metrics, make_optimizer,
+                      make_sampler, on_ranks, per_rank, phase_logger, plot_curves, plot_talents,
+                      reduce_metrics, renamed_flags, restore_snapshot, resume_checkpoint, resume_finished,
+                      retokenize, run_settings, run_main, save_checkpoint, setup_distributed, usable_value)
 from tasks.search_world import (DATA, MULTI_HOP, SINGLE_HOP, SPLITS, TRAIN_SPLITS, World, env_reply,
                                 episode_return, exact_match, f1_score, new_episode, rationale, save_skillbank,
                                 scripted_rollouts)
@@ -70,8 +72,13 @@ PRESETS = {
                  arms=["talentrl"], steps=2, prompts_per_step=2, G=4, train_controls=False, lr=1e-5,
                  max_new_tokens=64, route_max_tokens=64, micro_batch=4,
                  evolve_every=0, val_tasks=4, evolve_max_tokens=48, sampler="auto", vllm_kv_seqs=32),
-    # Table 4 (the flag defaults) on GPUs, rollouts on vLLM
-    "paper": dict(sampler="vllm", max_model_len=8192),  # Table 4: maximum sequence length 8,192
+    # Table 4 (the flag defaults) on GPUs, rollouts on vLLM, its primary backbone Qwen2.5-7B-Instruct
+    "paper": dict(model="Qwen/Qwen2.5-7B-Instruct", sampler="vllm", max_model_len=8192),  # Table 4: 8,192
+    # one GPU of ≥ 80 GB, at most 1 h (estimated, not run), Qwen2.5-1.5B-Instruct (the primary's family):
+    # TalentRL vs SkillRL after RL (Table 2), success paired over the held-out questions
+    "gpu": dict(model="Qwen/Qwen2.5-1.5B-Instruct", sampler="auto", max_model_len=8192, n_train=600,
+                eval_n=100, sft_tasks=400, steps=30, prompts_per_step=16, val_tasks=64,
+                grad_checkpointing=True),
 }
 RENAMED = {"--rl-steps": "--steps", "--tasks-per-step": "--prompts-per-step", "--n-test": "--eval-n"}
 
@@ -440,7 +447,7 @@ def load_teacher(args, dist, sampler, tok):
     if args.teacher in ("scripted", "policy"):
         return sampler, tok
     model, ttok = load_model(args.teacher, dist, args.dtype, trainable=False)
-    return HFSampler(model, ttok), ttok
+    return HFSampler(model, ttok, args.hf_batch), ttok
 
 
 def phase1_data(sampler, tok, W, tasks, args, dist):
@@ -495,12 +502,12 @@ def split_pools(train, n_sft):
 def phase1_sft(model, sampler, tok, init, examples, sft_dir, args, dist):
     """Alg. 1 l.13: fine-tune the weights `init` on the examples by Eq. (9) and save the
     checkpoint (π_ref of the RL stage); with --resume its checkpoint is loaded instead."""
-    if args.resume and load_checkpoint(sft_dir, model, None, dist) is not None:
+    if args.resume and resume_finished(sft_dir, model, dist) is not None:
         sampler.sync(model)
         return dict(sft_steps=0, sft_examples=len(examples), sft_loss=float("nan"), resumed=True)
     restore_snapshot(model, init)
     sft = run_sft(model, examples, args, dist, args.seed)
-    save_checkpoint(sft_dir, model, tok, None, -1, {}, dist)
+    save_checkpoint(sft_dir, model, tok, None, -1, {"settings": run_settings(args)}, dist)
     sampler.sync(model)
     return sft
 
@@ -559,7 +566,8 @@ def phase2_rl(routed, pi, W, rl_tasks, arm_dir, args, dist):
                           "kl", "loss", "grad_norm", "time_step"))
         if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
             save_checkpoint(arm_dir, model, tok, opt, step,
-                            dict(bank=W.bank, bank_raw=W.bank_raw, talents=W.talents), dist)
+                            dict(bank=W.bank, bank_raw=W.bank_raw, talents=W.talents,
+                                 settings=run_settings(args)), dist)
     if dist.is_main and args.steps > start:
         plot_curves(arm_dir,
                     ("reward", "R_P", "kl") + (("A_talent_abs", "A_talent_nonzero") if routed else ()))
@@ -625,28 +633,29 @@ def skillrl_rollouts(sampler, tok, W, tasks, args, first_group):
 def evolve_skillbank(sampler, tok, W, val_outcomes, args, dist):
     """SkillRL's library update: a task type below --evolve-threshold shows its failures to the model, whose
     proposed skills join the bank, linked to the talent the failures were routed to. val_outcomes: every
-    rank's; rank 0 proposes, the bank is broadcast."""
-    added = []
-    if dist.is_main:
-        by_type = {}
-        for r in val_outcomes:
-            by_type.setdefault(r["qtype"], []).append(r)
-        for qtype, rs in sorted(by_type.items()):
-            if np.mean([r["em"] for r in rs]) >= args.evolve_threshold:
-                continue
-            fails = [r for r in rs if r["em"] == 0][: args.evolve_failures]
-            shown = "\n\n".join(f"Question: {r['question']}\nGold answer: {r['answer']}\n"
-                                f"Agent answer: {r['pred']}\nSearches: {r['n_search']}" for r in fails)
-            msg = (f"These search-agent attempts on '{qtype}' questions failed:\n\n{shown}\n\n"
-                   f"Propose at most {args.evolve_max_new} new reusable skills as a JSON list of objects "
-                   f'with keys "title", "principle", "when_to_apply".')
-            out = sampler.generate([chat_ids(tok, [{"role": "user", "content": msg}])], 1,
-                                   args.evolve_max_tokens, 0.0)[0][0].text
-            talents = [r["talent"] for r in fails if r["talent"] in W.by_id]
-            for s in parse_proposed_skills(out)[: args.evolve_max_new]:
-                # the section: the bank's own
-                s.update(skill_id=f"dyn_{len(W.bank) + len(added) + 1:03d}", category=qtype)
-                added.append((s, max(set(talents), key=talents.count) if talents else None))
+    rank's, on every rank; each rank proposes for its share of the weak types (on_ranks), in type order on
+    one process; the replies are gathered and rank 0's bank update is broadcast."""
+    by_type, weak, added = {}, [], []
+    for r in val_outcomes:
+        by_type.setdefault(r["qtype"], []).append(r)
+    for qtype, rs in sorted(by_type.items()):
+        if np.mean([r["em"] for r in rs]) >= args.evolve_threshold:
+            continue
+        fails = [r for r in rs if r["em"] == 0][: args.evolve_failures]
+        shown = "\n\n".join(f"Question: {r['question']}\nGold answer: {r['answer']}\n"
+                            f"Agent answer: {r['pred']}\nSearches: {r['n_search']}" for r in fails)
+        weak.append((qtype, fails, f"These search-agent attempts on '{qtype}' questions failed:\n\n"
+                     f"{shown}\n\nPropose at most {args.evolve_max_new} new reusable skills as a JSON list "
+                     f'of objects with keys "title", "principle", "when_to_apply".'))
+    outs = on_ranks(lambda share: [sampler.generate([chat_ids(tok, [{"role": "user", "content": msg}])], 1,
+                                                    args.evolve_max_tokens, 0.0)[0][0].text
+                                   for _, _, msg in share], weak, dist)  # one call per type, as before
+    for (qtype, fails, _), out in zip(weak, outs):
+        talents = [r["talent"] for r in fails if r["talent"] in W.by_id]
+        for s in parse_proposed_skills(out)[: args.evolve_max_new]:
+            # the section: the bank's own
+            s.update(skill_id=f"dyn_{len(W.bank) + len(added) + 1:03d}", category=qtype)
+            added.append((s, max(set(talents), key=talents.count) if talents else None))
     added = broadcast_object(added, dist)
     for s, t in added:
         if t in W.by_id:
@@ -657,17 +666,29 @@ def evolve_skillbank(sampler, tok, W, val_outcomes, args, dist):
 
 
 def parse_proposed_skills(text):
-    """Skills from the model's reply: a JSON list (or object) anywhere in it; bad output gives []."""
-    for m in re.finditer(r"\[.*\]|\{.*\}", text or "", re.S):
+    """Skills from the model's reply: a JSON list (or object) anywhere in it; bad output gives [].
+
+    The candidates are those of the greedy regex \\[.*\\]|\\{.*\\} (the first opener before the last closer
+    of its kind, up to that closer; after a candidate that does not parse, the next one from its end), found
+    with find and rfind: the regex tried every opener to the end of the text, quadratic in a flood of them."""
+    text, pos = text or "", 0
+    while True:
+        spans = [(text.find(o, pos), text.rfind(c)) for o, c in (("[", "]"), ("{", "}"))]
+        spans = [(i, j) for i, j in spans if 0 <= i < j]
+        if not spans:
+            return []
+        i, j = min(spans)
         try:
-            obj = json.loads(m.group(0))
-        except json.JSONDecodeError:
+            obj = json.loads(text[i:j + 1])
+        except (ValueError, RecursionError):  # ValueError: also a number past int()'s 4,300 digits
+            obj = None
+        if obj is None or not usable_value(obj):  # plumbing.usable_value: nested too deep, a lone surrogate
+            pos = j + 1
             continue
         items = obj if isinstance(obj, list) else [obj]
         return [dict(title=str(s["title"])[:80], principle=str(s["principle"])[:300],
                      when_to_apply=str(s.get("when_to_apply", ""))[:200])
                 for s in items if isinstance(s, dict) and s.get("title") and s.get("principle")]
-    return []
 
 
 # ----- evaluation: Tables 1–2, Figure 2a, routing accuracy against c*, the headline -----
@@ -712,34 +733,6 @@ ONE_DECIMAL = dict(cell=lambda v: f"{v:.1f}", first="method")
 def table_row(r):
     """One method's row of Table 1-2: success per split, single-hop, multi-hop and overall averages."""
     return {**r["success"], "single": r["single_hop"], "multi": r["multi_hop"], "avg": r["overall"]}
-
-
-def plot_talents(run_dir, panels, out="talent_selection.png"):
-    """Figure 2a: share of test questions routed to each talent, per split;
-    panels: {title: talents per split} (before and after RL)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    tids = sorted({t for per in panels.values() for v in per.values() for t in v})
-    colors = {t: plt.cm.tab10(i % 10) for i, t in enumerate(tids)}
-    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 3.6), squeeze=False)
-    for ax, (title, per) in zip(axes[0], panels.items()):
-        splits = list(per)
-        bottom = np.zeros(len(splits))
-        for t in tids:
-            pct = np.array([100 * per[s].get(t, 0) / max(sum(per[s].values()), 1) for s in splits])
-            ax.bar(splits, pct, bottom=bottom, label=t.replace("talent_", ""), color=colors[t])
-            for x, (b, p) in enumerate(zip(bottom, pct)):
-                if p >= 10:  # the paper omits labels below 10%
-                    ax.text(x, b + p / 2, f"{p:.0f}", ha="center", va="center", fontsize=7)
-            bottom += pct
-        ax.set_ylabel("% of questions"), ax.set_title(title, fontsize=9)
-        ax.tick_params(axis="x", labelsize=7)
-    axes[0][-1].legend(fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left")
-    fig.tight_layout()
-    fig.savefig(Path(run_dir) / out, dpi=100)
-    plt.close(fig)
-    return Path(run_dir) / out
 
 
 def print_routing(title, per):
@@ -839,6 +832,11 @@ def build_headline(results):
             for qt, (a, b) in items.items():
                 H.append(stats.compare(f"routing accuracy vs c*, {part}, {qt}: {METHODS[key]} vs {maj}",
                                        METHODS[key], maj, a, b, chance=float(np.mean(b))))
+    # the paper's Qwen2.5-7B success gains, as fractions: Table 1 (§5.2: average +3.13 %, Bamboogle +8.80 %);
+    # Table 2 − Table 1 (TalentRL 43.13 % − TalentRL-SFT 34.72 %); the other cells are not in the text
+    paper = {("talentrl-sft", "skillrl-sft", "all"): 0.0313,
+             ("talentrl-sft", "skillrl-sft", "bamboogle"): 0.088,
+             ("talentrl", "talentrl-sft", "all"): 0.0841}
     for a, b in (("talentrl-sft", "skillrl-sft"), ("talentrl", "talentrl-sft"),
                  ("talentrl-sft", "zero-shot")):
         if a not in results or b not in results:
@@ -848,7 +846,8 @@ def build_headline(results):
                   if split in ("all", sp) and q in results[b]["items"]]
             H.append(stats.compare(f"success, {split}: {METHODS[a]} vs {METHODS[b]}", METHODS[a], METHODS[b],
                                    [results[a]["items"][q][1] for q in qs],
-                                   [results[b]["items"][q][1] for q in qs]))
+                                   [results[b]["items"][q][1] for q in qs],
+                                   paper_effect=paper.get((a, b, split))))
     if A := results.get("talentrl", {}).get("A_talent_groups"):
         H.append(stats.vs_chance("RL groups with Â_talent ≠ 0 (share)", "TalentRL",
                                  [float(x != 0) for x in A], 0.0))
@@ -893,7 +892,11 @@ def main(argv=None):
     if args.aggregate:
         return aggregate_seeds(args.aggregate)
     check_args(args)
+    check_resume(args)  # --resume with the run's own settings, or one line naming the changed flags
     dist = setup_distributed()
+    per_rank(args.prompts_per_step, dist, "--prompts-per-step")  # l.17: every rank owns whole tasks
+    teacher = args.teacher not in ("scripted", "policy")  # an HF model: a frozen copy, generating with HF
+    preflight(args, dist, frozen=1 + teacher, hf=teacher)  # and π_ref (Alg. 1 l.14)
     seed_everything(args.seed + dist.rank)
     t_start, run_dir, results = time.time(), Path(args.run_dir), {"phase_seconds": {}}  # --resume: ckpts
     say = phase_logger(results, dist, t_start)
@@ -973,5 +976,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
-    exit_ranks()  # under torchrun: barrier, destroy, os._exit (plumbing.exit_ranks says why)
+    run_main(main)  # main(); a package not installed: one line; under torchrun exit_ranks (plumbing)

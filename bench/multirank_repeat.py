@@ -19,6 +19,11 @@ import time
 import xml.etree.ElementTree as ET
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+# a hung round is killed with its process group (pytest, its xdist workers); each torchrun a test starts has its
+# own group, which that test's time limit (tests/conftest.py) kills first
+from conftest import run_group  # noqa: E402
+
 ABORT = "terminate called without an active exception"
 
 p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -48,7 +53,7 @@ try:
                "-o", "junit_logging=all", "tests"] + (["-k", args.k] if args.k else [])
         t0 = time.time()
         try:
-            out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=args.timeout)
+            out = run_group(cmd, cwd=ROOT, capture_output=True, text=True, timeout=args.timeout)
             text, hung = out.stdout + out.stderr, False
         except subprocess.TimeoutExpired as e:
             text, hung = (e.stdout or b"").decode(errors="replace") + (e.stderr or b"").decode(errors="replace"), True

@@ -9,10 +9,14 @@ check; the exit status is 1 when any check fails.
 Stage 1 (always):
   bf16       a GRPO update with bf16 weights + fp32 masters (MasterAdamW) moves the weights as fp32 does (≤ 10 %)
   chunked    ChunkedTokenLogProb equals log_softmax, forward and backward, at Qwen3's vocabulary (151,936)
-  torchrun   torchrun with 1 rank (NCCL) runs updates with and without --fsdp; a run resumed from its checkpoint
-             ends bit-identical to an uninterrupted one
+  torchrun   torchrun with 2 ranks (NCCL) where there are 2 GPUs, else 1 (its line says DDP is then not
+             wrapped), runs updates with and without --fsdp; a run resumed from its checkpoint ends
+             bit-identical to an uninterrupted one
   reward     a short toy run's reward rises (a dense reward the random model can learn: the share of digits)
   perf       peak memory and tokens/s of that run (printed, no threshold)
+  preset     each script's --preset gpu for a few steps (its sizes cut, every memory flag its own) on random
+             weights in the shapes of the preset's model (SHAPES); dry mode: the small random model, HF
+             generate and short generations
 Stage 2 (only when vllm imports):
   vllm       VLLMSampler's greedy reply equals HF's after an SFT update and a weight sync
   scripts    torchrun --nproc_per_node=N (N = GPUs) of each script for one step on the random model
@@ -55,6 +59,44 @@ def build_model(out, device_vocab_heads=128):
     torch.manual_seed(0)
     LlamaForCausalLM(cfg).save_pretrained(out)
     tok.save_pretrained(out)
+    return str(out)
+
+
+# The gpu presets' models in the shapes of their config.json (the smoke has no network or model cache): the
+# preset check runs each script on random weights of these shapes
+SHAPES = {
+    "Qwen/Qwen2.5-0.5B-Instruct": ("qwen2", dict(hidden_size=896, intermediate_size=4864,
+                                                 num_hidden_layers=24, num_attention_heads=14,
+                                                 num_key_value_heads=2)),
+    "Qwen/Qwen2.5-1.5B-Instruct": ("qwen2", dict(hidden_size=1536, intermediate_size=8960,
+                                                 num_hidden_layers=28, num_attention_heads=12,
+                                                 num_key_value_heads=2)),
+    "Qwen/Qwen3-0.6B": ("qwen3", dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                                      num_attention_heads=16, num_key_value_heads=8, head_dim=128)),
+    "Qwen/Qwen3-1.7B": ("qwen3", dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
+                                      num_attention_heads=16, num_key_value_heads=8, head_dim=128)),
+}
+VOCAB = 151936  # all four: tied embeddings, rope θ 10⁶
+
+
+def build_like(name, out, device):
+    """Random bf16 weights in the shapes of SHAPES[name], with the shipped tokenizer padded to the model's
+    vocabulary by tokens no text encodes to ("pad1024", …): every id a random model samples decodes."""
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+    kind, shape = SHAPES[name]
+    Config, Model = (Qwen3Config, Qwen3ForCausalLM) if kind == "qwen3" else (Qwen2Config, Qwen2ForCausalLM)
+    tok = AutoTokenizer.from_pretrained(ROOT / "gpu" / "tokenizer")
+    cfg = Config(vocab_size=VOCAB, tie_word_embeddings=True, rope_theta=1e6, max_position_embeddings=32768,
+                 bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                 **shape)
+    torch.manual_seed(0)
+    with torch.device(device):
+        Model(cfg).to(torch.bfloat16).save_pretrained(out)
+    tok.save_pretrained(out)
+    spec = json.loads((Path(out) / "tokenizer.json").read_text())
+    vocab = spec["model"]["vocab"]
+    vocab.update({f"pad{i}": i for i in range(len(tok), VOCAB)})
+    (Path(out) / "tokenizer.json").write_text(json.dumps(spec))
     return str(out)
 
 
@@ -140,31 +182,36 @@ def check_chunked(device, V):
            f"max |Δ| / max |grad| {bwd:.1e} (< 1e-2, bf16 gradients); {1000 * dt:.0f} ms fwd+bwd")
 
 
-def torchrun(argv, env, log):
-    """`torchrun --nproc_per_node=1 gpu/smoke.py --worker ARGS` (the worker is grpo.main with the dense reward)."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1", f"--master_port={env['PORT']}",
-           str(Path(__file__).resolve()), "--worker", *argv]
+def torchrun(argv, env, log, n=1):
+    """`torchrun --nproc_per_node=N gpu/smoke.py --worker ARGS` (the worker: grpo.main, the dense reward)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={n}",
+           f"--master_port={env['PORT']}", str(Path(__file__).resolve()), "--worker", *argv]
     with open(log, "w") as f:
         return subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, timeout=600).returncode
 
 
 def check_torchrun(model_dir, tmp, device):
-    """One rank under torchrun (NCCL on a GPU, gloo on CPU): updates with and without --fsdp, then an
-    uninterrupted 4-step run against 2 steps + --resume to 4 (weights and AdamW state bit-identical)."""
+    """Two ranks under torchrun where there are two GPUs (NCCL), else one (NCCL, or gloo on CPU: no DDP
+    wrapper, said on the line): updates with and without --fsdp, then an uninterrupted 4-step run against 2
+    steps + --resume to 4 (weights and AdamW state bit-identical)."""
     from safetensors.torch import load_file
     env = {**os.environ, "PORT": str(29600 + os.getpid() % 300), "CUBLAS_WORKSPACE_CONFIG": ":4096:8", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     common = ["--model", model_dir, "--sampler", "hf", "--G", "4", "--prompts-per-step", "2", "--max-new-tokens", "8",
               "--eval-n", "0", "--lr", "1e-3", "--save-every", "2", "--beta", "0.1", "--micro-batch", "4"]
+    n = 2 if device.type == "cuda" and torch.cuda.device_count() >= 2 else 1
     backend = "NCCL" if device.type == "cuda" else "gloo"
+    ranks = (f"2 ranks ({backend})" if n == 2 else
+             f"1 rank ({backend}; one {device.type} device: DDP is not wrapped, 2 ranks need 2 GPUs)")
     for fsdp in ([], ["--fsdp"]):
         name = "torchrun" + (" --fsdp" if fsdp else "")
         runs = {r: tmp / f"{r}{len(fsdp)}" for r in ("a", "b")}
-        rcs = [torchrun(common + fsdp + ["--steps", "4", "--run-dir", str(runs["a"])], env, tmp / "a.log"),
-               torchrun(common + fsdp + ["--steps", "2", "--run-dir", str(runs["b"])], env, tmp / "b.log"),
-               torchrun(common + fsdp + ["--steps", "4", "--run-dir", str(runs["b"]), "--resume"], env, tmp / "b2.log")]
+        resume = ["--steps", "4", "--run-dir", str(runs["b"]), "--resume"]
+        rcs = [torchrun(common + fsdp + ["--steps", "4", "--run-dir", str(runs["a"])], env, tmp / "a.log", n),
+               torchrun(common + fsdp + ["--steps", "2", "--run-dir", str(runs["b"])], env, tmp / "b.log", n),
+               torchrun(common + fsdp + resume, env, tmp / "b2.log", n)]
         if any(rcs):
             tail = (tmp / ["a.log", "b.log", "b2.log"][[bool(r) for r in rcs].index(True)]).read_text()[-1500:]
-            report(name, False, f"1 rank ({backend}) exit codes {rcs}\n{tail}")
+            report(name, False, f"{ranks} exit codes {rcs}\n{tail}")
             continue
         wa, wb = (load_file(runs[r] / "ckpt" / "model" / "model.safetensors") for r in ("a", "b"))
         sa, sb = (torch.load(runs[r] / "ckpt" / "state.pt", weights_only=False)["optimizer"]["state"] for r in ("a", "b"))
@@ -173,7 +220,8 @@ def check_torchrun(model_dir, tmp, device):
         moved = not all(torch.equal(wa[k], v) for k, v in load_file(Path(model_dir) / "model.safetensors").items() if k in wa)
         steps = len((runs["a"] / "metrics.jsonl").read_text().splitlines())
         report(name, same_w and same_opt and moved and steps == 4,
-               f"1 rank ({backend}): {steps} updates, weights moved {moved}; resumed run equals uninterrupted: weights {same_w}, AdamW {same_opt}")
+               f"{ranks}: {steps} updates, weights moved {moved}; resumed run equals uninterrupted: weights "
+               f"{same_w}, AdamW {same_opt}")
 
 
 def check_reward(model_dir, tmp, device, steps):
@@ -197,6 +245,69 @@ def check_reward(model_dir, tmp, device, steps):
     report("perf", None if device.type != "cuda" else True,
            f"peak {peak}; {tokens / sum(r['time_step'] for r in rows):.0f} trained tokens/s over generation + update, "
            f"{wall:.0f} s for {steps} steps (the random 2-layer model: a plumbing number, not a benchmark)")
+
+
+# Each script's --preset gpu cut to a few steps: the sizes shrink, the memory flags (micro-batch, context,
+# checkpointing, sampler) stay the preset's. DRY: what dry mode adds on the small random model (HF generate,
+# short generations, fewer rollouts).
+PRESET_RUNS = {
+    "grpo": "--steps 2 --eval-n 8 --prompts-per-step 8",
+    "skill_entropy": "--domains math,science,creative_writing --acc-samples 1 --direct-pairs 2 --n-train 8 "
+                     "--n-sft 4 --eval-n 4 --train-len 2,3 --test-len 2,3 --llm-proposer-tasks 2 "
+                     "--label-seeds 1 --n-label 2 --sft-epochs 1 --steps 2 --prompts-per-step 4 "
+                     "--null-perms 20",
+    "skill_rm": "--bench-per-cat 1 --formats pairwise --bon-prompts 1 --bon-N 2 --steps 2 "
+                "--prompts-per-step 2 --eval-n 2 --rl-rewards skill_rm",
+    "skill_selfplay": "--family tool --T 1 --proposer-prompts 4 --proposer-steps 1 --collect-prompts 4 "
+                      "--solver-steps 2 --solver-batch 4 --eval-n 3 --eval-samples 1 --induce-min 1 "
+                      "--prune-min-attempts 99 --no-plots",
+    "talentrl": "--n-people 40 --n-places 16 --n-orgs 10 --n-events 10 --n-hamlets 12 --n-shared 6 "
+                "--n-train 60 --eval-n 2 --sft-tasks 48 --sft-epochs 1 --steps 2 --prompts-per-step 2 "
+                "--val-tasks 2 --evolve-every 1",
+}
+DRY = {
+    "grpo": "--max-new-tokens 8 --G 2 --prompts-per-step 2 --micro-batch 4",
+    "skill_entropy": "--max-new-tokens 160 --acc-max-new-tokens 4 --propose-max-new-tokens 8 "
+                     "--llm-proposer-tasks 0 --max-model-len 512 --G 2 --prompts-per-step 2",
+    "skill_rm": "--max-new-tokens 8 --judge-max-new-tokens 16 --max-turns 2 --rl-max-turns 2 --G 2 "
+                "--prompts-per-step 1 --methods baseline,skill_rm",
+    "skill_selfplay": "--max-new-tokens 8 --proposer-max-new-tokens 12 --controller-max-new-tokens 8 --K 2 "
+                      "--proposer-G 2 --solver-G 2 --max-model-len 512",
+    "talentrl": "--max-new-tokens 16 --route-max-tokens 16 --max-steps 2 --topk-docs 2 --K 2 --k-reduced 1 "
+                "--G 2 --evolve-max-tokens 16 --no-zero-shot --sft-tasks 24 --route-epochs 1 --exec-epochs 1 "
+                "--arms talentrl",
+}
+
+
+def check_presets(small_model, tmp, device, only=None):
+    """`python <script>.py --preset gpu` of each script (only: a subset) for a few steps: on a GPU on random
+    weights in the shapes of the preset's model (build_like), in dry mode on the small random model."""
+    import importlib
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    built = {}
+    for name, cut in PRESET_RUNS.items():
+        if only and name not in only:
+            continue
+        mod = importlib.import_module(name)
+        hf_id = mod.PRESETS["gpu"]["model"]
+        if device.type == "cuda":
+            if hf_id not in built:
+                built[hf_id] = build_like(hf_id, tmp / hf_id.replace("/", "--"), device)
+            argv, what = [*cut.split(), "--model", built[hf_id]], f"random weights in the shapes of {hf_id}"
+        else:
+            argv = [*cut.split(), *DRY[name].split(), "--model", small_model, "--sampler", "hf"]
+            what = "the small random model"
+        log, t0 = tmp / f"preset-{name}.log", time.time()
+        cmd = [sys.executable, f"{name}.py", "--preset", "gpu", *argv, "--run-dir", str(tmp / f"gpu-{name}")]
+        with open(log, "w") as f:
+            try:
+                rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env,
+                                    timeout=900).returncode
+            except subprocess.TimeoutExpired:
+                rc = "timeout (900 s)"
+        tail = "" if rc == 0 else "\n" + log.read_text()[-1500:]
+        report(f"preset {name}", rc == 0, f"{name}.py --preset gpu on {what}, sizes cut to a few steps: exit "
+               f"{rc} in {time.time() - t0:.0f} s{tail}")
 
 
 # ----- stage 2 (vLLM) -----
@@ -269,6 +380,7 @@ def main():
     p.add_argument("--stage2", default="auto", choices=["auto", "on", "off"], help="vLLM stage: auto = when vllm imports")
     p.add_argument("--reward-steps", type=int, default=30, help="steps of the toy run whose reward must rise")
     p.add_argument("--keep", action="store_true", help="keep the temporary folder (logs, runs)")
+    p.add_argument("--presets", default="", help="scripts whose --preset gpu runs (comma-separated; all)")
     args = p.parse_args()
     if args.cpu:
         device = torch.device("cpu")
@@ -289,6 +401,7 @@ def main():
             check_chunked(device, 4096)
         check_torchrun(model_dir, tmp, device)
         check_reward(model_dir, tmp, device, args.reward_steps)
+        check_presets(model_dir, tmp, device, args.presets and args.presets.split(","))
         try:
             import vllm  # noqa: F401
             has_vllm = True

@@ -683,3 +683,19 @@ def scripted_reply(task, checklist):
     if not ran and check and task.skill.resource(check):
         return json_text({"name": "run_verifier", "arguments": {"id": check}})
     return json_text({"name": "final_answer", "arguments": scripted_final(task, checklist)})
+
+
+def pooled(res, method, fmt, key="score"):
+    """One metric of a method and format pooled over categories, weighted by items (nan if absent)."""
+    rows = [r for (m, f, _), r in res.items() if m == method and f == fmt and key in r and r[key] == r[key]]
+    n = sum(r["n"] for r in rows)
+    return sum(r[key] * r["n"] for r in rows) / n if n else float("nan")
+
+
+def bench_items(res, method, fmt, key="items"):
+    """{item id: value} of one method and format over every category."""
+    out = {}
+    for (m, f, _), r in res.items():
+        if m == method and f == fmt:
+            out.update(r.get(key, {}))
+    return out

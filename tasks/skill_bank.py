@@ -21,8 +21,9 @@ from pathlib import Path
 import numpy as np
 
 from grpo import chat_ids
+from plumbing import LENIENT_PARSE_CHARS, tag_blocks, usable_value
 from sandbox import CODE_IMPORTS, run_sandboxed
-from stats import parse_number
+from stats import format_null, parse_number, pooled_null
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "skill_entropy"
 
@@ -179,13 +180,18 @@ def extract_lenient(text, L):
     'Step k:' / 'Answer k:' segments; a 1-step prompt falls back to the whole text."""
     text = str(text)
     ans = re.findall(r"<answer>(.*?)(?:</answer>|$)", text, re.S)
-    sk = re.findall(r"<skill>(.*?)</skill>", text, re.S)
+    sk = [m.group(1) for m in tag_blocks(text, "skill")]  # plumbing.tag_blocks: not quadratic in a flood
     if not ans:
-        parts = re.split(r"(?im)^\s*(?:step|answer)\s*(\d+)\s*[:.)-]", text)
+        # ^[^\S\n]*, not ^\s*: from every line start \s* ran over a run of blank lines (quadratic in a flood);
+        # the segments are stripped, so where a split starts among blank lines does not matter
+        parts = re.split(r"(?im)^[^\S\n]*(?:step|answer)\s*(\d+)\s*[:.)-]", text)
         if len(parts) > 1:
             byk = {}
             for k, seg in zip(parts[1::2], parts[2::2]):
-                byk.setdefault(int(k), seg.strip())
+                try:
+                    byk.setdefault(int(k), seg.strip())
+                except ValueError:  # past int()'s 4,300 digits: no step of this task (hostile output)
+                    pass
             ans = [byk.get(k + 1, "") for k in range(L)]
         elif L == 1:
             ans = [text.strip()]
@@ -323,9 +329,19 @@ def verifier_prompt(scenario, questions, seeds):
 
 
 def parse_proposal(text, seeds):
-    """<scenario> and exactly L <step> blocks (optional <rubric> after open-ended ones) or None."""
-    m = re.search(r"<scenario>(.*?)</scenario>", str(text), re.S)
-    steps = re.findall(r"<step>(.*?)</step>\s*(?:<rubric>(.*?)</rubric>)?", str(text), re.S)
+    """<scenario> and exactly L <step> blocks (optional <rubric> after open-ended ones) or None. The steps are
+    read with find as re.findall(r"<step>(.*?)</step>\\s*(?:<rubric>(.*?)</rubric>)?") reads them: the regex
+    retried every opening tag without a closing one to the end of the text (quadratic in a flood of them)."""
+    text = str(text)
+    m = next(tag_blocks(text, "scenario"), None)
+    steps, pos, last_rubric = [], 0, text.rfind("</rubric>")
+    while (i := text.find("<step>", pos)) >= 0 and (j := text.find("</step>", i + 6)) >= 0:
+        pos, rubric = j + 7, ""
+        r = re.compile(r"\s*<rubric>").match(text, pos)
+        if r and r.end() <= last_rubric:  # its </rubric> exists: the first one after it
+            k = text.find("</rubric>", r.end())
+            pos, rubric = k + 9, text[r.end():k]
+        steps.append((text[i + 6:j], rubric))
     if not m or len(steps) != len(seeds) or not m.group(1).strip():
         return None
     return m.group(1).strip(), [q.strip() for q, _ in steps], [r.strip() or None for _, r in steps]
@@ -394,7 +410,7 @@ def score_choice(pred, step):
     m = re.match(rf"^\(?([{cls}])\)?(?:[.):\s]|$)(.*)", text, re.S)
     if m and norm_tokens(m.group(2)) in ([], norm_tokens(options.get(m.group(1), ""))):
         return float(m.group(1) == step["answer"])
-    m = re.search(rf"answer(?: is)?\s*:?\s*\(?([{cls}])\b", text, re.I)
+    m = re.search(rf"answer(?: is)?\s*(?::\s*)?\(?([{cls}])\b", text, re.I)  # \s*:?\s* backtracked: n²
     if m:
         return float(m.group(1).upper() == step["answer"])
     for k, v in options.items():
@@ -404,10 +420,16 @@ def score_choice(pred, step):
 
 
 def _literal(text):
+    """A Python literal, or None (so is one that would break the code reading it: plumbing.usable_value; and a
+    text past plumbing.LENIENT_PARSE_CHARS: Python's parser takes ~1 µs a character)."""
+    text = _strip_fences(str(text)).strip()
+    if len(text) > LENIENT_PARSE_CHARS:
+        return None
     try:
-        return ast.literal_eval(_strip_fences(str(text)).strip())
+        value = ast.literal_eval(text)
     except Exception:
         return None
+    return value if usable_value(value) else None
 
 
 def score_structure(pred, step):
@@ -533,12 +555,14 @@ OPEN_SKILLS = "List 3 to 5 skills that the domain '{d}' tests, as short snake_ca
 
 def parse_labels(text):
     out = []
-    for part in re.split(r"[,;\n]", str(text)):
+    for part in filter(str.strip, re.split(r"[,;\n]", str(text))):  # a blank part gives no label
+        if len(out) == 5:  # all that is kept (`w not in out` over every label was quadratic in a flood)
+            break
         words = re.sub(r"^\s*(?:[-*•]|\d+[.)])\s*", "", part.lower()).split(":")[0].split()[:4]
         w = re.sub(r"[^a-z0-9]+", "_", " ".join(words)).strip("_")
         if 2 < len(w) <= 40 and re.search(r"[a-z]{3,}", w) and w not in out:
             out.append(w)
-    return out[:5]
+    return out
 
 
 def cluster_labels(E, threshold):
@@ -797,3 +821,16 @@ def diverse_subset(tasks, n):
         chosen.append(t)
         seen |= switches(t)
     return chosen
+
+
+def aggregate_nulls(run_dirs, sides, names):
+    """--aggregate extra: each SkE statistic's mean over the runs against the mean of their null draws
+    (sides, names: skill_entropy's NULL_SIDES, NULL_NAMES)."""
+    nulls = [json.loads((Path(d) / "results.json").read_text()).get("ske_null") for d in run_dirs]
+    nulls = [n for n in nulls if n]
+    if not nulls:
+        return {}
+    out = pooled_null(nulls, sides)
+    print(f"\nSkE against its permutation null, mean over {len(nulls)} runs:")
+    print(format_null(out, names))
+    return out

@@ -23,7 +23,7 @@ import sys
 
 import numpy as np
 
-from plumbing import gather_objects
+from plumbing import gather_objects, tag_blocks, usable_value
 from stats import wilson_ci
 
 # ----- the solver's prompt and the reply format -----
@@ -51,14 +51,15 @@ TOOL_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": 
 
 
 def parse_tool_calls(text):
-    """All parseable <tool_call>{"name", "arguments"}</tool_call> blocks in text."""
+    """All parseable <tool_call>{"name", "arguments"}</tool_call> blocks in text (plumbing.usable_value: JSON
+    that would break the code reading it does not parse)."""
     calls = []
-    for body in re.findall(r"<tool_call>(.*?)</tool_call>", text, re.S):
+    for body in (m.group(1) for m in tag_blocks(text, "tool_call")):  # not quadratic in a flood of tags
         try:
             obj = json.loads(body.strip())
         except (ValueError, RecursionError):
             continue
-        if (isinstance(obj, dict) and isinstance(obj.get("name"), str)
+        if (isinstance(obj, dict) and usable_value(obj) and isinstance(obj.get("name"), str)
                 and isinstance(obj.get("arguments", {}), dict)):
             calls.append({"name": obj["name"], "arguments": obj.get("arguments", {})})
     return calls
@@ -420,7 +421,7 @@ def bfcl_decode(text):
     """The calls of a reply as BFCL's checker takes them ([{name: arguments}]), or None when a <tool_call>
     block does not decode (a BFCL handler's decode failure: the item is wrong, the block is not silently
     dropped)."""
-    blocks = re.findall(r"<tool_call>(.*?)</tool_call>", text, re.S)
+    blocks = list(tag_blocks(text, "tool_call"))
     calls = parse_tool_calls(text)
     return [{c["name"]: c["arguments"]} for c in calls] if calls and len(calls) == len(blocks) else None
 

@@ -23,7 +23,10 @@ def toy_problem(rng):
 def toy_reward(text, answer):
     """1 if the last integer in the reply is the answer, else 0 (a reply with no number is 0)."""
     nums = re.findall(r"-?\d+", text.replace(",", ""))
-    return 1.0 if nums and int(nums[-1]) == answer else 0.0
+    try:
+        return 1.0 if nums and int(nums[-1]) == answer else 0.0
+    except ValueError:  # a number past int()'s 4,300 digits is not the answer (hostile output)
+        return 0.0
 
 
 def toy_batch(tok, step, args, dist):

@@ -27,7 +27,7 @@ import re
 
 import numpy as np
 
-from plumbing import gather_objects, save_generations
+from plumbing import brace_candidates, gather_objects, save_generations
 from tasks.tool_calls import json_object
 
 # ----- the runtime: clue types, value pools, scales -----
@@ -295,20 +295,20 @@ def render_zebra_prompt(p):
 
 
 def extract_json(text):
-    """Last top-level decodable JSON object in text (or None)."""
-    dec, best, i = json.JSONDecoder(), None, 0
-    while True:
-        i = text.find("{", i)
-        if i < 0:
-            return best
+    """Last top-level decodable JSON object in text (or None). A JSON object runs to its matching '}', so only
+    the closed candidates of plumbing.brace_candidates are decoded (bounded time on a flood of braces)."""
+    dec, best, after = json.JSONDecoder(), None, 0
+    for start, end, _ in brace_candidates(text, closed_only=True):
+        if start < after:  # inside the last object decoded
+            continue
         try:
-            obj, end = dec.raw_decode(text, i)
+            obj, n = dec.raw_decode(text[start:end])  # the slice: an error's line count is not O(len(text))
         except (ValueError, RecursionError):  # RecursionError: hostile nesting depth
-            i += 1
             continue
         if isinstance(obj, dict):
             best = obj
-        i = end
+        after = start + n
+    return best
 
 
 def parse_grid(text, p):
@@ -327,7 +327,10 @@ def parse_grid(text, p):
         m = re.fullmatch(r"\s*(?:house\s*)?(\d+)\s*", str(key), re.I)
         if not m or not isinstance(row, dict):
             continue
-        h = int(m.group(1))
+        try:
+            h = int(m.group(1))
+        except ValueError:  # past int()'s 4,300 digits: no house (hostile output)
+            h = -1
         grid[h] = {}
         for a, v in row.items():
             a = attr_names.get(str(a).strip().lower())

@@ -1,5 +1,8 @@
-"""Shared fixtures: the repo on sys.path, a tiny randomly initialised model for mechanics tests."""
+"""Shared fixtures: the repo on sys.path, a tiny randomly initialised model for mechanics tests; run_group, how
+every test starts a process; a time limit on every test (pytest-timeout), so a hang fails instead of blocking."""
 import os
+import signal
+import subprocess
 import sys
 
 import pytest
@@ -10,6 +13,31 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # a test subprocess's thread settings: one thread per process (per rank under torchrun). torch takes its thread
 # count from MKL_NUM_THREADS when that is set, so OMP_NUM_THREADS alone can leave two ranks at 2 threads each on 2 cores
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+# a test's time limit: max(DEFAULT_TIMEOUT_S, HEAVY_TIMEOUT_FACTOR × its @pytest.mark.heavy seconds) (_add_time_limits)
+DEFAULT_TIMEOUT_S, HEAVY_TIMEOUT_FACTOR = 300, 5  # 3× failed a sound test (116 s) at load 10 on 2 cores
+
+
+def run_group(args, *, timeout, check=False, **kwargs):
+    """subprocess.run for the tests, with the child in its own session (so its own process group): on the timeout,
+    or any interrupt while it waits (pytest-timeout's, Ctrl-C), the whole group is SIGKILLed, torchrun's ranks and
+    whatever they started with it, before the exception goes on. subprocess.run kills the launcher alone, and its
+    ranks lived on as orphans holding CPU and memory. Same arguments and result as subprocess.run."""
+    if kwargs.pop("capture_output", False):
+        kwargs["stdout"] = kwargs["stderr"] = subprocess.PIPE
+    with subprocess.Popen(args, start_new_session=True, **kwargs) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except BaseException:  # TimeoutExpired (it holds the output so far), pytest-timeout's Failed, Ctrl-C
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+            raise
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    if check:
+        done.check_returncode()
+    return done
 
 
 @pytest.fixture(scope="session")
@@ -35,7 +63,8 @@ def pytest_configure(config):
     """Skipped tests say why in the summary line (e.g. the sandbox's kernel layers without root or bubblewrap).
     The `multirank` marker names every test that starts torchrun ranks (bench/multirank_repeat.py runs them)."""
     config.addinivalue_line("markers", "multirank: starts two or more torchrun ranks (bench/multirank_repeat.py)")
-    config.addinivalue_line("markers", "heavy(seconds): this test's measured seconds under make test (one thread); it starts early")
+    config.addinivalue_line("markers", "heavy(seconds): this test's measured seconds under make test (one thread); it "
+                            f"starts early, and its time limit is max({DEFAULT_TIMEOUT_S}, {HEAVY_TIMEOUT_FACTOR} × seconds)")
     if not set("sA") & set(config.option.reportchars):
         config.option.reportchars += "s"
 
@@ -51,6 +80,23 @@ def pytest_collection_modifyitems(config, items):
     start (items 0-1 and 2-3), so slot 1 gets a light test and the second-longest opens worker 2. The rest keep
     file order (a stable sort); without xdist the order only moves the heavy tests to the front."""
     items.sort(key=_seconds, reverse=True)
+    _add_time_limits(config, items)
     light = next((i for i, it in enumerate(items) if _seconds(it) == 0), None)
     if light is not None and light > 1:
         items.insert(1, items.pop(light))
+
+
+def _add_time_limits(config, items):
+    """pytest-timeout's marker on every test that has none: max(floor, HEAVY_TIMEOUT_FACTOR × heavy seconds), the
+    floor being --timeout (or PYTEST_TIMEOUT) when given, else DEFAULT_TIMEOUT_S; --timeout 0 sets no limit. The
+    method stays pytest-timeout's default on Linux, signal (SIGALRM in the test's thread, the main thread of each
+    xdist worker too): the hang fails that test alone and run_group kills its process group on the way out. The
+    thread method's os._exit would end the whole worker, and leave a subprocess's ranks behind."""
+    if not config.pluginmanager.hasplugin("timeout"):  # pytest-timeout not installed: no limits
+        return
+    from pytest_timeout import get_env_settings
+    floor = get_env_settings(config).timeout
+    floor = DEFAULT_TIMEOUT_S if floor is None else floor
+    for item in items:
+        if floor and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(max(floor, HEAVY_TIMEOUT_FACTOR * _seconds(item))))

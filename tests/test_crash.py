@@ -2,9 +2,10 @@
 the same final weights and the same metrics rows as a run never interrupted; a corrupt checkpoint is one clear
 error line; a torn metrics line is dropped with a warning. The kill points are plumbing.kill_point's
 (NANOSKILL_KILL_AT=name:stepN)."""
+import importlib
 import json
 import os
-import subprocess
+import re
 import sys
 import types
 
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 import plumbing
-from conftest import ONE_THREAD
+from conftest import ONE_THREAD, run_group
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHECK = os.path.join(ROOT, "tests", "crash_check.py")
@@ -23,7 +24,7 @@ def _run(argv, kill_at=None, timeout=300):
     env.pop("NANOSKILL_KILL_AT", None)
     if kill_at:
         env["NANOSKILL_KILL_AT"] = kill_at
-    return subprocess.run([sys.executable, CHECK, *argv], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+    return run_group([sys.executable, CHECK, *argv], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def _rows(run_dir, drop=("time", "time_gen", "time_step")):
@@ -56,47 +57,80 @@ def _assert_same_run(a, b):
     _assert_same_optimizer(sa["optimizer"], sb["optimizer"])
 
 
-def _kill_at_each(argv, kills, resume="--resume"):
-    """Run argv once per kill point, SIGKILLed there, each run after the first resuming (with the flag `resume`;
-    None: the script resumes on its own); then once to the end. Returns everything the runs wrote to stderr."""
-    said = ""
-    for i, point in enumerate(kills):
+def _lines(path):
+    return path.read_text().splitlines(keepends=True) if path.exists() else []
+
+
+def _assert_resumed_at(n, out, before, ck_dir, log, key):
+    """The run `out` resumed where the runs before it stopped, step n (None: there was no checkpoint yet):
+    it said "resumed from <ck_dir>/ckpt… at step n", kept the rows of steps 0…n of the metrics.jsonl `log`
+    as they were `before` it ran (byte for byte: their wall times too) and printed no `key` row of a step
+    ≤ n. A run that restarted from step 0 ends with the same weights (it is deterministic), but fails here."""
+    said = [int(s) for s in re.findall(rf"resumed from {re.escape(str(ck_dir))}/ckpt[.a-z]* at step (-?\d+)",
+                                       out.stderr)]
+    rows = [int(s) for s, k in re.findall(r"^step +(-?\d+) \| (\w+)", out.stdout, re.M) if k == key]
+    where = f"expected a resume at step {n}; said {said}, printed {key} rows {rows}: {out.stderr[-1500:]}"
+    if n is None:
+        assert said == [] and rows[:1] in ([], [0]), where
+        return
+    assert said == [n] and rows[:1] in ([], [n + 1]) and min(rows, default=n + 1) > n, where
+    assert len(before) > n and _lines(log)[:n + 1] == before[:n + 1], f"{log}: rows of steps ≤ {n} rewritten"
+
+
+def _kill_at_each(argv, kills, resumes, ck_dir, log="", key="reward", resume="--resume"):
+    """Run argv once per kill point, SIGKILLed there, each run after the first resuming (with the flag
+    `resume`; None: the script resumes on its own); then once to the end. resumes[i]: the step the run after
+    kill i resumes at (the checkpoint in ck_dir; None: a fresh start), checked by _assert_resumed_at on
+    <ck_dir>/<log>'s rows and the `key` rows on stdout. Returns the runs' outputs."""
+    assert len(resumes) == len(kills)
+    outs, path = [], ck_dir / log / "metrics.jsonl"
+    for i, point in enumerate(kills + [None]):
+        before = _lines(path)
         out = _run(argv + ([resume] if i and resume else []), kill_at=point)
-        assert out.returncode == -9, f"the kill at {point} did not happen (rc {out.returncode}): {out.stderr[-2000:]}"
-        said += out.stderr
-    out = _run(argv + ([resume] if resume else []))
-    assert out.returncode == 0, out.stderr[-3000:]
-    return said + out.stderr
+        if point is None:
+            assert out.returncode == 0, out.stderr[-3000:]
+        else:
+            assert out.returncode == -9, f"no kill at {point} (rc {out.returncode}): {out.stderr[-2000:]}"
+        if i:
+            _assert_resumed_at(resumes[i - 1], out, before, ck_dir, path, key)
+        outs.append(out)
+    return outs
 
 
-# ----- grpo.py: killed at six points across the run, resumed each time -----
+# ----- grpo.py: killed at seven points across the run, resumed each time -----
 
-GRPO = ["grpo", "--sampler", "hf", "--steps", "6", "--save-every", "2", "--prompts-per-step", "2", "--G", "2",
-        "--max-new-tokens", "6", "--micro-batch", "4", "--eval-n", "0", "--lr", "1e-3", "--beta", "0.04"]
+GRPO = ["grpo", "--sampler", "hf", "--steps", "8", "--save-every", "2", "--prompts-per-step", "2", "--G", "2",
+        "--max-new-tokens", "6", "--micro-batch", "4", "--eval-n", "2", "--lr", "1e-3", "--beta", "0.04"]
 
-# each kill lands later than the checkpoint the previous resume started from; together they cover: before any
-# checkpoint, inside the first checkpoint write, a torn metrics line, between the two renames of a commit, a row
-# logged after a checkpoint, and after the commit but before the old checkpoint is deleted
-KILLS = ["metrics:after_row:step0", "ckpt:after_model:step1", "metrics:torn:step2", "ckpt:between_renames:step3",
-         "metrics:after_row:step4", "ckpt:after_tmp_rename:step5"]
+# each kill lands later than the checkpoint the previous resume started from (saves at steps 1, 3, 5, 7);
+# together they cover: a tensor file half written in the first checkpoint (nothing to resume), a torn metrics
+# line, between the two renames of a commit (no ckpt/ at all), before the rename (ckpt.tmp/ newer than ckpt/),
+# then a second kill in the next save (state.pt half written: the resume must still find the step ckpt.tmp/
+# held, not the older ckpt/'s), after the commit but before the old checkpoint is deleted, and in the last
+# evaluation
+KILLS = ["ckpt:torn_weights:step1", "metrics:torn:step2", "ckpt:between_renames:step3",
+         "ckpt:before_rename:step5", "ckpt:torn_state:step7", "ckpt:after_tmp_rename:step7", "eval:after"]
+RESUMES = [None, 1, 3, 5, 5, 7, 7]  # the step each run after a kill resumes at
 
 
-@pytest.mark.heavy(63)
-def test_grpo_killed_at_six_points_resumes_bit_identical(tiny_model_dir, tmp_path):
+@pytest.mark.heavy(70)
+def test_grpo_killed_at_seven_points_resumes_where_it_stopped(tiny_model_dir, tmp_path):
     common = GRPO + ["--model", tiny_model_dir]
     ref, run = tmp_path / "ref", tmp_path / "run"
     out = _run(common + ["--run-dir", str(ref)])
     assert out.returncode == 0, out.stderr[-3000:]
-    assert len(_rows(ref)) == 6
+    assert len(_rows(ref)) == 8
     w0 = plumbing.load_model(tiny_model_dir, plumbing.Dist())[0].state_dict()
     assert any(not torch.equal(w0[k], v) for k, v in _weights(ref).items()), "the weights never moved"
-    said = _kill_at_each(common + ["--run-dir", str(run)], KILLS)
+    said = "".join(o.stderr for o in _kill_at_each(common + ["--run-dir", str(run)], KILLS, RESUMES, run))
     _assert_same_run(ref, run)
+    ra, rb = (json.loads((d / "results.json").read_text()) for d in (ref, run))
+    assert (ra["acc_before"], ra["acc_after"]) == (rb["acc_before"], rb["acc_after"])
     assert not (run / "ckpt.old").exists() and not (run / "ckpt.tmp").exists()
-    # what the resumes said: a fresh start twice, a torn line, the fallback to ckpt.tmp, rows cut back
-    assert said.count("no checkpoint in") == 2 and "and a torn last line" in said
+    # what the resumes said: a fresh start, a torn line, the fallback to ckpt.tmp, rows of steps 6-7 cut back
+    assert said.count("no checkpoint in") == 1 and "and a torn last line" in said
     assert "loading the last complete checkpoint" in said and "ckpt.tmp" in said
-    assert "dropped 1 row(s) logged after the checkpoint" in said
+    assert "dropped 2 row(s) logged after the checkpoint" in said
 
 
 @pytest.mark.heavy(66)
@@ -108,17 +142,17 @@ def test_talentrl_killed_at_five_points_resumes_bit_identical(tiny_model_dir, tm
     assert len(_rows(ref)) == 5
     w0 = plumbing.load_model(tiny_model_dir, plumbing.Dist())[0].state_dict()
     assert any(not torch.equal(w0[k], v) for k, v in _weights(ref).items()), "the weights never moved"
-    kills = ["metrics:after_row:step0", "ckpt:before_complete:step1", "metrics:torn:step2",
+    kills = ["metrics:after_row:step0", "ckpt:torn_state:step1", "metrics:torn:step2",
              "ckpt:between_renames:step3", "ckpt:after_tmp_rename:step4"]
-    _kill_at_each(["talentrl", tiny_model_dir, str(run)], kills)
+    _kill_at_each(["talentrl", tiny_model_dir, str(run)], kills, [None, None, 1, 3, 4], run)
     _assert_same_run(ref, run)
 
 
 @pytest.mark.heavy(56)
 def test_skill_entropy_killed_at_five_points_resumes_bit_identical(tiny_model_dir, tmp_path):
     """skill_entropy's SFT warm-up and a GRPO row (run_sft, run_grpo: checkpoint_state decides what is reused),
-    rollouts from the HF sampler on the tiny model. The kills: inside SFT's checkpoint write (SFT reruns), after
-    it committed and inside GRPO's first checkpoint (GRPO starts afresh from the SFT weights), a torn GRPO row,
+    rollouts from the HF sampler on the tiny model. The kills: after SFT's second step (SFT reruns), after it
+    committed and inside GRPO's first checkpoint (GRPO starts afresh from the SFT weights), a torn GRPO row,
     between the renames of a commit, and after the final ("done") commit (the run only loads it)."""
     ref, run = tmp_path / "ref", tmp_path / "run"
     out = _run(["skill_entropy", tiny_model_dir, str(ref)])
@@ -126,9 +160,15 @@ def test_skill_entropy_killed_at_five_points_resumes_bit_identical(tiny_model_di
     assert len(_rows(ref / "sft")) == 2 and len(_rows(ref / "grpo")) == 5
     assert any(not torch.equal(_weights(ref / "sft")[k], v) for k, v in _weights(ref / "grpo").items()), \
         "GRPO never moved the weights"
-    kills = ["ckpt:before_complete:step2", "ckpt:after_model:step1", "metrics:torn:step2", "ckpt:between_renames:step3",
+    kills = ["sft:step1", "ckpt:after_model:step1", "metrics:torn:step2", "ckpt:between_renames:step3",
              "ckpt:after_tmp_rename:step4"]
-    said = _kill_at_each(["skill_entropy", tiny_model_dir, str(run)], kills, resume=None)  # its stages reuse what is done
+    outs = _kill_at_each(["skill_entropy", tiny_model_dir, str(run)], kills, [None, None, 1, 3, 4],
+                         run / "grpo", resume=None)  # its stages reuse what is done
+    said = "".join(o.stderr for o in outs)
+    # the run after the SFT kill trains SFT from its first step; every later one loads its finished checkpoint
+    sft_rows = [re.findall(r"^step +(\d+) \| sft_loss", o.stdout, re.M) for o in outs]
+    assert sft_rows[0] == sft_rows[1] == ["0", "1"] and not any(sft_rows[2:]), sft_rows
+    assert all(f"resumed from {run / 'sft'}/ckpt at step 2, its last" in o.stderr for o in outs[2:])
     for sub in ("sft", "grpo"):
         assert _rows(ref / sub) == _rows(run / sub), sub
         _assert_same_weights(ref / sub, run / sub)
@@ -165,7 +205,8 @@ def test_skill_selfplay_killed_at_five_points_resumes_bit_identical(tiny_model_d
     assert all(r["pool_size"] >= 1 for r in _rows(ref)) and all(r["grad_norm"] > 0 for r in _rows(ref / "solver"))
     kills = ["ckpt:after_model:step0", "metrics:torn:step2", "ckpt:between_renames:step1", "metrics:after_row:step3",
              "ckpt:after_tmp_rename:step2"]
-    said = _kill_at_each(argv + ["--run-dir", str(run)], kills)
+    outs = _kill_at_each(argv + ["--run-dir", str(run)], kills, [None, 0, 1, 1, 2], run, log="solver")
+    said = "".join(o.stderr for o in outs)
     for sub in logs:
         assert _rows(ref / sub, times) == _rows(run / sub, times), sub
     for name in ("proposer", "solver"):
@@ -176,7 +217,8 @@ def test_skill_selfplay_killed_at_five_points_resumes_bit_identical(tiny_model_d
     untimed = lambda d: {**d, "rows": [{k: v for k, v in r.items() if k not in times} for r in d["rows"]]}
     ea, eb = plumbing.checkpoint_extra(ref), plumbing.checkpoint_extra(run)
     assert ea["iteration"] == eb["iteration"] == 3 and untimed(ea) == untimed({**eb, "library": ea["library"]})
-    ra, rb = (json.loads((d / "results.json").read_text()) for d in (ref, run))
+    # provenance records each run's own command line
+    ra, rb = ({**json.loads((d / "results.json").read_text()), "provenance": None} for d in (ref, run))
     assert untimed(ra) == untimed(rb)
     for f in ("library_changes.jsonl", "records/iter_2.jsonl", "library/iter_3/stats.json", "eval/iter_3.jsonl"):
         assert (ref / f).read_text() == (run / f).read_text(), f
@@ -236,6 +278,56 @@ def test_checkpoint_killed_while_saving_loads_a_complete_one(tiny_model_dir, tmp
     plumbing.save_checkpoint(tmp_path, model, tok, opt, 2, {"at": 2}, dist)
     assert plumbing.load_checkpoint(tmp_path, fresh, opt2, dist)[0] == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+
+@pytest.mark.parametrize("second", ["ckpt:begin", "ckpt:torn_weights", "ckpt:before_complete"])
+def test_a_second_kill_resumes_from_the_checkpoint_the_first_left(tiny_model_dir, tmp_path, monkeypatch,
+                                                                  second):
+    """Killed before the rename of step 1's commit, the run resumes from ckpt.tmp/ (step 1); killed again
+    while saving step 2, it resumes from step 1 once more. Before the fix the second save deleted ckpt.tmp/
+    before its own was complete, and the run fell back to step 0 (ckpt/)."""
+    model, tok, opt, dist = _tiny(tiny_model_dir)
+    plumbing.save_checkpoint(tmp_path, model, tok, opt, 0, {"at": 0}, dist)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    w1 = {k: v.clone() for k, v in model.state_dict().items()}
+
+    def save_killed_at(point, step):
+        def die(name, step=None):
+            if name == point:
+                raise Killed(name)
+        with monkeypatch.context() as m:
+            m.setattr(plumbing, "kill_point", die)
+            m.setenv("NANOSKILL_KILL_AT", f"{point}:step{step}")  # torn_point cuts its file, calls kill_point
+            with pytest.raises(Killed):
+                plumbing.save_checkpoint(tmp_path, model, tok, opt, step, {"at": step}, dist)
+    save_killed_at("ckpt:before_rename", 1)
+    fresh, _, opt2, _ = _tiny(tiny_model_dir)
+    assert plumbing.resume_checkpoint(tmp_path, fresh, opt2, dist)[0] == 1
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    save_killed_at(second, 2)
+    fresh, _, opt2, _ = _tiny(tiny_model_dir)
+    assert plumbing.resume_checkpoint(tmp_path, fresh, opt2, dist) == (1, {"at": 1})
+    assert all(torch.equal(fresh.state_dict()[k], w1[k]) for k in w1)
+
+
+def test_resume_without_a_ranks_rng_file_warns(tiny_model_dir, tmp_path, capsys):
+    """A checkpoint whose RNG files are not one per rank of this run (another world size, a lost file)
+    resumes with one warning line: the ranks without a file keep their --seed state, so the run does not
+    repeat an uninterrupted one draw for draw."""
+    model, tok, opt, dist = _tiny(tiny_model_dir)
+    plumbing.save_checkpoint(tmp_path, model, tok, opt, 0, {}, dist)
+    ck = tmp_path / "ckpt"
+    (ck / "rng_1.pt").write_bytes((ck / "rng_0.pt").read_bytes())  # saved by two ranks, resumed by one
+    capsys.readouterr()
+    for held in (2, 1):
+        assert plumbing.resume_checkpoint(tmp_path, model, opt, dist)[0] == 0
+        warned = [line for line in capsys.readouterr().err.splitlines() if "RNG state" in line]
+        assert len(warned) == 1 and f"the RNG state of {held} rank(s) and this run has 1" in warned[0], warned
+        (ck / "rng_0.pt").unlink(missing_ok=True)  # then rank 0's file lost
 
 
 # ----- a corrupt checkpoint: one clear line naming the file, never a deep traceback or a fresh start -----
@@ -331,6 +423,65 @@ def test_skill_rm_refuses_resume():
         skill_rm.main(["--preset", "tiny", "--resume"])
 
 
+# each script that resumes: a checkpoint folder of its run (one of several when staged), its longer-run flag
+RESUMING = {"grpo": ("", "--steps"), "talentrl": ("talentrl-sft", "--steps"),
+            "skill_entropy": ("sft", "--steps"), "skill_selfplay": ("", "--T")}
+
+
+def _parse(script, argv):
+    mod = importlib.import_module(script)
+    if script == "skill_selfplay":
+        return mod.parse_args(argv)
+    return plumbing.parse_with_preset(mod.build_parser(), mod.PRESETS, argv=argv)
+
+
+def _checkpoint_with_settings(folder, args):
+    """A checkpoint folder with only what check_resume reads (extra.pt, COMPLETE), made with `args`."""
+    (folder / "ckpt").mkdir(parents=True)
+    torch.save({"done": False, "settings": plumbing.run_settings(args)}, folder / "ckpt" / "extra.pt")
+    (folder / "ckpt" / "COMPLETE").write_text("1")
+
+
+@pytest.mark.parametrize("script", sorted(RESUMING))
+def test_resume_with_another_setting_stops_naming_the_flags(script, tmp_path):
+    """Every script that resumes checks the flags against those its checkpoints recorded
+    (plumbing.check_resume), first thing: one line naming each changed flag, saved → now, before any model
+    loads (--model names no model: a script that skipped the check fails otherwise). A longer run (--steps,
+    --T) is no change."""
+    sub, longer = RESUMING[script]
+    argv = ["--preset", "tiny", "--model", str(tmp_path / "no-model"), "--run-dir", str(tmp_path),
+            "--seed", "3"]
+    _checkpoint_with_settings(tmp_path / sub, _parse(script, argv))
+    with pytest.raises(SystemExit) as e:
+        importlib.import_module(script).main(argv + ["--resume", "--lr", "0.25", "--seed", "4", longer, "99"])
+    msg = str(e.value)
+    assert msg.startswith("nanoskill: --resume with other settings") and "\n" not in msg, msg
+    assert "--seed 3 → 4" in msg and re.search(r"--lr [\d.e-]+ → 0\.25", msg) and longer not in msg, msg
+
+
+def test_check_resume_lets_the_safe_flags_change_and_says_what_it_cannot_check(tmp_path, capsys):
+    """RESUME_SAFE's flags (a longer run, its checkpoint interval, memory) may change; a flag only one side
+    knows (added or removed by a code change) is not compared; a checkpoint from before settings were
+    recorded is said in one line; without --resume nothing is checked (a fresh run)."""
+    argv = ["--run-dir", str(tmp_path), "--steps", "4"]
+    _checkpoint_with_settings(tmp_path, _parse("grpo", argv))
+    extra = torch.load(tmp_path / "ckpt" / "extra.pt", weights_only=False)
+    extra["settings"]["a_flag_since_removed"] = 1
+    torch.save(extra, tmp_path / "ckpt" / "extra.pt")
+    plumbing.check_resume(_parse("grpo", argv + ["--resume", "--steps", "8", "--save-every", "3",
+                                                  "--micro-batch", "2", "--grad-checkpointing"]))
+    plumbing.check_resume(_parse("grpo", argv + ["--lr", "0.5"]))  # no --resume
+    with pytest.raises(SystemExit, match=r"--beta 0\.04 → 0\.0 "):
+        plumbing.check_resume(_parse("grpo", argv + ["--resume", "--beta", "0"]))
+    _checkpoint_with_settings(tmp_path / "old", _parse("grpo", argv))
+    torch.save({"done": False}, tmp_path / "old" / "ckpt" / "extra.pt")
+    capsys.readouterr()
+    plumbing.check_resume(_parse("grpo", argv + ["--resume"]))
+    said = capsys.readouterr().err.strip()
+    assert "\n" not in said and said.endswith("cannot check that the flags are the same"), said
+    assert str(tmp_path / "old" / "ckpt") in said, said
+
+
 # ----- vLLM reseeds the global RNGs when its engine starts -----
 
 
@@ -360,22 +511,94 @@ def test_vllm_engine_start_leaves_the_rng_state_alone(tiny_model_dir):
 
 
 def test_every_subprocess_in_the_tests_has_a_timeout_and_no_fixed_port():
-    """Every subprocess call in tests/ has timeout=; torchrun runs --standalone (the rendezvous binds a port the OS
-    picks), never a fixed --master_port (several were reused back to back)."""
+    """Every process a test starts goes through conftest.run_group (its own process group, killed whole on a
+    timeout) with timeout=; torchrun runs --standalone (the rendezvous binds a port the OS picks), and a master
+    port, MASTER_PORT or --master_port, is never set to anything but 0, the OS's pick (several fixed ones were
+    reused back to back)."""
     import ast
     import glob
     bad = []
     for path in sorted(glob.glob(os.path.join(ROOT, "tests", "*.py"))):
-        src = open(path).read()
+        name, src = os.path.basename(path), open(path).read()
         for node in ast.walk(ast.parse(src)):
-            if isinstance(node, ast.Call) and ast.unparse(node.func).startswith("subprocess."):
-                if not any(k.arg == "timeout" for k in node.keywords):
-                    bad.append(f"{os.path.basename(path)}:{node.lineno} has no timeout")
-        if "master_port" in src and os.path.basename(path) != "test_crash.py":  # this test names it, to refuse it
-            bad.append(f"{os.path.basename(path)} names a fixed --master_port")
+            func = ast.unparse(node.func) if isinstance(node, ast.Call) else ""
+            if func.startswith("subprocess.") and name != "conftest.py":  # conftest.run_group itself
+                bad.append(f"{name}:{node.lineno} calls {func}, not conftest.run_group")
+            if func in ("run_group", "subprocess.run") and not any(k.arg == "timeout" for k in node.keywords):
+                bad.append(f"{name}:{node.lineno} has no timeout")
+        for m in re.finditer(r"master_port\W*(\w*)", src, re.IGNORECASE):
+            if m[1] != "0" and name != "test_crash.py":  # this test names it, to refuse it
+                bad.append(f"{name} sets a master port to {m[1]!r}, not 0")
         if "torch.distributed.run" in src and "--standalone" not in src:
-            bad.append(f"{os.path.basename(path)} runs torchrun without --standalone")
+            bad.append(f"{name} runs torchrun without --standalone")
     assert not bad, bad
+
+
+def _alive(pid, wait_s=5.0):
+    """pid is still a live process after up to wait_s (SIGKILL takes effect asynchronously); a zombie, killed and
+    not yet reaped by its new parent, is not."""
+    import time
+    deadline = time.time() + wait_s
+    while True:
+        try:
+            state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return False
+        if state in "ZX" or time.time() > deadline:
+            return state not in "ZX"
+        time.sleep(0.05)
+
+
+# a launcher and the child it started (torchrun and a rank), both pids written to {pids}, then a wait for ever
+LAUNCHER = "sleep 600 & echo $! $$ > {pids}; wait"
+
+
+def test_run_group_kills_the_launcher_and_its_children_on_timeout(tmp_path):
+    """subprocess.run on a timeout kills the launcher alone (the child lives on, an orphan); run_group kills the
+    child too: its whole process group."""
+    import subprocess
+    pids = tmp_path / "pids"
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_group(["sh", "-c", LAUNCHER.format(pids=pids)], timeout=2, capture_output=True)
+    child, launcher = map(int, pids.read_text().split())
+    assert not _alive(launcher) and not _alive(child)
+
+
+HANGS = """
+import time
+import pytest
+from conftest import run_group
+
+@pytest.mark.heavy(1)
+def test_heavy_hangs():
+    time.sleep(600)
+
+def test_hangs_in_a_subprocess():
+    run_group(["sh", "-c", {launcher!r}], timeout=600)
+"""
+
+
+def test_a_hung_test_fails_by_its_time_limit_and_its_process_group_dies(tmp_path):
+    """pytest-timeout as conftest sets it up, under xdist as in make test: with --timeout 2 (the floor), an unmarked
+    test fails after 2 s and a @pytest.mark.heavy(1) one after max(2, HEAVY_TIMEOUT_FACTOR × 1) s, neither hangs;
+    and the subprocess the first waited on is killed with the child it started (run_group, on pytest-timeout's
+    interrupt)."""
+    from conftest import HEAVY_TIMEOUT_FACTOR
+    pids = tmp_path / "pids"
+    (tmp_path / "test_hangs.py").write_text(HANGS.format(launcher=LAUNCHER.format(pids=pids)))
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}  # make test's -n 2: not for this run
+    env["PYTHONPATH"] = os.path.join(ROOT, "tests")  # -p conftest: this folder's conftest, as a plugin
+    env["COLUMNS"] = "200"  # the summary lines whole
+    out = run_group([sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider", "-n", "1",
+                     "--timeout", "2", "-rf", "--rootdir", str(tmp_path), str(tmp_path / "test_hangs.py")],
+                    cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    said = dict(ln[len("FAILED test_hangs.py::"):].split(" - ", 1) for ln in out.stdout.splitlines()
+                if ln.startswith("FAILED test_hangs.py::"))
+    assert said == {"test_hangs_in_a_subprocess": "Failed: Timeout (>2.0s) from pytest-timeout.",
+                    "test_heavy_hangs": f"Failed: Timeout (>{max(2.0, HEAVY_TIMEOUT_FACTOR * 1.0)}s) from pytest-timeout."}, \
+        out.stdout[-3000:] + out.stderr[-2000:]
+    child, launcher = map(int, pids.read_text().split())
+    assert not _alive(launcher) and not _alive(child)
 
 
 HYGIENE = {"test_every_subprocess_in_the_tests_has_a_timeout_and_no_fixed_port",  # they name torchrun to check it

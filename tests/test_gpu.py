@@ -2,7 +2,6 @@
 resolution online and offline, Qwen3's thinking switch, the prompts-per-rank refusal, the process-group timeout,
 --grad-checkpointing, CPU snapshots, and `gpu/smoke.py --cpu` (the dry mode of `make gpu-smoke`)."""
 import os
-import subprocess
 import sys
 import types
 
@@ -12,7 +11,7 @@ import torch
 import grpo
 import plumbing
 from gpu import smoke
-from conftest import ONE_THREAD
+from conftest import ONE_THREAD, run_group
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GiB = 2**30
@@ -118,11 +117,27 @@ def test_process_group_timeout_outlasts_rank0_stages():
     code = ("import plumbing, torch, torch.distributed as td; plumbing.setup_distributed(); "
             "print(td.distributed_c10d._get_default_group()._get_backend(torch.device('cpu')).options._timeout.total_seconds()); "
             "td.destroy_process_group()")
+    # port 0: rank 0's store binds a port the OS picks, never one another test holds (world size 1: none connects)
     env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(29650 + os.getpid() % 100), NANOSKILL_DIST_TIMEOUT_MIN="90", **ONE_THREAD)
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+               MASTER_PORT="0", NANOSKILL_DIST_TIMEOUT_MIN="90", **ONE_THREAD)
+    out = run_group([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     assert float(out.stdout.split()[-1]) == 90 * 60
+
+
+def test_more_ranks_than_gpus_is_one_clear_line(monkeypatch):
+    """torchrun --nproc_per_node=2 on a machine with one GPU: rank 1 stops with one line naming the GPU count
+    before CUDA's "invalid device ordinal" (torch.cuda faked: one GPU; no process group is started)."""
+    for k, v in {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: pytest.fail("set_device reached"))
+    monkeypatch.setattr(plumbing.torch_dist, "init_process_group", lambda *a, **k: pytest.fail("a group"))
+    with pytest.raises(SystemExit, match=r"rank 1 has LOCAL_RANK 1, but this machine has 1 GPU\(s\); use "
+                                         r"--nproc_per_node ≤ 1") as e:
+        plumbing.setup_distributed()
+    assert len(str(e.value).splitlines()) == 1
 
 
 # ----- memory: gradient checkpointing, snapshots on the CPU -----
@@ -173,29 +188,66 @@ def test_gpu_smoke_stage2_commands_parse(name, tmp_path):
     args = mod.parse_args(argv) if hasattr(mod, "parse_args") else grpo.parse_with_preset(mod.build_parser(), mod.PRESETS, argv=argv)
     assert args.sampler == "vllm" and args.model == "MODEL"
 
-@pytest.mark.heavy(77)
+@pytest.mark.heavy(230)
 def test_gpu_smoke_dry_mode_on_cpu():
     """`gpu/smoke.py --cpu`: every check's logic on CPU and gloo (one torchrun rank with and without --fsdp, exact
-    resume, a toy run whose reward rises); the CUDA-only checks and the vLLM stage say SKIP."""
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "gpu", "smoke.py"), "--cpu", "--reward-steps", "12"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=900, env={**os.environ, **ONE_THREAD})
+    resume, a toy run whose reward rises, each script's --preset gpu cut to a few steps on the small random
+    model); the CUDA-only checks and the vLLM stage say SKIP, the torchrun line that DDP is not wrapped."""
+    out = run_group([sys.executable, os.path.join(ROOT, "gpu", "smoke.py"), "--cpu", "--reward-steps", "12"], cwd=ROOT,
+                    capture_output=True, text=True, timeout=1800, env={**os.environ, **ONE_THREAD})
     lines = [l for l in out.stdout.splitlines() if l.split(" ")[0] in ("PASS", "FAIL", "SKIP")]
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     status = {l.split(":")[0].split(" ", 1)[1]: l.split(" ")[0] for l in lines}
     assert status == {"bf16": "PASS", "chunked 151936": "SKIP", "chunked": "PASS", "torchrun": "PASS", "torchrun --fsdp": "PASS",
-                      "reward": "PASS", "perf": "SKIP", "stage 2": "SKIP"}, lines
+                      "reward": "PASS", "perf": "SKIP", "stage 2": "SKIP", **{f"preset {name}": "PASS" for name in smoke.PRESET_RUNS}}, lines
+    assert "1 rank (gloo; one cpu device: DDP is not wrapped, 2 ranks need 2 GPUs)" in out.stdout
+
+
+def test_gpu_presets_name_a_model_the_smoke_can_build(monkeypatch, tmp_path):
+    """Every --preset gpu names a public HF model whose shapes gpu/smoke.py knows (SHAPES: it runs the preset on
+    random weights of them, offline); build_like pads the shipped tokenizer to the model's vocabulary, so every
+    id a random model samples decodes (checked here on a 2-layer model of Qwen3's and Qwen2's kinds)."""
+    import importlib
+    for name in smoke.PRESET_RUNS:
+        assert importlib.import_module(name).PRESETS["gpu"]["model"] in smoke.SHAPES, name
+    small = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                 num_key_value_heads=1)
+    monkeypatch.setitem(smoke.SHAPES, "t/qwen3", ("qwen3", dict(small, head_dim=32)))
+    monkeypatch.setitem(smoke.SHAPES, "t/qwen2", ("qwen2", small))
+    for kind in ("qwen3", "qwen2"):
+        model, tok = plumbing.load_model(smoke.build_like(f"t/{kind}", tmp_path / kind, "cpu"), plumbing.Dist())
+        assert model.config.model_type == kind and len(tok) == model.config.vocab_size == smoke.VOCAB
+        assert tok.decode([smoke.VOCAB - 1]) == f"pad{smoke.VOCAB - 1}" and tok.encode("pad2000") != [2000]
+
+
+@pytest.mark.parametrize("name", list(smoke.PRESET_RUNS))
+def test_gpu_preset_fits_one_80gb_gpu_by_the_scripts_memory_plan(name, tmp_path, capsys):
+    """Each --preset gpu, bf16 as on a GPU, by the script's own memory plan (--memory-plan show, on a folder
+    holding only the config of the preset's model, from SHAPES): at most 72 GiB, room left on an 80 GB GPU."""
+    import importlib
+    from transformers import Qwen2Config, Qwen3Config
+    mod = importlib.import_module(name)
+    kind, shape = smoke.SHAPES[mod.PRESETS["gpu"]["model"]]
+    (Qwen3Config if kind == "qwen3" else Qwen2Config)(vocab_size=smoke.VOCAB, tie_word_embeddings=True,
+                                                       **shape).save_pretrained(tmp_path / "cfg")
+    with pytest.raises(SystemExit) as e:
+        mod.main(["--preset", "gpu", "--model", str(tmp_path / "cfg"), "--memory-plan", "--precision", "bf16",
+                  "--run-dir", str(tmp_path / "run")])
+    out = capsys.readouterr().out
+    total = float(next(line.split()[1] for line in out.splitlines() if line.strip().startswith("total")))
+    assert e.value.code == 0 and 0 < total <= 72, out
 
 
 # ----- every script under torchrun: skill_entropy.py and skill_rm.py on two gloo ranks -----
 
 def _two_ranks(*argv, timeout=900):
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *argv],
-                          cwd=ROOT, capture_output=True, text=True, timeout=timeout, env={**os.environ, **ONE_THREAD})
+    return run_group([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *argv],
+                     cwd=ROOT, capture_output=True, text=True, timeout=timeout, env={**os.environ, **ONE_THREAD})
 
 
 def _one_then_two(script, model_dir, one, two):
     env = {**os.environ, **ONE_THREAD}
-    r1 = subprocess.run([sys.executable, script, model_dir, one], cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
+    r1 = run_group([sys.executable, script, model_dir, one], cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
     assert r1.returncode == 0, r1.stdout[-2000:] + r1.stderr[-3000:]
     r2 = _two_ranks(script, model_dir, two)
     assert r2.returncode == 0, r2.stdout[-2000:] + r2.stderr[-3000:]
@@ -207,8 +259,8 @@ def test_skill_entropy_grpo_step_two_gloo_ranks_equal_one_process(smoke_model_di
     one step are one process's, and only rank 0 wrote the metrics line and the checkpoint."""
     script = os.path.join(ROOT, "tests", "ske_ddp_check.py")
     env = {**os.environ, **ONE_THREAD}
-    r1 = subprocess.run([sys.executable, script, "step", smoke_model_dir, str(tmp_path / "one")], cwd=ROOT,
-                        capture_output=True, text=True, timeout=900, env=env)
+    r1 = run_group([sys.executable, script, "step", smoke_model_dir, str(tmp_path / "one")], cwd=ROOT,
+                   capture_output=True, text=True, timeout=900, env=env)
     assert r1.returncode == 0, r1.stderr[-3000:]
     r2 = _two_ranks(script, "step", smoke_model_dir, str(tmp_path / "two"))
     assert r2.returncode == 0, r2.stderr[-3000:]
@@ -255,6 +307,69 @@ def test_skill_rm_judging_and_rl_step_two_gloo_ranks_equal_one_process(smoke_mod
     for k in one["state"]:
         assert torch.allclose(one["state"][k], two["state"][k], atol=1e-6), k
     assert two["train"]["reward"] == pytest.approx(one["train"]["reward"]) and two["metrics_lines"] == 1
+
+
+@pytest.mark.multirank
+def test_vllm_engine_failing_on_one_rank_stops_every_rank_with_one_line(smoke_model_dir, tmp_path):
+    """VLLMSampler agrees on the engine's outcome, not only on its memory plan (tests/engine_check.py,
+    vllm.LLM replaced): failing on both ranks, --sampler auto falls back to HF generate on both; failing on
+    rank 1 only, both ranks stop at once with the same line (before, rank 1 fell back to HF generate and rank
+    0 waited 24 h)."""
+    import time
+    t0 = time.time()
+    out = _two_ranks(os.path.join(ROOT, "tests", "engine_check.py"), smoke_model_dir, str(tmp_path / "seen"),
+                     timeout=300)
+    line = ("nanoskill: the vLLM engine's start failed on rank(s) [1] of 2 (RuntimeError: CUDA out of memory "
+            "(simulated)); every rank stops")  # the error's first line
+    assert out.returncode != 0 and out.stderr.count(line) == 2, out.stdout[-2000:] + out.stderr[-3000:]
+    assert time.time() - t0 < 240
+    for rank in range(2):
+        assert torch.load(tmp_path / f"seen.{rank}") == {"all_failed": "HFSampler"}
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_resume_reads_state_pt_on_rank_0_alone(smoke_model_dir, tmp_path, mode):
+    """A checkpoint's state.pt (the optimizer state, 12 B/param) is read by rank 0 and sent to the others:
+    rank 1 torch.loads only its RNG file and extra.pt, yet under DDP its AdamW state is the saved one
+    (broadcast tensor by tensor) and under FSDP its shard of it (_load_fsdp); step and extra reach both."""
+    out = _two_ranks(os.path.join(ROOT, "tests", "state_check.py"), smoke_model_dir, str(tmp_path / "run"),
+                     mode, str(tmp_path / "seen"), timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    seen = [torch.load(tmp_path / f"seen.{rank}", weights_only=False) for rank in range(2)]
+    assert seen[0]["loaded"] == ["extra.pt", "rng_0.pt", "state.pt"]
+    assert seen[1]["loaded"] == ["extra.pt", "rng_1.pt"]
+    for s in seen:
+        assert s["same"] and s["step"] == 3 and s["extra"]["note"] == "saved", s
+
+
+@pytest.mark.multirank
+def test_rank0_stages_and_evolution_deal_their_generation_over_two_gloo_ranks(tmp_path):
+    """tests/shards_check.py, scripted generators: skill_entropy's rank-0 stages (plumbing.on_rank0), the
+    SFT teacher's call, talentrl's skill-bank evolution and skill_selfplay's controller (DealtSampler) give
+    each of 2 gloo ranks a share of the prompts: disjoint, together those of one process, whose results every
+    rank gets in one process's order (one process: each generator saw every prompt in order). Outside a stage
+    a frozen model's call is the rank's own (a reward of its own rollouts must not wait for the others)."""
+    env = {**os.environ, **ONE_THREAD}
+    script = os.path.join(ROOT, "tests", "shards_check.py")
+    r1 = run_group([sys.executable, script, str(tmp_path / "one")], cwd=ROOT, capture_output=True, text=True,
+                   timeout=300, env=env)
+    assert r1.returncode == 0, r1.stderr[-3000:]
+    r2 = _two_ranks(script, str(tmp_path / "two"), timeout=300)
+    assert r2.returncode == 0, r2.stdout[-2000:] + r2.stderr[-3000:]
+    one = torch.load(tmp_path / "one.0", weights_only=False)
+    two = [torch.load(tmp_path / f"two.{rank}", weights_only=False) for rank in range(2)]
+    assert one["seen"]["stage"] == [f"q{i}" for i in range(5)] + ["only"] and "skipped" not in one["seen"]
+    for rank, t in enumerate(two):  # outside a stage a rank's call is its own
+        assert t["seen"]["own"] == [f"r{rank}"] and t["got"]["own"] == [f"o:r{rank}"]
+    for case in set(one["seen"]) - {"own"}:
+        prompts, shares = one["seen"][case], [t["seen"].get(case, []) for t in two]
+        assert all(shares) and not set(shares[0]) & set(shares[1]), case      # disjoint, no rank idle
+        assert sorted(shares[0] + shares[1]) == sorted(prompts), case          # covering
+    assert two[0]["got"]["stage"] == one["got"]["stage"] and two[1]["got"]["stage"] is None  # on rank 0
+    for case in ("teacher", "evolve", "refine"):
+        assert two[0]["got"][case] == two[1]["got"][case] == one["got"][case], case
+    assert one["got"]["evolve"][0] == 3 and one["got"]["refine"][1] == ["p5", "p4", "p3", "p2", "p1"]
 
 
 # ----- precision: the full copies under FSDP, DDP's gradient mean, logit chunks, vLLM's eager mode -----
@@ -336,8 +451,8 @@ def test_vllm_eager_only_on_cpu(smoke_model_dir, monkeypatch, device):
 def test_make_cuda_check_is_one_clear_line():
     """`make install`'s cuda-check, told a GPU is there (GPU=yes, as nvidia-smi would): with a CPU torch it stops with
     one line naming the cause; with a CUDA torch it passes."""
-    out = subprocess.run(["make", "-s", "cuda-check", "GPU=yes", f"BIN={os.path.dirname(sys.executable)}"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)
+    out = run_group(["make", "-s", "cuda-check", "GPU=yes", f"BIN={os.path.dirname(sys.executable)}"], cwd=ROOT,
+                    capture_output=True, text=True, timeout=120)
     if torch.cuda.is_available():
         assert out.returncode == 0, out.stderr
     else:

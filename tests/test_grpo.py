@@ -4,7 +4,8 @@ import argparse
 import json
 import math
 import os
-import subprocess
+import random
+import re
 import sys
 
 import pytest
@@ -12,7 +13,7 @@ import torch
 
 import grpo
 import plumbing
-from conftest import ONE_THREAD
+from conftest import ONE_THREAD, run_group
 from tasks import toy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -571,6 +572,36 @@ def test_vllm_rollouts_train_only_the_tokens_where_the_schema_left_a_choice_of_t
     assert plumbing.VLLMSampler.sample(types.SimpleNamespace(tok=tok, grammar=replay), completion, None, None).forced is None
 
 
+def test_grammar_replay_decided_vectorised_equals_the_loop_over_tokens():
+    """GrammarReplay.decided compares the allowed tokens with the longest one byte by byte over a byte
+    matrix; it gives what the loop over the allowed tokens' texts gave (a choice of text: a token that is no
+    prefix of the longest), on gpu/tokenizer's 1,024 tokens: fixed text, an enum, a number, a free string, a
+    rejection."""
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(os.path.join(ROOT, "gpu", "tokenizer"))
+    replay = plumbing.GrammarReplay(tok, len(tok))
+
+    def loop(schema, ids):  # the loop decided() replaced
+        out = []
+        for a in replay._allowed(schema, ids):
+            words = [replay.vocab[i] for i in a]
+            longest = max(words, key=len)
+            out.append(int(any(not longest.startswith(w) for w in words)))
+        return out + [1] * (len(ids) - len(out))
+    schema = {"type": "object", "properties": {"verdict": {"enum": ["A", "B", "Tie"]}, "n": {"type": "integer"},
+                                               "why": {"type": "string", "maxLength": 60}},
+              "required": ["verdict", "n", "why"], "additionalProperties": False}
+    texts = ['{"verdict":"Tie","n":-42,"why":"both say 7"}', '{"verdict":"A","n":3,"why":""}',
+             '{"verdict":"C"}', '{"verdict":"B","n":1']
+    seen = set()
+    for text in texts:
+        ids = tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]
+        got = replay.decided(schema, ids)
+        assert got == loop(schema, ids), text
+        seen.update(got)
+    assert seen == {0, 1}
+
+
 # ----- bad inputs -----
 
 def test_bad_inputs_do_not_crash(tiny_model_dir):
@@ -602,7 +633,7 @@ def test_missing_model_path_is_one_clear_error(tmp_path):
 def test_ddp_two_gloo_ranks_equal_one_process(tiny_model_dir, tmp_path, agg):
     env = {**os.environ, **ONE_THREAD}
     script = os.path.join(ROOT, "tests", "ddp_check.py")
-    subprocess.run([sys.executable, script, tiny_model_dir, str(tmp_path / "one.pt"), agg], check=True, env=env, timeout=300)
+    run_group([sys.executable, script, tiny_model_dir, str(tmp_path / "one.pt"), agg], check=True, env=env, timeout=300)
     _torchrun(script, tiny_model_dir, str(tmp_path / "two.pt"), agg)
     one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
     for k in one["state"]:
@@ -629,9 +660,9 @@ def test_gather_and_broadcast_objects_two_gloo_ranks(tmp_path):
 def _torchrun(*argv, timeout=900):
     """2 gloo ranks; --standalone: the rendezvous binds a free port the OS picks, never a fixed number.
     Returns stderr; a rank that fails shows its tail."""
-    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *argv],
-                         capture_output=True, text=True, env={**os.environ, **ONE_THREAD},
-                         timeout=timeout)
+    out = run_group([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *argv],
+                    capture_output=True, text=True, env={**os.environ, **ONE_THREAD},
+                    timeout=timeout)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     return out.stderr
 
@@ -641,8 +672,8 @@ def _torchrun(*argv, timeout=900):
 def test_fsdp_two_gloo_ranks_equal_one_process(tiny_model_dir, tmp_path, agg):
     # --grad-clip 0.05 is below this batch's gradient norm (about 0.1): clip_grad_norm_ over DTensor shards is checked too
     script = os.path.join(ROOT, "tests", "ddp_check.py")
-    subprocess.run([sys.executable, script, tiny_model_dir, str(tmp_path / "one.pt"), agg, "--grad-clip", "0.05"],
-                   check=True, env={**os.environ, **ONE_THREAD}, timeout=300)
+    run_group([sys.executable, script, tiny_model_dir, str(tmp_path / "one.pt"), agg, "--grad-clip", "0.05"],
+              check=True, env={**os.environ, **ONE_THREAD}, timeout=300)
     _torchrun(script, tiny_model_dir, str(tmp_path / "two.pt"), agg, "--grad-clip", "0.05", "--fsdp")
     one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
     assert set(one["state"]) == set(two["state"])
@@ -665,7 +696,12 @@ def test_fsdp_resume_and_checkpoints(tiny_model_dir, tmp_path):
               "--eval-n", "0", "--lr", "1e-3", "--save-every", "2", "--beta", "0.1"]
     _torchrun(script, "main", *common, "--fsdp", "--steps", "4", "--run-dir", str(tmp_path / "a"))
     _torchrun(script, "main", *common, "--fsdp", "--steps", "2", "--run-dir", str(tmp_path / "b"))
-    _torchrun(script, "main", *common, "--fsdp", "--steps", "4", "--run-dir", str(tmp_path / "b"), "--resume")
+    first = (tmp_path / "b" / "metrics.jsonl").read_text()
+    err = _torchrun(script, "main", *common, "--fsdp", "--steps", "4", "--run-dir", str(tmp_path / "b"),
+                    "--resume")
+    # a resume, not a restart from step 0 (which ends with the same weights): rows 0-1 are the first run's
+    assert f"resumed from {tmp_path / 'b' / 'ckpt'} at step 1" in err, err[-2000:]
+    assert (tmp_path / "b" / "metrics.jsonl").read_text().startswith(first) and first.count("\n") == 2
     _torchrun(script, "main", *common, "--steps", "2", "--run-dir", str(tmp_path / "ddp"))  # DDP
     _torchrun(script, "roundtrip", tiny_model_dir, str(tmp_path / "ddp"), str(tmp_path / "back"))
 
@@ -708,14 +744,22 @@ def test_fsdp_vllm_greedy_equals_hf_greedy_after_sync(tmp_path):
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_resume_matches_uninterrupted_run(tiny_model_dir, tmp_path, monkeypatch, precision):
+def test_resume_matches_uninterrupted_run(tiny_model_dir, tmp_path, monkeypatch, capsys, precision):
+    """Two steps, then a resume to four = four steps at once (weights, step, rows). The resume must start
+    at step 2: a run restarted from step 0 would end with the same weights (it is deterministic), so it says
+    "resumed … at step 1", keeps rows 0-1 as the first run wrote them (wall times too), logs steps 2-3 only."""
     # a dense reward so the random tiny model gets a learning signal (the arithmetic reward would be all zero)
     monkeypatch.setattr(toy, "toy_reward", lambda text, answer: (len(text) % 5) / 4)
     common = ["--model", tiny_model_dir, "--sampler", "hf", "--G", "3", "--prompts-per-step", "2", "--max-new-tokens", "6",
               "--eval-n", "0", "--lr", "1e-3", "--save-every", "2", "--beta", "0.1", "--precision", precision]
     grpo.main(common + ["--steps", "4", "--run-dir", str(tmp_path / "a")])
     grpo.main(common + ["--steps", "2", "--run-dir", str(tmp_path / "b")])
-    grpo.main(common + ["--steps", "4", "--run-dir", str(tmp_path / "b"), "--resume"])
+    first, _ = (tmp_path / "b" / "metrics.jsonl").read_text(), capsys.readouterr()
+    grpo.main(common + ["--steps", "4", "--run-dir", str(tmp_path / "b"), "--resume"])  # --steps may change
+    out = capsys.readouterr()
+    assert f"resumed from {tmp_path / 'b' / 'ckpt'} at step 1" in out.err
+    assert re.findall(r"^step +(\d+) \|", out.out, re.M) == ["2", "3"]
+    assert (tmp_path / "b" / "metrics.jsonl").read_text().startswith(first) and first.count("\n") == 2
     from safetensors.torch import load_file
     a = load_file(tmp_path / "a" / "ckpt" / "model" / "model.safetensors")
     b = load_file(tmp_path / "b" / "ckpt" / "model" / "model.safetensors")
@@ -783,7 +827,7 @@ print("RESULT", json.dumps([before, stale, hf.text, vl.text, hf.ids == vl.ids, m
                             [s.text for s in one], [[s.text for s in g] for g in per], lp_err]))
 plumbing.exit_ranks()  # every script's last line: a plain process leaves vLLM's own group to vLLM's shutdown
 '''
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    out = run_group([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
     line = [l for l in out.stdout.splitlines() if l.startswith("RESULT")]
     assert line, out.stderr[-3000:]
     assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr[-3000:]
@@ -799,22 +843,45 @@ plumbing.exit_ranks()  # every script's last line: a plain process leaves vLLM's
     assert stale == before and "banana split" not in stale  # without the sync vLLM still has the old weights
 
 
+def test_toy_eval_chance_line_is_the_best_constant_answers_share():
+    """toy_eval against a hand count: the 8 held-out problems of seed 0 have the answers 7, 11, 24, 23, 9, 17, 20,
+    9, so always answering 9 scores 2/8 (not 1/7, one over the distinct answers); a sampler that adds the prompt's
+    two numbers is right on all 8."""
+    class Tok:  # a prompt's ids: the characters of its user message
+        def apply_chat_template(self, messages, **kw):
+            return [ord(c) for c in messages[-1]["content"]]
+
+    class Adder:
+        def generate(self, prompts, n, max_new_tokens, temperature):
+            sums = [sum(map(int, re.findall(r"\d+", "".join(map(chr, p))))) for p in prompts]
+            return [[argparse.Namespace(text=f"It is {x}.")] for x in sums]
+    items, chance = toy.toy_eval(Adder(), Tok(), argparse.Namespace(seed=0, max_new_tokens=8), n=8)
+    assert items == [1.0] * 8 and chance == 2 / 8
+
+
 @pytest.mark.heavy(48)
 def test_toy_demo_smoke(tmp_path):
-    out = subprocess.run([sys.executable, "grpo.py", "--preset", "tiny", "--steps", "2", "--G", "2", "--prompts-per-step", "2",
-                          "--max-new-tokens", "16", "--eval-n", "4", "--sampler", "hf", "--run-dir", str(tmp_path)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=900)
+    out = run_group([sys.executable, "grpo.py", "--preset", "tiny", "--steps", "2", "--G", "2", "--prompts-per-step", "2",
+                     "--max-new-tokens", "16", "--eval-n", "4", "--sampler", "hf", "--run-dir", str(tmp_path)],
+                    cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "held-out greedy accuracy" in out.stdout and "step     1 |" in out.stdout
     assert (tmp_path / "curves.png").stat().st_size > 1000 and len(plumbing.read_metrics(tmp_path)) == 2
     assert (tmp_path / "ckpt" / "model" / "config.json").exists()
     res = json.loads((tmp_path / "results.json").read_text())  # the headline: paired after vs before, and vs a constant
     after_before, vs_const = res["headline"]
-    assert after_before["b"] == "before" and after_before["n_items"] == 4 and 0 < after_before["chance"] <= 1
+    assert after_before["b"] == "before" and after_before["n_items"] == 4
+    # the chance line recounted: the best constant answer's share of toy_eval's 4 held-out answers (its seed −1 − seed)
+    rng = random.Random(-1 - grpo.build_parser().get_default("seed"))
+    answers = [toy.toy_problem(rng)[1] for _ in range(4)]
+    assert after_before["chance"] == pytest.approx(max(map(answers.count, answers)) / 4)
     assert vs_const["b"] == "chance" and vs_const["mean_b"] == after_before["chance"] and "acc_after" in res
-    agg = subprocess.run([sys.executable, "grpo.py", "--aggregate", str(tmp_path), str(tmp_path)], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)
+    agg = run_group([sys.executable, "grpo.py", "--aggregate", str(tmp_path)], cwd=ROOT,
+                    capture_output=True, text=True, timeout=120)
     assert agg.returncode == 0 and "| held-out greedy accuracy: after vs before GRPO | after | before |" in agg.stdout
+    twice = run_group([sys.executable, "grpo.py", "--aggregate", str(tmp_path), str(tmp_path)], cwd=ROOT,
+                      capture_output=True, text=True, timeout=120)  # one run counted twice: refused
+    assert twice.returncode != 0 and "listed twice" in twice.stderr
 
 
 def test_hf_sampler_sync_points_at_the_given_model(tiny_model_dir):

@@ -84,3 +84,35 @@ def test_read_in_this_order_names_functions_that_exist(mod):
         head, _, attr = name.partition(".")
         found = [m for m in modules if hasattr(m, head)]
         assert found and (not attr or hasattr(getattr(found[0], head), attr)), f"{mod}: `{name}` not found"
+
+
+def test_readme_results_block_is_generated_from_results_dir():
+    """#48 §4: the README's results block is exactly what `make results-table` makes from results/."""
+    import stats
+    assert stats.rewrite_readme(os.path.join(ROOT, "README.md"), os.path.join(ROOT, "results")) == README
+
+
+def test_results_block_follows_one_number_in_results(tmp_path):
+    """Two seeds pooled into aggregate.json, then one item of one seed changed and pooled again: the generated
+    block differs, so the test above fails whenever results/ and the README disagree by one number."""
+    import shutil
+
+    import stats
+    for k, items in ((0, [1.0, 0.0, 1.0, 1.0]), (1, [1.0, 1.0, 0.0, 1.0])):
+        entry = stats.vs_chance("toy accuracy", "policy", items, 0.5)
+        stats.write_results(tmp_path / "runs" / f"seed{k}", {}, [entry])
+    run_dirs = [str(tmp_path / "runs" / f"seed{k}") for k in (0, 1)]
+    out = tmp_path / "results" / "toy" / "tiny" / "aggregate.json"
+    stats.aggregate_main(run_dirs, out)
+    before = stats.results_markdown(tmp_path / "results")
+    assert "| toy accuracy (policy vs " in before and "| 8 |" in before  # 4 items × 2 seeds pooled
+    seed1 = tmp_path / "runs" / "seed1" / "results.json"
+    seed1.write_text(seed1.read_text().replace("1.0", "0.0", 1))
+    stats.aggregate_main(run_dirs, out)
+    assert stats.results_markdown(tmp_path / "results") != before
+    if os.path.isdir(os.path.join(ROOT, "results")):  # and the committed block moves with committed results
+        shutil.copytree(os.path.join(ROOT, "results"), tmp_path / "committed")
+        for agg in sorted((tmp_path / "committed").glob("*/*/aggregate.json"))[:1]:
+            agg.write_text(agg.read_text().replace('"mean_a": ', '"mean_a": 1', 1))
+            assert stats.results_markdown(tmp_path / "committed") != stats.results_markdown(
+                os.path.join(ROOT, "results"))

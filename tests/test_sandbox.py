@@ -5,19 +5,19 @@ secret in its environment), so a snippet that kills its parent cannot take pytes
 it. After each run the test checks, from outside: the marker file was not created, the
 driver (parent) is alive and returned a result, the secret is not in the output, the
 loopback listener got no connection, no process of the snippet's uid is left, and the
-wall time is bounded. Modes: the static check on and off (both with the audit hook),
-the kernel layers alone (static check and audit hook off), and the fallback without
-bubblewrap (with and without the hook).
+call ended by the sandbox's own limits (a loop: "timeout after 1.5 s"; a hang fails by
+the driver's timeout), not by a clock read in the test. Modes: the static check on and
+off (both with the audit hook), the kernel layers alone (static check and audit hook
+off), and the fallback without bubblewrap (with and without the hook).
 """
 import json
 import os
 import secrets
 import select
+import signal
 import socket
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -25,6 +25,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import sandbox  # noqa: E402
+from conftest import run_group  # noqa: E402
 
 TIMEOUT = 1.5
 IS_ROOT = os.geteuid() == 0
@@ -104,7 +105,7 @@ CASES = {
         "try:\n    print(tb.tb_frame.f_back.f_locals)\nexcept BaseException as e:\n    print('stopped', e)\n"),
     "exit_zero": OS + "os._exit(0)\n",
 }
-RESOURCE_ERRORS = {"loop": "timeout", "memory": "memory limit", "memory_list": "memory limit",
+RESOURCE_ERRORS = {"loop": f"timeout after {TIMEOUT} s", "memory": "memory limit", "memory_list": "memory limit",
                    "output_flood": "output limit", "exit_zero": "ended before finishing"}
 MODES = {  # name: (bwrap, static_check, audit_hook)
     "static_on": (True, True, True),
@@ -171,15 +172,13 @@ def live_pids_of_uid(uid):
 
 def run_from_driver(code, bwrap, static, hook, secret, timeout=TIMEOUT):
     """Run the sandbox from a throwaway process whose environment holds `secret`."""
-    t0 = time.time()
-    p = subprocess.run([sys.executable, "-c", _DRIVER, str(ROOT),
-                        json.dumps(dict(code=code, bwrap=bwrap, static=static, hook=hook, timeout=timeout))],
-                       env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "NANOSKILL_PARENT_SECRET": secret},
-                       capture_output=True, text=True, timeout=60)
-    return p, time.time() - t0
+    return run_group([sys.executable, "-c", _DRIVER, str(ROOT),
+                      json.dumps(dict(code=code, bwrap=bwrap, static=static, hook=hook, timeout=timeout))],
+                     env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "NANOSKILL_PARENT_SECRET": secret},
+                     capture_output=True, text=True, timeout=60)
 
 
-def assert_contained(p, wall, marker, secret, listener, what):
+def assert_contained(p, marker, secret, listener, what):
     assert p.returncode == 0, f"{what}: the parent (driver) died: rc {p.returncode}, {p.stderr[-500:]}"
     res = json.loads(p.stdout.strip().splitlines()[-1])
     assert set(res) >= {"ok", "stdout", "stderr", "error", "returncode", "wall_s", "uid"}
@@ -188,8 +187,6 @@ def assert_contained(p, wall, marker, secret, listener, what):
     assert secret not in res["stdout"] + res["stderr"] + str(res["error"]), f"{what}: the secret leaked"
     assert "NANOSKILL_PARENT_SECRET" not in res["stdout"] + res["stderr"], f"{what}: the parent's env leaked"
     assert not select.select([listener], [], [], 0)[0], f"{what}: the loopback listener was reached"
-    # bounded: the sandbox's own clock, and the driver's (python start-up included, loaded machine)
-    assert res["wall_s"] < TIMEOUT + 5 and wall < TIMEOUT + 30, f"{what}: {res['wall_s']} s, driver {wall:.1f} s"
     if IS_ROOT and not str(res["error"]).startswith("refused:"):  # it ran: as its own uid, nothing left
         assert res["uid"] is not None and res["uid"] >= sandbox.UID_BASE
         assert not live_pids_of_uid(res["uid"]), f"{what}: processes left behind"
@@ -211,8 +208,8 @@ def test_hostile_snippet_is_contained(case, mode, outside, listener):
     marker = folder / "marker"
     code = CASES[case].format(marker=str(marker), secret_file=str(folder / "secret.txt"),
                               port=listener.getsockname()[1])
-    p, wall = run_from_driver(code, bwrap, static, hook, secret)
-    res = assert_contained(p, wall, marker, secret, listener, f"{case}/{mode}")
+    p = run_from_driver(code, bwrap, static, hook, secret)
+    res = assert_contained(p, marker, secret, listener, f"{case}/{mode}")
     if case in RESOURCE_ERRORS:
         assert not res["ok"] and RESOURCE_ERRORS[case] in res["error"], res
     if case == "output_flood":
@@ -252,9 +249,9 @@ def test_kernel_layers_seen_from_inside():
 def test_fallback_without_bwrap_still_drops_uid_and_network():
     code = ("import os\nprint(os.getuid(), [ln.split(':')[0].strip() for ln in open('/proc/net/dev')][2:])\n"
             "print([ln.strip() for ln in open('/proc/self/status') if ln.startswith('NoNewPrivs')])\n")
-    p = subprocess.run([sys.executable, "-c", _DRIVER, str(ROOT),
-                        json.dumps(dict(code=code, bwrap=False, static=False, hook=False, timeout=5))],
-                       capture_output=True, text=True, timeout=60)
+    p = run_group([sys.executable, "-c", _DRIVER, str(ROOT),
+                   json.dumps(dict(code=code, bwrap=False, static=False, hook=False, timeout=5))],
+                  capture_output=True, text=True, timeout=60)
     res = json.loads(p.stdout.strip().splitlines()[-1])
     assert res["ok"], res
     assert res["stdout"].startswith(f"{res['uid']} ['lo']") and "NoNewPrivs:\\t1" in res["stdout"]
@@ -316,9 +313,9 @@ print(json.dumps(dict(serial=serial, parallel=parallel)))
 
 
 def run_threads(jobs, serial=True, few_uids=False):
-    p = subprocess.run([sys.executable, "-c", _THREADS_DRIVER, str(ROOT),
-                        json.dumps(dict(jobs=jobs, serial=serial, few_uids=few_uids))],
-                       capture_output=True, text=True, timeout=600)
+    p = run_group([sys.executable, "-c", _THREADS_DRIVER, str(ROOT),
+                   json.dumps(dict(jobs=jobs, serial=serial, few_uids=few_uids))],
+                  capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
 
@@ -368,3 +365,14 @@ def test_interpreter_start_up_is_not_the_snippets_time():
     res = sandbox.run_sandboxed("print(len(blob))", timeout_s=0.3, variables={"blob": list(range(3_000_000))})
     assert res["ok"] and res["stdout"] == "3000000\n", res
     assert sandbox.run_sandboxed("while True:\n    pass\n", timeout_s=0.3)["error"] == "timeout after 0.3 s"
+
+
+@pytest.mark.parametrize("bwrap", [True, False])
+def test_cpu_limit_stops_a_busy_loop_before_the_wall_clock(bwrap, monkeypatch):
+    """RLIMIT_CPU is a limit of its own, the one that holds when the parent's wall clock does not: with 1 s of CPU
+    and 60 s of wall clock a busy loop ends by the kernel's SIGXCPU ("cpu limit"), not "timeout after 60 s"."""
+    if bwrap and not HAS_BWRAP:
+        pytest.skip("bubblewrap not usable here")
+    monkeypatch.setattr(sandbox, "USE_BWRAP", bwrap)
+    res = sandbox.run_sandboxed("while True:\n    pass\n", timeout_s=60, cpu_s=1)
+    assert res["error"] == "cpu limit" and res["returncode"] == -signal.SIGXCPU, res

@@ -6,7 +6,6 @@ import json
 import os
 import random
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,6 +17,7 @@ sys.path.insert(0, str(ROOT))
 import plumbing  # noqa: E402
 import skill_entropy as se  # noqa: E402
 import tasks.skill_bank as sb  # noqa: E402
+from conftest import run_group  # noqa: E402
 
 A, B, C = ("math", "arithmetic_operations"), ("logic", "syllogistic_deduction"), ("coding", "list_filtering")
 
@@ -194,7 +194,7 @@ def test_tiny_preset_smoke(tmp_path):
            "--G", "4", "--label-seeds", "1", "--n-label", "1", "--sft-epochs", "6", "--null-perms", "50",
            "--baselines", "grpo,format_only,shuffled_ske,ske_rl"]
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    out = run_group(cmd, capture_output=True, text=True, timeout=900, env=env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     run = tmp_path / "run"
     for f in ("bank_labelled.json", "ske_table.json", "fig2_ske.png", "tasks.json", "bench.json", "table3.json",
@@ -208,7 +208,11 @@ def test_tiny_preset_smoke(tmp_path):
     assert set(ske["null"]) == {"spread", "spearman", "single_minus_cross"} and "null 95 % band" in out.stdout
     t3 = json.loads((run / "table3.json").read_text())["rows"]
     assert set(t3) == {"grpo", "format_only", "shuffled_ske", "ske_rl"}
-    assert all(0.0 <= r["overall"] <= 1.0 for r in t3.values())
+    # a row's overall recounted: the mean over every step of the test tasks, from the per-task means weighted by steps
+    steps = {t["id"]: len(t["steps"]) for t in json.loads((run / "tasks.json").read_text())["tasks"] if t["split"] == "test"}
+    for r in t3.values():
+        assert set(r["per_task"]) == set(steps) and r["n_steps"] == sum(steps.values()), r
+        assert r["overall"] == pytest.approx(sum(steps[t] * m for t, m in r["per_task"].items()) / r["n_steps"]), r
     assert any(t3[r]["lam_ent"]["updates"] > 0 for r in t3), "no RL row made an update (every group dropped or cut off)"
     assert "Table 3 shape" in out.stdout and "kept groups" in out.stdout
     res = json.loads((run / "results.json").read_text())
@@ -216,13 +220,14 @@ def test_tiny_preset_smoke(tmp_path):
     tasks = json.loads((run / "tasks.json").read_text())["tasks"]
     assert all(t["proposer"] in ("llm", "template") for t in tasks)
     # a re-run with --resume reads every stage's output and reuses every checkpoint
-    out2 = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, timeout=600, env=env)
+    out2 = run_group(cmd + ["--resume"], capture_output=True, text=True, timeout=600, env=env)
     assert out2.returncode == 0 and "[ske]" not in out2.stdout and "GRPO steps" not in out2.stdout
     assert "SFT →" not in out2.stdout
-    # a budget that fits no D.2 response is an error, not an RL stage that silently drops every group
-    bad = subprocess.run(cmd + ["--resume", "--max-new-tokens", "24"], capture_output=True, text=True, timeout=600,
-                         env=env)
-    assert bad.returncode != 0 and "fits no D.2 response" in bad.stderr
+    # another rollout budget on --resume: refused at once, naming it (plumbing.check_resume; a budget that fits
+    # no D.2 response is an error of its own: test_response_budget_fits_the_gold_traces)
+    bad = run_group(cmd + ["--resume", "--max-new-tokens", "24"], capture_output=True, text=True, timeout=600,
+                    env=env)
+    assert bad.returncode != 0 and "--max-new-tokens 96 → 24" in bad.stderr
 
 
 def test_d4_matching_with_the_real_minilm_at_threshold_half():
@@ -244,11 +249,13 @@ def test_d4_matching_with_the_real_minilm_at_threshold_half():
 
 
 def test_gpu_preset_runs_one_step_on_the_tiny_random_model(tiny_model_dir, tmp_path, capsys):
-    """--preset gpu (Qwen3-1.7B, power-sized) with --model → the random tiny model: one GRPO step per
-    RL row on CPU; sizes shrunk by flags, every other setting the preset's."""
+    """--preset gpu (Qwen3-1.7B, one seed of the README's power-sized run, at most 1 h) with --model → the
+    random tiny model: one GRPO step per RL row on CPU; sizes shrunk by flags, every other setting the
+    preset's."""
     from grpo import parse_with_preset
     a = parse_with_preset(se.build_parser(), se.PRESETS, argv=["--preset", "gpu", "--run-dir", "/tmp/x"])
-    assert a.model == "Qwen/Qwen3-1.7B" and a.eval_n == 300 and a.steps == 100 and a.G == 8
+    assert a.model == "Qwen/Qwen3-1.7B" and a.eval_n == 300 and a.steps == 30 and a.G == 8
+    assert a.grad_checkpointing
     bank = sb.load_bank(a.bank, a.skills_per_domain, a.domains, a.skills)
     binary = {("logic", "syllogistic_deduction"), ("logic", "boolean_circuits"), ("logic", "truth_teller_puzzles"),
               ("planning", "dependency_scheduling"), ("information_extraction", "letter_inventory")}
@@ -692,8 +699,8 @@ def test_pipeline_mechanics_on_a_tiny_random_model(tiny_model_dir, tmp_path, cap
 
 
 def test_row_seeds_differ_per_row_and_follow_seed():
-    seeds = {se.row_seed(0, r) for r in ("grpo", "format_only", "shuffled_ske", "ske_rl")}
-    assert len(seeds) == 4 and se.row_seed(0, "grpo") != se.row_seed(1, "grpo") and se.row_seed(0, "grpo") == se.row_seed(0, "grpo")
+    seeds = {plumbing.row_seed(0, r) for r in ("grpo", "format_only", "shuffled_ske", "ske_rl")}
+    assert len(seeds) == 4 and plumbing.row_seed(0, "grpo") != plumbing.row_seed(1, "grpo") and plumbing.row_seed(0, "grpo") == plumbing.row_seed(0, "grpo")
 
 
 def test_frozen_model_help_names_the_real_fallback():
@@ -771,7 +778,7 @@ def test_every_scripts_data_is_the_same_under_another_string_hash_seed():
     digests = []
     for h in ("1", "2"):
         env = dict(os.environ, PYTHONHASHSEED=h, TOKENIZERS_PARALLELISM="false")
-        out = subprocess.run([sys.executable, "-c", DATA_DIGEST, str(ROOT)], capture_output=True, text=True, timeout=300, env=env)
+        out = run_group([sys.executable, "-c", DATA_DIGEST, str(ROOT)], capture_output=True, text=True, timeout=300, env=env)
         assert out.returncode == 0, out.stderr[-3000:]
         digests.append(out.stdout.split()[-1])
     assert digests[0] == digests[1]

@@ -5,7 +5,6 @@ import json
 import random
 import shutil
 import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -208,11 +207,11 @@ def test_sandbox_refuses_hostile_snippet_statically(name):
 
 @pytest.mark.parametrize("name", sorted(HOSTILE))
 def test_sandbox_contains_hostile_snippet_without_static_check(name):
-    t0 = time.time()
     res = S.run_sandboxed(HOSTILE[name], timeout_s=2.0, mem_mb=256, static_check=False)
-    assert time.time() - t0 < 2.0 + 3.0  # ends within the limits
     assert not res["ok"] and res["error"]
-    expected = {"infinite_loop": "timeout", "fork_bomb": "import of 'os' is not allowed", "huge_allocation": "memory",
+    # it ends within the sandbox's limits, by the verdict the sandbox gives (not a clock read here: start-up alone
+    # may take sandbox.STARTUP_S on a loaded machine); only the loop meets the wall clock
+    expected = {"infinite_loop": "timeout after 2.0 s", "fork_bomb": "import of 'os' is not allowed", "huge_allocation": "memory",
                 "read_outside": "outside the working folder", "socket": "not allowed"}[name]
     assert expected in res["error"]
     assert "root:" not in res["stdout"]
@@ -317,11 +316,12 @@ def test_judge_loop_turn_budget_and_plain_judge():
 
 @pytest.mark.heavy(116)
 def test_smoke_tiny_preset(tmp_path, capsys):
-    res = S.main(["--preset", "tiny", "--sampler", "hf", "--bench-per-cat", "1", "--methods", "baseline,skill_rm,oracle",
-                  "--formats", "pairwise", "--bon-prompts", "2", "--bon-N", "2", "--steps", "1", "--prompts-per-step", "1",
-                  "--G", "2", "--eval-n", "2", "--rl-rewards", "skill_rm", "--max-turns", "2", "--rl-max-turns", "2",
-                  "--max-new-tokens", "16", "--beta", "0", "--show-trace", "1", "--judge-sft-steps", "1",
-                  "--judge-sft-batch", "2", "--judge-sft-items", "1", "--run-dir", str(tmp_path)])
+    argv = ["--preset", "tiny", "--sampler", "hf", "--bench-per-cat", "1", "--methods", "baseline,skill_rm,oracle",
+            "--formats", "pairwise", "--bon-prompts", "2", "--bon-N", "2", "--steps", "1", "--prompts-per-step", "1",
+            "--G", "2", "--eval-n", "2", "--rl-rewards", "skill_rm", "--max-turns", "2", "--rl-max-turns", "2",
+            "--max-new-tokens", "16", "--beta", "0", "--show-trace", "1", "--judge-sft-steps", "1",
+            "--judge-sft-batch", "2", "--judge-sft-items", "1", "--run-dir", str(tmp_path)]
+    res = S.main(argv)
     out = capsys.readouterr().out
     assert "pairwise accuracy" in out and "seqko@2" in out and "prompt_strict" in out and "final judgment" in out
     assert {"baseline|pairwise|math", "skill_rm|pairwise|code"} <= set(res["benchmark"])
@@ -331,9 +331,20 @@ def test_smoke_tiny_preset(tmp_path, capsys):
         assert sum(r["valid"] for r in rows) / len(rows) >= 0.9, (method, rows)
         assert res["bon"][method]["invalid"] <= 0.1
     assert all(v["score"] == 1.0 for k, v in res["benchmark"].items() if k.startswith("oracle|") and not k.endswith("code"))
-    assert 0.0 <= res["bon"]["skill_rm"]["seqko@2"] <= 1.0
+    # best-of-N recounted: seqko@2 is the mean over pools of the knockout winner's true score, which lies between
+    # the pool's two candidates' (the lower one is 2·random@2 − oracle@2)
+    bon = res["bon"]["skill_rm"]
+    won, rand, best = (bon["per_pool"][k] for k in ("seqko@2", "random@2", "oracle@2"))
+    assert bon["seqko@2"] == pytest.approx(sum(won) / len(won))
+    assert all(2 * r - b - 1e-9 <= w <= b + 1e-9 for w, r, b in zip(won, rand, best)), (won, rand, best)
     assert set(res["rl"]) == {"initial", "skill_rm"} and res["rl"]["skill_rm"]["judge_valid"] >= 0.9
-    assert json.loads((tmp_path / "results.json").read_text())["rl"]["skill_rm"]["inst_level"] >= 0.0
+    # App. D recounted from the per-prompt satisfied fractions: instruction level = satisfied constraints over all
+    # constraints of the held-out prompts, prompt level = the prompts with every constraint satisfied
+    args = S.parse_with_preset(S.build_parser(), S.PRESETS, argv=argv)
+    n = [len(p["constraints"]) for p in S.if_prompts(args.seed, args.eval_n, "test")]
+    rl = json.loads((tmp_path / "results.json").read_text())["rl"]["skill_rm"]
+    assert rl["inst_level"] == pytest.approx(sum(f * k for f, k in zip(rl["per_prompt"], n, strict=True)) / sum(n))
+    assert rl["prompt_strict"] == pytest.approx(sum(f == 1 for f in rl["per_prompt"]) / len(n))
     assert (tmp_path / "rl_skill_rm" / "metrics.jsonl").exists()
     judged = [json.loads(line) for line in (tmp_path / "bench_judgments.jsonl").read_text().splitlines()]
     assert judged and all(j["trace"] and j["trace"][0]["action"] for j in judged)  # every judgment, with its trace
@@ -403,7 +414,9 @@ def test_null_group_sd_is_the_position_locked_expectation():
 # ----- bugs of issue #11, each with a test that failed before its fix -----
 
 def test_paper_preset_has_a_nonempty_rl_test_set(tmp_path):
-    args = S.parse_with_preset(S.build_parser(), S.PRESETS, argv=["--preset", "paper"])
+    with pytest.raises(SystemExit, match="--preset paper names no model"):  # its judge and policy differ
+        S.parse_with_preset(S.build_parser(), S.PRESETS, argv=["--preset", "paper"])
+    args = S.parse_with_preset(S.build_parser(), S.PRESETS, argv=["--preset", "paper", "--model", "Q/Q3-8B"])
     assert args.eval_n > 0 and len(S.if_prompts(0, args.eval_n, "test")) == args.eval_n
     with pytest.raises(SystemExit, match="eval-n"):  # stops before loading any model
         S.main(["--preset", "paper", "--eval-n", "0", "--model", str(tmp_path / "none")])
@@ -873,8 +886,8 @@ def test_sft_skill_judge_beats_the_coin_and_is_not_position_locked(tmp_path):
     tasks, meta = S.benchmark_tasks(items, ["skill_rm"], ["pairwise"], 0)
     S.run_judges(S.make_judge_sampler(judge, tok, args, dist), tok, tasks, skills, args, args.max_turns)
     res = S.score_benchmark(tasks, meta)
-    wins = list(S.bench_items(res, "skill_rm", "pairwise").values())
-    consistent = list(S.bench_items(res, "skill_rm", "pairwise", "items_consistent").values())
+    wins = list(rb.bench_items(res, "skill_rm", "pairwise").values())
+    consistent = list(rb.bench_items(res, "skill_rm", "pairwise", "items_consistent").values())
     assert len(wins) == len(items) == 24
     assert sum(wins) / len(wins) > 0.25 and binomial_p(sum(wins), len(wins), 0.25) < 0.01, wins
     assert sum(consistent) > 0, "position-locked"

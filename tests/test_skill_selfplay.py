@@ -6,7 +6,6 @@ import math
 import os
 import random
 import shutil
-import subprocess
 import sys
 
 import pytest
@@ -18,7 +17,7 @@ from plumbing import (SELFPLAY_LOGS, checkpoint_extra, effective_skills, json_te
                       plot_diagnostics, render_package)
 from tasks.tool_calls import tool_schema_error  # noqa: E402
 from tasks.zebra import count_solutions, extract_json, make_zebra_puzzles, solution_grid  # noqa: E402
-from conftest import ONE_THREAD  # noqa: E402
+from conftest import ONE_THREAD, run_group  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -578,7 +577,15 @@ def test_smoke_tiny(tmp_path, tiny_model_dir):
              "--sampler", "hf", "--no-plots", "--run-dir", str(run)]
     out = S.main(flags)
     assert [name for name, _ in out["history"]] == ["base", "solver SFT", "iter 1"]
-    assert 0.0 <= out["history"][-1][1]["zebra_grid"] <= 1.0
+    # the iter-1 row's grid and cell accuracy, regraded from its saved replies by Eq. 15's checker: per puzzle the
+    # mean over its replies (avg@k), then the mean over the held-out puzzles
+    puzzles, _ = S.zebra_heldout(S.parse_args(flags))
+    items = S.read_items(run, "iter 1")
+    graded = [[S.grade_grid(t, puzzles[it["i"]][1], puzzles[it["i"]][2]) for t in it["answers"]] for it in items]
+    mean = lambda xs: sum(xs) / len(xs)
+    assert len(items) == len(puzzles) and out["history"][-1][1]["zebra_grid"] == pytest.approx(
+        mean([mean([full for _, full, _, _ in g]) for g in graded]))
+    assert out["history"][-1][1]["zebra_cell"] == pytest.approx(mean([mean([cell for _, _, cell, _ in g]) for g in graded]))
     row = out["rows"][0]
     assert row["n_proposals_parsed"] + row["n_proposals_unparsed"] == 2 * 2 + 1 * 2
     assert row["n_accepted_skill"] + row["n_accepted_explore"] >= 1, row   # some proposal passed every gate
@@ -629,8 +636,8 @@ def test_smoke_two_rank_gloo_and_resume(tmp_path, tiny_model_dir):
     one, two = tmp_path / "one", tmp_path / "two"
 
     def run(cmd, run_dir):
-        out = subprocess.run(cmd + ["--run-dir", str(run_dir)], cwd=ROOT, capture_output=True, text=True, timeout=600,
-                             env=env)
+        out = run_group(cmd + ["--run-dir", str(run_dir)], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                        env=env)
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
         return out.stdout
 

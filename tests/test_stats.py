@@ -49,7 +49,9 @@ def test_wilson_ci_hand_values():
 def test_bootstrap_ci_covers_the_mean_and_collapses_on_constants():
     assert stats.paired_bootstrap_ci([1, 1, 1], [0, 0, 0]) == [1.0, 1.0]
     lo, hi = stats.paired_bootstrap_ci([1, 0, 1, 1, 0, 1, 1, 1], [0, 0, 1, 0, 0, 1, 0, 0])
-    assert lo <= 0.5 <= hi and lo >= -0.01 and hi <= 1.0
+    # d = four 1s and four 0s: a resample's mean is Binomial(8, ½)/8, and P(≤ 1/8) = 9/256 = 3.5 % straddles the
+    # 2.5 % point (P(0) = 1/256): the percentile CI is [1/8, 7/8] (10000 resamples: ±0.2 % around 3.5 %)
+    assert [lo, hi] == [0.125, 0.875]
 
 
 def test_compare_entry_fields_and_vs_chance_binary_uses_binomial():
@@ -80,3 +82,171 @@ def test_aggregate_pools_items_over_seeds(tmp_path):
 def test_aggregate_names_a_missing_run(tmp_path):
     with pytest.raises(SystemExit, match="results.json does not exist"):
         stats.aggregate([tmp_path / "nope"])
+
+
+# ----- issue #48 §2: minimum detectable effect; #53 §3: aggregate robustness; #48 §3: clustering -----
+Z_A, Z_B = 1.959964, 0.841621  # z_{1−α/2} at α = 0.05, z_{0.8}
+
+
+def test_mde_hand_values_paired_and_proportion_at_zero():
+    assert stats.mde(100, sd=2.0) == pytest.approx((Z_A + Z_B) * 2.0 / 10, rel=1e-5)
+    # p0 = 0: δ·√n = z_b·√(δ(1 − δ))  ⇒  δ = z_b² / (n + z_b²)
+    assert stats.mde(100, p0=0.0) == pytest.approx(Z_B ** 2 / (100 + Z_B ** 2), rel=1e-5)
+    assert math.isnan(stats.mde(1, sd=1.0)) and math.isnan(stats.mde(5, p0=0.99))  # p1 = 1 not detectable
+
+
+def test_mde_paired_gives_power_080_in_simulation():
+    """True effect = mde ⇒ the two-sided test rejects 80 % of the time (one-sided z would give ~70 %,
+    forgetting √n ~100 %)."""
+    rng = np.random.default_rng(0)
+    n = 60
+    d = rng.normal(stats.mde(n, sd=1.0), 1.0, size=(4000, n))
+    t = d.mean(axis=1) / (d.std(axis=1, ddof=1) / math.sqrt(n))
+    assert np.mean(np.abs(t) > Z_A) == pytest.approx(0.8, abs=0.025)
+    # the test compare() runs: the sign flip (Monte Carlo, n > 16)
+    n = 40
+    m = stats.mde(n, sd=1.0)
+    ps = [stats.sign_flip_p(rng.normal(m, 1.0, n), n_perm=500, seed=i) for i in range(400)]
+    assert np.mean(np.array(ps) < 0.05) == pytest.approx(0.8, abs=0.06)
+
+
+def test_mde_proportion_vs_chance_gives_power_080_with_the_exact_binomial():
+    """vs_chance's test on 0/1 items at true rate p0 + mde rejects ~80 % (the exact test is a little
+    conservative; a one-sided z gives ~67 %)."""
+    n, p0 = 300, 0.25
+    reject = np.array([stats.binomial_p(k, n, p0) < 0.05 for k in range(n + 1)])
+    k = np.random.default_rng(1).binomial(n, p0 + stats.mde(n, p0=p0), size=20000)
+    assert reject[k].mean() == pytest.approx(0.8, abs=0.04)
+
+
+def test_mde_two_proportions_gives_power_080_with_the_pooled_z_test():
+    rng = np.random.default_rng(2)
+    n, p0 = 200, 0.3
+    m = stats.mde(n, p0=p0, two_proportions=True)
+    x0, x1 = rng.binomial(n, p0, 20000), rng.binomial(n, p0 + m, 20000)
+    pbar = (x0 + x1) / (2 * n)
+    z = (x1 - x0) / n / np.sqrt(2 * pbar * (1 - pbar) / n)
+    assert np.mean(np.abs(z) > Z_A) == pytest.approx(0.8, abs=0.02)
+
+
+def test_entries_carry_mde_and_paper_effect_and_the_table_prints_them():
+    a, b = [1, 1, 0, 1, 1, 0, 1, 1], [0, 1, 0, 0, 1, 0, 0, 1]
+    e = stats.compare("A vs B", "A", "B", a, b, paper_effect=0.023)
+    d = np.subtract(a, b)
+    assert e["mde"] == pytest.approx(stats.mde(8, sd=d.std(ddof=1))) and e["paper_effect"] == 0.023
+    c = stats.vs_chance("A vs coin", "A", a, 0.25)
+    assert c["mde"] == pytest.approx(stats.mde(8, p0=0.25)) and c["paper_effect"] is None
+    s = stats.vs_chance("sd vs 0.4", "A", [0.5, 0.6, 0.7], 0.4)
+    assert s["mde"] == pytest.approx(stats.mde(3, sd=0.1))
+    text = stats.format_headline([e, c])
+    assert f"- A vs B: this run can detect |diff| ≥ {e['mde']:.3g}" in text
+    assert "the paper reports +0.023" in text
+    assert f"- A vs coin: this run can detect |diff| ≥ {c['mde']:.3g}" in text
+    assert "the paper states no effect size" in text
+
+
+def test_item_ids_leave_a_single_run_entry_unchanged():
+    rng = np.random.default_rng(3)
+    a, b = rng.random(30).tolist(), rng.random(30).tolist()
+    plain = stats.compare("A vs B", "A", "B", a, b)
+    with_ids = stats.compare("A vs B", "A", "B", a, b, item_ids=[i % 5 for i in range(30)])  # ids repeat
+    for k in ("diff", "ci95", "p", "mde", "n_items", "unit"):
+        assert with_ids[k] == plain[k], k
+    assert plain["unit"] == "item" and with_ids["item_ids"][:6] == ["0", "1", "2", "3", "4", "0"]
+
+
+def test_cluster_bootstrap_resamples_whole_clusters():
+    x = np.random.default_rng(4).normal(size=12)
+    groups = np.arange(12)
+    assert stats.cluster_bootstrap_ci(x, groups) == stats.bootstrap_ci(x)  # singletons: the item bootstrap
+    # every cluster two copies of one value: resampling clusters = resampling the cluster means
+    ci = stats.cluster_bootstrap_ci(np.repeat(x, 2), np.repeat(groups, 2))
+    assert ci == pytest.approx(stats.bootstrap_ci(x))
+    assert stats.bootstrap_ci(np.repeat(x, 2)) != pytest.approx(stats.bootstrap_ci(x))  # the naive CI narrows
+
+
+def _two_seeds(tmp_path, ids0, ids1):
+    for s, ids in enumerate((ids0, ids1)):
+        stats.write_results(tmp_path / f"s{s}", {},
+                            [stats.compare("A vs B", "A", "B", [1] * 5, [0] * 5, item_ids=ids),
+                             stats.vs_chance("A vs coin", "A", [1] * 5, 0.5, item_ids=ids)])
+    return {e["claim"]: e for e in stats.aggregate([tmp_path / "s0", tmp_path / "s1"])}
+
+
+def test_aggregate_clusters_items_repeated_over_seeds(tmp_path):
+    same = _two_seeds(tmp_path, list("abcde"), list("abcde"))  # the same five items in both seeds
+    ab, coin = same["A vs B"], same["A vs coin"]
+    assert ab["unit"] == coin["unit"] == "item (clustered over seeds)" and ab["n_units"] == 5
+    assert ab["n_items"] == 10 and ab["p"] == pytest.approx(2 / 32)  # 5 clusters, not 10 items: 2 of 2^5
+    assert coin["p"] == pytest.approx(2 / 32)  # sign flip over cluster means, not binomial_p(10, 10, 0.5)
+    distinct = _two_seeds(tmp_path, list("abcde"), list("fghij"))
+    assert distinct["A vs B"]["unit"] == "item×seed" and distinct["A vs B"]["p"] == pytest.approx(2 / 1024)
+    assert distinct["A vs coin"]["p"] == pytest.approx(stats.binomial_p(10, 10, 0.5))
+
+
+def test_aggregate_without_item_ids_pools_as_item_x_seed(tmp_path):
+    _two_seeds(tmp_path, None, None)
+    pooled = stats.aggregate([tmp_path / "s0", tmp_path / "s1"])
+    assert {e["unit"] for e in pooled} == {"item×seed"} and pooled[0]["item_ids"] is None
+
+
+def test_write_results_records_provenance(tmp_path):
+    import sys
+    import time
+
+    import psutil  # accelerate's dependency: this process's age read from /proc by other code than stats'
+    from conftest import run_group
+    start = psutil.Process().create_time()
+    before = time.time() - start
+    stats.write_results(tmp_path, {"x": 1}, [])
+    after = time.time() - start
+    prov = json.loads((tmp_path / "results.json").read_text())["provenance"]
+    head = run_group(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=60,
+                     cwd=stats.Path(stats.__file__).parent).stdout.strip()
+    assert prov["git"]["commit"] == head and isinstance(prov["git"]["dirty"], bool)
+    assert prov["command"].startswith(sys.executable) and before - 0.1 <= prov["wall_s"] <= after + 0.1
+    assert prov["device"]["kind"] in ("cpu", "cuda") and prov["device"]["class"]
+    import torch
+    assert prov["torch"] == torch.__version__ and "vllm" in prov
+
+
+def test_provenance_never_raises_without_git(monkeypatch):
+    def no_git(*a, **k):
+        raise FileNotFoundError("git")
+    monkeypatch.setattr(stats.subprocess, "run", no_git)
+    prov = stats.provenance()
+    assert prov["git"] is None and prov["command"] and "wall_s" in prov
+
+
+def test_aggregate_names_a_corrupt_results_json(tmp_path):
+    (tmp_path / "s0").mkdir()
+    (tmp_path / "s0" / "results.json").write_text('{"headline": [')
+    with pytest.raises(SystemExit, match=r"s0/results.json is not valid JSON"):
+        stats.aggregate([tmp_path / "s0"])
+
+
+def test_aggregate_refuses_a_run_listed_twice(tmp_path):
+    stats.write_results(tmp_path / "s0", {}, [stats.compare("A vs B", "A", "B", [1, 0], [0, 0])])
+    with pytest.raises(SystemExit, match="listed twice"):
+        stats.aggregate([tmp_path / "s0", tmp_path / "s0" / "."])  # the same real path spelled twice
+
+
+def test_vs_chance_with_null_chance_reports_no_test(tmp_path):
+    e = stats.vs_chance("A vs ?", "A", [1, 0, 1], 0.5)
+    e["chance"] = None
+    stats.write_results(tmp_path / "s0", {}, [e])
+    (pooled,) = stats.aggregate([tmp_path / "s0"])
+    assert math.isnan(pooled["p"]) and pooled["diff"] is None and "no chance level" in pooled["note"]
+
+
+def test_binomial_p_k_above_n_raises_a_clear_value_error():
+    with pytest.raises(ValueError, match="k = 6 successes is not a count out of n = 5"):
+        stats.binomial_p(6, 5, 0.5)
+
+
+def test_all_nan_items_report_nan_p_and_n_zero():
+    e = stats.compare("A vs B", "A", "B", [float("nan")] * 3, [1, 0, 1])
+    c = stats.vs_chance("A vs coin", "A", [float("nan"), None], 0.5)
+    for x in (e, c):
+        assert math.isnan(x["p"]) and x["n_items"] == 0 and "n = 0" in x["note"]
+    assert "[no finite paired item (n = 0)" in stats.format_headline([e])
