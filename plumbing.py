@@ -1198,6 +1198,7 @@ class VLLMSampler:
                            # log-probs after temperature and top-p: what was sampled from
                            logprobs_mode="processed_logprobs")
             self.grammar, err = GrammarReplay(tok, unwrap(model).config.vocab_size), None
+            compile_grammars_in_line(self.llm)
         except Exception as e:  # e.g. out of memory on one GPU only
             err = e
         _set_rng_state(rng)
@@ -1244,6 +1245,17 @@ class VLLMSampler:
                    if not (tied and k == "lm_head.weight"))
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+
+
+def compile_grammars_in_line(llm):
+    """vLLM compiles a request's JSON-schema grammar in a worker thread and schedules the request once it is
+    ready; a run's samples then follow that thread's timing: which requests share a decoding batch, and so
+    which draws of the engine's one generator each gets (two runs of one seed differed, #47). Compile in
+    line instead, as vLLM itself does under external_launcher (every multi-rank run here): a run repeats."""
+    core = getattr(getattr(llm.llm_engine, "engine_core", None), "engine_core", None)  # in-process engine
+    manager = getattr(core, "structured_output_manager", None)
+    if manager is not None and hasattr(manager, "_use_async_grammar_compilation"):
+        manager._use_async_grammar_compilation = False
 
 
 def make_sampler(args, model, tok, dist, max_model_len=None):

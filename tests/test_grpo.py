@@ -823,15 +823,17 @@ for s in v.generate(q, 2, 8, 1.0)[0]:
         logits = m(torch.tensor([q[0] + s.ids])).logits[0, len(q[0]) - 1:-1].float()
     ref = torch.log_softmax(logits, -1).gather(1, torch.tensor(s.ids)[:, None])[:, 0]
     lp_err.append(float((ref - torch.tensor(s.logprobs)).abs().max()) if len(s.logprobs) == len(s.ids) else 1e9)
+in_line = not v.llm.llm_engine.engine_core.engine_core.structured_output_manager._use_async_grammar_compilation
 print("RESULT", json.dumps([before, stale, hf.text, vl.text, hf.ids == vl.ids, mixed[0][0].text, mixed[1][0].text,
-                            [s.text for s in one], [[s.text for s in g] for g in per], lp_err]))
+                            [s.text for s in one], [[s.text for s in g] for g in per], lp_err, in_line]))
 plumbing.exit_ranks()  # every script's last line: a plain process leaves vLLM's own group to vLLM's shutdown
 '''
     out = run_group([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
     line = [l for l in out.stdout.splitlines() if l.startswith("RESULT")]
     assert line, out.stderr[-3000:]
     assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr[-3000:]
-    before, stale, hf, vl, same_ids, too_long, short, one, per, lp_err = json.loads(line[0][len("RESULT "):])
+    before, stale, hf, vl, same_ids, too_long, short, one, per, lp_err, in_line = json.loads(line[0][len("RESULT "):])
+    assert in_line  # plumbing.compile_grammars_in_line reached vLLM's switch: a schema's timing moves no sample
     assert max(lp_err) < 2e-2, lp_err  # the sampler's log-probs are the policy's (fp32 here; another kernel)
     assert "banana split" in hf and hf == vl and same_ids
     # json_schema: constrained decoding (structured outputs), one schema for all prompts or one per prompt
