@@ -1252,7 +1252,8 @@ def compile_grammars_in_line(llm):
     ready; a run's samples then follow that thread's timing: which requests share a decoding batch, and so
     which draws of the engine's one generator each gets (two runs of one seed differed, #47). Compile in
     line instead, as vLLM itself does under external_launcher (every multi-rank run here): a run repeats."""
-    core = getattr(getattr(llm.llm_engine, "engine_core", None), "engine_core", None)  # in-process engine
+    engine = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    core = getattr(engine, "engine_core", None)  # the in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0)
     manager = getattr(core, "structured_output_manager", None)
     if manager is not None and hasattr(manager, "_use_async_grammar_compilation"):
         manager._use_async_grammar_compilation = False

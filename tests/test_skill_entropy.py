@@ -363,15 +363,20 @@ def test_a_stage_computes_its_file_and_resume_reads_it_back(tmp_path):
     bank, keys, table = _small_world()
     args = argparse.Namespace(**{k: getattr(SynArgs, k) for k in dir(SynArgs) if not k.startswith("_")})
     args.regenerations, args.run_dir, args.resume = 0, str(tmp_path), False
-    train, test = se.synthesize_tasks(args, Dist(), bank, table, None)
+    import types
+
+    import plumbing  # one process: a stage is a plain call (plumbing.on_rank0), no model is ever asked
+    fz = types.SimpleNamespace(gen_of=None, on_rank0=lambda fn, skip=False: plumbing.on_rank0(fn, None, Dist(),
+                                                                                               {}, skip))
+    train, test = se.synthesize_tasks(args, Dist(), bank, table, fz)
     assert len(train) == 6 and len(test) == 9 and (tmp_path / "tasks.json").exists()
     marker = dict(tasks=[dict(train[0], id="marker")])
     (tmp_path / "tasks.json").write_text(json.dumps(marker))
     args.resume = True
-    train2, test2 = se.synthesize_tasks(args, Dist(), bank, table, None)                  # --resume: read back
+    train2, test2 = se.synthesize_tasks(args, Dist(), bank, table, fz)                    # --resume: read back
     assert [t["id"] for t in train2] == ["marker"] and test2 == []
     args.resume = False
-    train3, test3 = se.synthesize_tasks(args, Dist(), bank, table, None)                  # a fresh run recomputes
+    train3, test3 = se.synthesize_tasks(args, Dist(), bank, table, fz)                    # a fresh run recomputes
     assert train3 == train and test3 == test
 
 

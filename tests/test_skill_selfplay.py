@@ -1479,5 +1479,5 @@ def test_ablations_differ_from_the_full_method_only_in_what_they_name(tiny_model
     probe, solver = P.probe_sampler.model.state_dict(), P.solver.state_dict()
     assert all(torch.equal(probe[k], solver[k]) for k in solver)      # the warmed solver ...
     assert not any(p.requires_grad for p in P.probe_sampler.model.parameters())  # ... frozen
-    base = P.controller.model.state_dict()
+    base = P.controller.sampler.model.state_dict()  # a DealtSampler over HF generate
     assert any(not torch.equal(base[k].float(), solver[k].float()) for k in solver)  # not π^(0)
