@@ -68,7 +68,7 @@ demo: install
 # Evidence (#48): each paper's tiny preset once per seed (seeds are the unit of evidence), kept in results/:
 # results/<run>/tiny/seed<k>/results.json (provenance inside) and results/<run>/tiny/aggregate.json, the
 # headline pooled over the seeds (stats.py --aggregate). A seed whose results.json exists is skipped; an
-# interrupted one resumes from its checkpoint in runs/evidence/ (skill_rm has no resume: it reruns).
+# interrupted one resumes from its checkpoint (skill_rm: its finished stages) in runs/evidence/.
 # skill_selfplay's training-side puzzles follow --data-seed, so each seed draws its own. Then the README block.
 # One paper, two seeds: `make evidence PAPERS=grpo SEEDS="0 1"`. Logs: runs/evidence/<run>/seed<k>.log.
 PAPERS ?= grpo skill_entropy skill_rm skill_selfplay:tool skill_selfplay:zebra talentrl
@@ -79,7 +79,7 @@ evidence: install
 	  for k in $(SEEDS); do \
 	    out=results/$$name/tiny/seed$$k; run=runs/evidence/$$name/seed$$k; \
 	    [ ! -e $$out/results.json ] || continue; \
-	    resume=""; [ ! -d $$run ] || [ $$s = skill_rm ] || resume=--resume; \
+	    resume=""; [ ! -d $$run ] || resume=--resume; \
 	    [ $$s != skill_selfplay ] || extra="$$extra --data-seed $$k"; \
 	    mkdir -p $$run $$out; echo "== $$s.py --preset tiny $$extra --seed $$k $$resume"; \
 	    $(BIN)/python $$s.py --preset tiny $$extra --seed $$k $$resume --run-dir $$run \
@@ -94,18 +94,18 @@ evidence: install
 results-table: install
 	$(BIN)/python stats.py --readme
 
-# Skill-SP against unguided self-play (the no-library ablation) on zebra at tiny scale, one run per seed and
-# arm (each its own process), then the pooled headline (skill_selfplay.py --aggregate: each arm vs the better
-# trivial answer, Skill-SP vs unguided paired over puzzles × seeds, CI and p). One seed:
-# `make selfplay-compare COMPARE_SEEDS=0`; the summary reads every run folder present in runs/compare.
-COMPARE_SEEDS ?= 0 1 2
+# Skill-SP against unguided self-play (the no-library ablation) on tool calls at tiny scale (the paper's Table 2;
+# zebra leaves unguided out, as the paper does), one run per seed and arm (each its own process), then the pooled
+# headline (skill_selfplay.py --aggregate: Skill-SP vs unguided and vs base, paired over all 808 BFCL simple items
+# x seeds, CI, p and mde). One seed: `make selfplay-compare COMPARE_SEEDS=0`; it reads every folder in runs/compare.
+COMPARE_SEEDS ?= 0 1 2 3 4
 selfplay-compare: install
 	set -e; for s in $(COMPARE_SEEDS); do for arm in skill unguided; do \
 	  flag=""; if [ $$arm = unguided ]; then flag=--unguided; fi; \
-	  $(BIN)/python skill_selfplay.py --family zebra --preset tiny --seed $$s --data-seed $$s --no-plots $$flag \
-	    --run-dir runs/compare/zebra-$$arm-s$$s; \
+	  $(BIN)/python skill_selfplay.py --family tool --preset tiny --seed $$s --data-seed $$s --no-plots $$flag \
+	    --run-dir runs/compare/tool-$$arm-s$$s; \
 	done; done
-	$(BIN)/python skill_selfplay.py --aggregate $$(ls -d runs/compare/zebra-*-s*)
+	$(BIN)/python skill_selfplay.py --aggregate $$(ls -d runs/compare/tool-*-s*)
 
 # The CUDA path in < 8 min where only torch and transformers are installed (no vLLM, network or model cache):
 # gpu/smoke.py, one PASS/FAIL/SKIP line per check (README 'GPU'); `python gpu/smoke.py --cpu` is its dry run.

@@ -25,8 +25,8 @@ Differences from the papers:
 2. Loss aggregation is a flag: `token` (DAPO's token-level mean over the whole batch, the default), `seq`
    (DeepSeekMath's 1/|o_i| per sequence, then the mean over sequences) or `dr_grpo` (Dr. GRPO's constant
    N·T_max); --ratio-level sequence gives GSPO's sequence ratio. Checked against TRL's own loss code.
-3. Dynamic sampling drops zero-variance groups but does not re-sample to refill the batch (DAPO
-   over-samples); the number dropped is logged.
+3. Dynamic sampling drops zero-variance groups; refilling the batch with new prompts (DAPO) is bounded
+   by --refill-max-draws (refill_groups, off by default); the number dropped is logged.
 4. Each of the μ passes is one optimizer step over the whole batch (gradient accumulation over
    micro-batches), not a split into mini-batches.
 5. Advantages are std-normalised with Bessel's correction and ε = 1e-4 (TRL's convention);
@@ -48,9 +48,9 @@ from tqdm import tqdm
 
 import stats
 from plumbing import (ChunkedTokenLogProb, MasterAdamW, PrecisionSwitch, add_memory_args, all_reduce_sum,
-                      check_resume, dtypes_follow_precision, grad_sync, kill_point, load_model,
+                      check_resume, collate, dtypes_follow_precision, grad_sync, kill_point, load_model,
                       load_policy, log_metrics, make_optimizer, make_sampler, parse_with_preset, per_rank,
-                      plot_curves, precision_flag, prefix_rows, preflight, reduce_metrics, resume_checkpoint,
+                      plot_curves, precision_flag, preflight, reduce_metrics, resume_checkpoint,
                       run_main, run_settings, same_count_on_all_ranks, save_checkpoint, seed_everything,
                       setup_distributed, token_entropy, trained_logits, unwrap)
 
@@ -105,6 +105,9 @@ def add_grpo_args(p):
     g.add_argument("--adv-eps", type=float, default=1e-4, help="ε in Â = (r − mean)/(std + ε)")
     g.add_argument("--dynamic-sampling", action=argparse.BooleanOptionalAction, default=False,
                    help="drop groups whose rewards all agree (DAPO Eq. 8 constraint)")
+    g.add_argument("--refill-max-draws", type=int, default=0,
+                   help="DAPO's refill: at most this many extra draws of prompts a step while fewer groups "
+                        "than the batch have differing rewards (refill_groups; DAPO: until full; 0 = off)")
     g.add_argument("--passes", type=int, default=1,
                    help="μ, optimisation passes per batch (DeepSeekMath Alg. 1); >1 stores old log-probs")
     g = p.add_argument_group("optimisation")
@@ -271,31 +274,6 @@ def clip_and_step(model, optimizer, max_norm):
     return grad_norm
 
 
-def collate(rows, pad_id, device):
-    """rows = [(prompt_ids, ids, mask, adv[, sample_logp])] → right-padded tensors; completions start at
-    `start`."""
-    start = min(len(p) for p, *_ in rows)
-    L = max(len(p) + len(c) for p, c, *_ in rows)
-    T = L - start
-    ids = torch.full((len(rows), L), pad_id, dtype=torch.long)
-    attn = torch.zeros(len(rows), L, dtype=torch.long)
-    mask = torch.zeros(len(rows), T)
-    adv = torch.zeros(len(rows), T)
-    slp = torch.full((len(rows), T), float("nan"))              # the sampler's log-probs (nan: not reported)
-    for b, (p, c, m, a, *sl) in enumerate(rows):
-        n = len(p) + len(c)
-        ids[b, :n], attn[b, :n] = torch.tensor(p + c), 1
-        off = len(p) - start                                # where this row's completion begins in the T axis
-        mask[b, off:off + len(c)] = torch.tensor(m, dtype=torch.float)
-        adv[b, off:off + len(c)] = torch.tensor(a, dtype=torch.float)
-        if sl and sl[0] is not None:
-            slp[b, off:off + len(c)] = torch.tensor(sl[0], dtype=torch.float)
-    prefix = prefix_rows(rows, pad_id)                        # the same rows for prefix sharing (plumbing.py)
-    return {"input_ids": ids.to(device), "attention_mask": attn.to(device), "start": start,
-            "mask": mask.to(device), "adv": adv.to(device), "slp": slp.to(device),
-            "prefix": {k: v.to(device) for k, v in prefix.items()}}
-
-
 def assign_advantages(rollouts, args):
     """Fill r.adv with the group advantage for rollouts whose caller gave none."""
     groups = {}
@@ -331,6 +309,21 @@ def dynamic_sampling(rollouts):
         groups.setdefault(r.group, []).append(r.reward)
     keep = {g for g, rw in groups.items() if len(rw) > 1 and max(rw) - min(rw) > 1e-8}
     return [r for r in rollouts if r.group in keep], len(groups) - len(keep)
+
+
+def refill_groups(rollouts, draw, n_groups, max_draws, dist):
+    """DAPO's refill (Yu et al. Alg. 1): while the batch, over all ranks, has fewer than n_groups groups whose
+    rewards differ, every rank draws ⌈shortfall / world⌉ more groups: draw(k, first_group) → rewarded
+    rollouts of k new prompts, numbered from first_group; at most max_draws times (0: off). Zero-spread groups
+    stay for dynamic_sampling to drop. Returns (rollouts, draws made)."""
+    for i in range(max_draws):
+        spread = len({r.group for r in rollouts}) - zero_std_groups(rollouts)
+        short = n_groups - int(all_reduce_sum([spread], dist)[0])       # same on every rank: same draws
+        if short <= 0:
+            return rollouts, i
+        first = max((r.group for r in rollouts), default=-1) + 1
+        rollouts = rollouts + draw(-(-short // dist.world), first)
+    return rollouts, max_draws
 
 
 def _micro_batches(rows, size):

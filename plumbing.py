@@ -1347,6 +1347,31 @@ def shared_prompt_logits(model, pre):
                  past_key_values=cache).logits
 
 
+def collate(rows, pad_id, device):
+    """grpo.py's micro-batch: rows = [(prompt_ids, ids, mask, adv[, sample_logp])] → right-padded tensors;
+    completions start at `start`."""
+    start = min(len(p) for p, *_ in rows)
+    L = max(len(p) + len(c) for p, c, *_ in rows)
+    T = L - start
+    ids = torch.full((len(rows), L), pad_id, dtype=torch.long)
+    attn = torch.zeros(len(rows), L, dtype=torch.long)
+    mask = torch.zeros(len(rows), T)
+    adv = torch.zeros(len(rows), T)
+    slp = torch.full((len(rows), T), float("nan"))              # the sampler's log-probs (nan: not reported)
+    for b, (p, c, m, a, *sl) in enumerate(rows):
+        n = len(p) + len(c)
+        ids[b, :n], attn[b, :n] = torch.tensor(p + c), 1
+        off = len(p) - start                                # where this row's completion begins in the T axis
+        mask[b, off:off + len(c)] = torch.tensor(m, dtype=torch.float)
+        adv[b, off:off + len(c)] = torch.tensor(a, dtype=torch.float)
+        if sl and sl[0] is not None:
+            slp[b, off:off + len(c)] = torch.tensor(sl[0], dtype=torch.float)
+    prefix = prefix_rows(rows, pad_id)                        # the same rows for prefix sharing (below)
+    return {"input_ids": ids.to(device), "attention_mask": attn.to(device), "start": start,
+            "mask": mask.to(device), "adv": adv.to(device), "slp": slp.to(device),
+            "prefix": {k: v.to(device) for k, v in prefix.items()}}
+
+
 def prefix_rows(rows, pad_id):
     """collate's rows = [(prompt_ids, ids, mask, …)] for prefix sharing (shared_prompt_logits): each distinct
     prompt once, less its last token (U, P), and each row's tail [last prompt token] + o_<T (B, C) that
@@ -2242,6 +2267,69 @@ def plot_diagnostics(run_dir, rows, recs_by_iter):
     return spread
 
 
+def plot_loop(run_dir, loop):
+    """The loop of skill_selfplay per iteration (its results.json "loop"): loop.png, four panels."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    its = list(range(1, len(loop["pool_size"]) + 1))
+    panels = [("valid-proposal rate", ("valid_rate_skill", "valid_rate_explore")),
+              ("v_solve of valid tasks (Eq. 2: best at 1/2)", ("v_solve_skill", "v_solve_explore")),
+              ("solver GRPO on D(t)", ("solver_reward",)),
+              ("library edits", ("n_refined", "n_pruned", "n_induced"))]
+    fig, ax = plt.subplots(1, 4, figsize=(17, 3.4))
+    for a, (title, keys) in zip(ax, panels):
+        for k in keys:
+            a.plot(its, [np.nan if v is None else v for v in loop[k]], marker="o", label=k)
+        a.set_title(title), a.set_xlabel("iteration"), a.grid(alpha=0.3), a.legend()
+    ax[1].axhline(0.5, color="gray", ls="--")
+    fig.tight_layout(), fig.savefig(os.path.join(run_dir, "loop.png"), dpi=100), plt.close(fig)
+
+
+# the loop of skill_selfplay per iteration (its results.json "loop": one list per key, a value per iteration)
+LOOP_KEYS = ("valid_rate_skill", "valid_rate_explore", "v_solve_skill", "v_solve_explore", "pool_size",
+             "solver_reward", "solver_pg_steps", "n_refined", "n_pruned", "n_induced")
+
+
+def loop_failures(loop):
+    """Why skill_selfplay's loop did not close ([] if it did), from its "loop" (LOOP_KEYS): D(t) empty in
+    every iteration, or no solver step with an advantage term (every update the KL term alone)."""
+    if not any(loop["pool_size"]):
+        return ["D(t) was empty in every iteration: the solver never trained"]
+    if not any(loop["solver_pg_steps"]):
+        return ["every solver update was the KL term alone (no group of D(t) with differing rewards)"]
+    return []
+
+
+def solver_signal(steps):
+    """skill_selfplay: an iteration's solver GRPO steps (grpo_update's metrics), their mean reward on D(t) and
+    how many had an advantage term (a group whose rewards differ; else the update is the KL term alone)."""
+    return {"solver_reward": float(np.mean([m["reward"] for m in steps])) if steps else float("nan"),
+            "solver_pg_steps": sum(m.get("skipped") == 0 and m.get("frac_groups_zero_std", 1) < 1
+                                   for m in steps)}
+
+
+def frozen_snapshot(model, path, resume, dist):
+    """A frozen copy of model (frozen_copy), saved to the folder path (rank 0: a temporary folder, then a
+    rename); resume: the copy holds the weights saved there instead (one line naming the folder if none)."""
+    from safetensors.torch import load_file
+    frozen = frozen_copy(model)
+    if resume:
+        files = sorted(Path(path).glob("*.safetensors"))
+        if not files:
+            raise SystemExit(f"nanoskill: {path} holds no saved weights to resume from")
+        sd = {k: v for f in files for k, v in load_file(f, device=str(dist.device)).items()}
+        got = frozen.load_state_dict(sd, strict=False)  # not strict: a tied lm_head is saved once
+        if got.unexpected_keys or set(got.missing_keys) - {"lm_head.weight"}:
+            raise SystemExit(f"nanoskill: the weights in {path} do not fit the model")
+    elif dist.is_main:
+        shutil.rmtree(path + ".tmp", ignore_errors=True)
+        frozen.save_pretrained(path + ".tmp")
+        shutil.rmtree(path, ignore_errors=True)
+        os.replace(path + ".tmp", path)
+    return frozen
+
+
 # ----- plumbing for skill_selfplay: an iteration's files and checkpoint, held-out generations -----
 
 # Checkpoints: one plumbing checkpoint <run-dir>/ckpt holds iteration t's proposer and solver (weights,
@@ -2254,6 +2342,26 @@ SELFPLAY_RECORD_KEYS = ("stream", "skill", "valid", "reject", "why", "v_solve", 
                         "contract", "proposal")
 
 
+def replace_iteration_lines(path, t, records):
+    """A JSONL log of iterations (lines {"iteration": i, ...}): the lines of iterations before t kept, then
+    the records of iteration t (a rerun replaces its own), written to a temporary file and renamed, so a kill
+    leaves the old file or the new one, never a truncated one. A line that does not parse (torn by an older
+    writer) is dropped with a warning."""
+    kept = []
+    for line in Path(path).read_text().splitlines() if os.path.exists(path) else ():
+        try:
+            keep = json.loads(line)["iteration"] < t
+        except (ValueError, TypeError, KeyError, IndexError):
+            print(f"nanoskill: {path}: dropped an unreadable line {line[:60]!r}", file=sys.stderr)
+            continue
+        kept += [line + "\n"] if keep else []
+    with open(path + ".tmp", "w") as f:
+        f.writelines(kept + [json.dumps(c) + "\n" for c in records])
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(path + ".tmp", path)
+
+
 def save_iteration(t, P, evolved, recs, rows, history, args, dist):
     """Files of iteration t (rank 0): the library S(t+1) and its change log (evolved = evolve_library's (pkgs,
     σ, changes)), the records and the metrics row (rows[-1]); then the checkpoint of both players. A rerun of
@@ -2262,11 +2370,7 @@ def save_iteration(t, P, evolved, recs, rows, history, args, dist):
     lib_t = os.path.join(run_dir, "library", f"iter_{t + 1}")
     if dist.is_main:
         save_library(lib_t, pkgs, stats)
-        path = os.path.join(run_dir, "library_changes.jsonl")
-        old = open(path).readlines() if os.path.exists(path) else []
-        with open(path, "w") as f:
-            f.writelines(line for line in old if json.loads(line)["iteration"] < t)
-            f.writelines(json.dumps(c) + "\n" for c in changes)
+        replace_iteration_lines(os.path.join(run_dir, "library_changes.jsonl"), t, changes)
         os.makedirs(os.path.join(run_dir, "records"), exist_ok=True)
         with open(os.path.join(run_dir, "records", f"iter_{t}.jsonl"), "w") as f:
             for r in recs:

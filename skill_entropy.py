@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from grpo import (add_grpo_args, chat_ids, group_advantages, grpo_update, parse_with_preset,
+from grpo import (add_grpo_args, chat_ids, group_advantages, grpo_update, parse_with_preset, refill_groups,
                   sample_group_rollouts, seed_everything, sft_loop)
 from plumbing import (HFSampler, barrier, check_response_budget, check_resume, checkpoint_state, preflight,
                       frozen_models, json_to_table, load_checkpoint, load_model, load_policy, log_metrics,
@@ -52,11 +52,13 @@ from plumbing import (HFSampler, barrier, check_response_budget, check_resume, c
 from stats import (aggregate_main, compare, format_headline, format_null, permutation_null, print_table,
                    spearman, write_results)
 from tasks.skill_bank import (CHECKS, DATA, LEVELS, add_scorer_args, aggregate_nulls, ask_stepwise, bank_keys,
-                              bench_eval, diverse_subset, gold_trace, label_bank, load_bank, make_generate,
-                              make_seed, make_task, match_labels, offshelf_traces, parse_proposal,
-                              parse_response, parse_verdict, proposer_prompt, rule_checks, score_replies,
-                              score_steps, summarize, task_prompt, template_task, verifier_prompt,
-                              weakest_first)
+                              bench_entries, bench_eval, constant_recs, constant_scores, dependency_real,
+                              diverse_subset, gold_trace, label_bank, load_bank, make_generate, make_seed,
+                              make_task, marked_answer, match_labels, offshelf_traces, parse_proposal,
+                              parse_response, parse_verdict, print_bench, print_switching, proposer_prompt,
+                              rule_checks, same_skill_task, score_replies, score_steps, summarize,
+                              step_rows, switch_items, switch_report, task_prompt, template_task,
+                              verifier_prompt, weakest_first)
 
 
 # ----- config: flags and presets -----
@@ -98,8 +100,9 @@ RENAMED = {"--rl-steps": "--steps", "--n-test": "--eval-n"}
 def build_parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=RawDescription)
     add_grpo_args(p)
-    # Table 12: KL coefficient 1e-3 and DAPO dynamic sampling; 4096 new tokens per rollout (our cap)
-    p.set_defaults(beta=1e-3, dynamic_sampling=True, max_new_tokens=4096)
+    # Table 12: KL coefficient 1e-3 and DAPO dynamic sampling (its refill: 3 draws at most, our cap); 4096 new
+    # tokens per rollout (our cap)
+    p.set_defaults(beta=1e-3, dynamic_sampling=True, refill_max_draws=3, max_new_tokens=4096)
     g = p.add_argument_group("skill bank (§3.2 stage 1)")
     g.add_argument("--bank", default=str(DATA / "bank.json"), help="skill bank JSON (curated default)")
     g.add_argument("--domains", default="", help="comma-separated subset of the bank's domains (default all)")
@@ -319,7 +322,10 @@ def estimate_acc(bank, gen, judge, args):
     acc["mean_step_score"] = mean([x for sc in scores for x in sc])
     verifiable = [x for c, sc in zip(chains, scores) for st, x in zip(c, sc) if st["scorer"] != "judge"]
     acc["mean_step_score_verifiable"] = mean(verifiable)  # the judge's scores kept apart
-    acc["chains"] = dict(jobs=[[k, list(a), list(b)] for k, a, b in jobs], q2=q2, scores=scores)
+    acc["chains"] = dict(jobs=[[k, list(a), list(b)] for k, a, b in jobs], q2=q2, scores=scores,
+                         valid=[[float(marked_answer(r, st["scorer"]) != "") for st, r in zip(c, rr)]
+                                for c, rr in zip(chains, replies)],  # a reply marks an answer (format)
+                         constant=constant_scores([c[1] for c in chains], args)[0])
     acc["examples"] = [dict(skills=[list(a), list(b)], replies=r, scores=sc)
                        for (_, a, b), r, sc in list(zip(jobs, replies, scores))[:5]]  # for inspection
     return acc
@@ -427,7 +433,8 @@ def synthesize(bank, table, gen, args, split):
             continue
         ske = task_ske(seq, pair)
         t.update(id=f"{split}-{i}", split=split, target_level=target, ske=ske,
-                 level=level_of(ske, table["thetas"]), skills=[list(k) for k in seq])
+                 level=level_of(ske, table["thetas"]), skills=[list(k) for k in seq],
+                 dependency_real=dependency_real([st["question"] for st in t["steps"]], seeds))
         tasks.append(t)
     return tasks
 
@@ -593,17 +600,23 @@ def run_grpo(args, dist, row, reward_fn, doms, samplers):
         start = resume_checkpoint(out_dir, policy, opt, dist)[0] + 1  # and metrics.jsonl cut back to it
     elif dist.is_main:  # a fresh run: no rows of an older run
         (Path(out_dir) / "metrics.jsonl").unlink(missing_ok=True)
-    sampler = shared_sampler(samplers, args, policy, tok, dist)
-    n = args.prompts_per_step
+    sampler, n = shared_sampler(samplers, args, policy, tok, dist), args.prompts_per_step
+
+    def draw(batch, first):  # G rollouts of each task (groups numbered from `first`), rewarded by Eq. (5)
+        prompts = [chat_ids(tok, task_prompt(t, doms)) for t in batch]
+        rs = sample_group_rollouts(sampler, prompts, args.G, args, first_group=first)
+        for r, p in zip(rs, reward_fn([r.text for r in rs], [batch[r.group - first] for r in rs])):
+            r.reward, r.info = p["reward"], p
+        return rs
     for step in range(start, args.steps):
         t0 = time.time()
         # the step's n tasks of the stream, dealt over the ranks (main refuses n < world)
         batch = [tasks[(step * n + j) % len(tasks)] for j in range(n)][dist.rank::dist.world]
-        prompts = [chat_ids(tok, task_prompt(t, doms)) for t in batch]
-        rollouts = sample_group_rollouts(sampler, prompts, args.G, args)
-        parts = reward_fn([r.text for r in rollouts], [batch[r.group] for r in rollouts])
-        for r, p in zip(rollouts, parts):
-            r.reward, r.info = p["reward"], p
+        # DAPO's refill (--refill-max-draws): tasks of the stream at random (the same on a resume)
+        rng = random.Random(f"{row.seed}-{step}-{dist.rank}")
+        rollouts, refills = refill_groups(draw(batch, 0), lambda k, g: draw(rng.choices(tasks, k=k), g), n,
+                                          args.refill_max_draws, dist)
+        parts = [r.info for r in rollouts]
         t_gen = time.time() - t0
         n_changed, n_kept = lambda_ent_effect(rollouts, args, row.lambda_ans)
         m = grpo_update(policy, ref, opt, rollouts, args, dist)
@@ -611,10 +624,11 @@ def run_grpo(args, dist, row, reward_fn, doms, samplers):
         sampler.sync(policy)
         means = {k: float(np.mean([p[k] for p in parts])) for k in ("r_ans", "r_ent", "format_ok", "matched")}
         m.update(reduce_metrics(means, dist))
-        m.update(time_gen=t_gen, time_step=time.time() - t0)
+        m.update(time_gen=t_gen, time_step=time.time() - t0, refills=refills)
         log_metrics(out_dir, step, m, dist, keys=("reward", "r_ans", "r_ent", "format_ok", "matched",
                                                   "n_groups_kept", "n_groups_lam_ent_changed", "skipped",
-                                                  "kl", "loss", "grad_norm", "completion_len", "time_step"))
+                                                  "refills", "kl", "loss", "grad_norm", "completion_len",
+                                                  "time_step"))
         if (step + 1) % args.save_every == 0 and step + 1 < args.steps:
             save_checkpoint(out_dir, policy, tok, opt, step, {"done": False, **record}, dist)
     save_checkpoint(out_dir, policy, tok, None, args.steps - 1, {"done": True, **record}, dist)
@@ -626,27 +640,21 @@ def run_grpo(args, dist, row, reward_fn, doms, samplers):
 # ----- evaluation: Skill²-Bench (§3.3), Table 2 and Table 3 -----
 
 
-def bench_headline(bj):
-    """Skill²-Bench single- vs cross-skill per-step score, paired over the verifiable steps of both."""
-    if not bj or not bj.get("steps"):
-        return None
-    cross = {(t, i): x for t, i, x in bj["cross_steps"]}
-    pairs = [(x, cross[(t, i)]) for t, i, x in bj["steps"] if (t, i) in cross]
-    return compare("Skill²-Bench: single-skill vs cross-skill per-step score (same verifiable steps)",
-                   "single", "cross", [a for a, _ in pairs], [b for _, b in pairs])
-
-
 def lambda_ent_summary(out_dir):
-    """Kept groups over the run, and those in which the λ_ent term changed an advantage (metrics.jsonl)."""
+    """Kept groups over the run, those in which the λ_ent term changed an advantage and their share, r_ent and
+    the refill draws per step (metrics.jsonl): Table 3's mechanism, logged whatever λ_ent is."""
     rows = read_metrics(out_dir).values()
-    return dict(changed=int(sum(r.get("n_groups_lam_ent_changed", 0) for r in rows)),
-                kept=int(sum(r.get("n_groups_kept", 0) for r in rows)),
-                updates=int(sum(1 for r in rows if not r.get("skipped", 1))), steps=len(rows))
+    s = dict(changed=int(sum(r.get("n_groups_lam_ent_changed", 0) for r in rows)),
+             kept=int(sum(r.get("n_groups_kept", 0) for r in rows)),
+             updates=int(sum(1 for r in rows if not r.get("skipped", 1))), steps=len(rows),
+             r_ent_by_step=[r.get("r_ent") for r in rows], refills_by_step=[r.get("refills") for r in rows])
+    return dict(s, share_changed=s["changed"] / s["kept"] if s["kept"] else float("nan"))
 
 
 def lambda_ent_note(s, lambda_ent):
     """The share of kept groups in which λ_ent changed an advantage, and what 0 means."""
-    note = f"λ_ent changed an advantage in {s['changed']} of {s['kept']} kept groups"
+    r_ent = [round(x, 3) for x in s.get("r_ent_by_step", []) if x is not None]  # logged under GRPO too
+    note = f"λ_ent changed an advantage in {s['changed']} of {s['kept']} kept groups; r_ent by step {r_ent}"
     if lambda_ent > 0 and s["changed"] == 0:
         note += (" — 0: every update equals answer-only GRPO's on the same rollouts, so this row cannot "
                  "differ from GRPO (r_ans) by its reward, by construction (only by its sampling stream)")
@@ -656,9 +664,12 @@ def lambda_ent_note(s, lambda_ent):
 TABLE3_CLAIMS = [("ske_rl", "grpo"), ("ske_rl", "format_only"), ("ske_rl", "shuffled_ske")]
 
 
-def table3_headline(rows, test, seed):
-    """Headline entries 'Skill-Entropy RL vs X' paired over the test tasks every row was evaluated on."""
-    entries = []
+def table3_headline(rows, test, args):
+    """Headline entries 'Skill-Entropy RL vs X' paired over the test tasks every row was evaluated on, beside
+    the per-task score of the best constant answer of each step's skill."""
+    entries, const = [], defaultdict(list)
+    for r in constant_recs(test, args):
+        const[r["task"]].append(r["score"])
     for a, b in TABLE3_CLAIMS:
         if a in rows and b in rows and rows[a].get("per_task") and rows[b].get("per_task"):
             ids = [t["id"] for t in test if t["id"] in rows[a]["per_task"] and t["id"] in rows[b]["per_task"]]
@@ -666,6 +677,7 @@ def table3_headline(rows, test, seed):
             # paper_effect: Table 3 (§4.2), Qwen3-4B-Instruct: Skill-Entropy RL beats GRPO by +9.6 points
             entries.append(compare(f"Table 3: {ROW_NAMES[a]} vs {ROW_NAMES[b]} (per-task cross-skill score)",
                                    a, b, [pa[i] for i in ids], [pb[i] for i in ids],
+                                   chance=float(np.mean([np.mean(const[i]) for i in ids])) if ids else None,
                                    paper_effect=0.096 if (a, b) == ("ske_rl", "grpo") else None))
     return entries
 
@@ -687,23 +699,10 @@ def evaluate_row(args, dist, policy, tok, test, doms, fz, lam_ent):
                 lam_ent=lam_ent, seconds=time.time() - t1)
 
 
-def print_bench(bj, doms):
-    """Table 2's shape: single- vs cross-skill, paired, and the wrong-skill analysis (C)."""
-    entry = bench_headline(bj)
-    if entry:
-        print(format_headline([entry]))
-    print_table(f"Skill²-Bench (Table 2 shape), model {bj['model']}, % per-step score over the same "
-                f"verifiable steps", {"single-skill": bj["single"], "cross-skill": bj["cross"]},
-                ["overall"] + LEVELS + doms)
-    c = bj["cross_all"]
-    print(f"cross-skill over all steps (open-ended too) {100 * c['overall']:.1f} %; wrong-skill analysis "
-          f"(C): acc with the right predicted domain {c['acc_right_domain']:.3f} (n={c['n_right']}), "
-          f"wrong domain {c['acc_wrong_domain']:.3f} (n={c['n_wrong']}); strict format {c['format_ok']:.3f}")
-
-
 def print_table3(out, test, doms, args):
     """Table 3's shape, the λ_ent shares, and Skill-Entropy RL against each control paired over the tasks."""
-    shown = {ROW_NAMES.get(k, k): v for k, v in out.items()}
+    shown = dict({ROW_NAMES.get(k, k): v for k, v in out.items()},
+                 **{"best constant answer": summarize(constant_recs(test, args), doms)})
     print_table("Table 3 shape: Skill²-Bench cross-skill, % per-step score", shown,
                 ["overall"] + LEVELS + ["format_ok"])
     print_table("per domain", shown, doms)
@@ -711,7 +710,7 @@ def print_table3(out, test, doms, args):
         if r.get("lam_ent") is not None:
             note = lambda_ent_note(r["lam_ent"], row_spec(name, args)["lam"][1])
             print(f"  {ROW_NAMES.get(name, name)}: " + note)
-    entries = table3_headline(out, test, args.seed)
+    entries = table3_headline(out, test, args)
     if entries:
         print(f"\nTable 3 paired over the {len(test)} test tasks (same tasks, greedy, every row; "
               f"items = per-task mean step score):\n" + format_headline(entries))
@@ -719,29 +718,25 @@ def print_table3(out, test, doms, args):
 # ----- evaluation: the SkE claims against a permutation null, results.json -----
 
 
-def single_vs_cross_items(jobs, q2, scores):
-    """B.3's check over second steps (b, q): step-2 score after b itself vs after another skill."""
-    single, cross = defaultdict(list), defaultdict(list)
-    for (kind, a, b), q, (_, s2) in zip(jobs, q2, scores):
-        (single if kind == "single" else cross)[(tuple(b), q)].append(s2)
-    items = sorted(set(single) & set(cross))
-    return [float(np.mean(single[k])) for k in items], [float(np.mean(cross[k])) for k in items]
-
-
 def ske_statistics(bank, jobs, q2, scores, args):
-    """The SkE claims: sd of Eq. (7) over cross-domain pairs, Spearman Eq. (3) vs (7), single − cross."""
+    """The SkE claims: sd of Eq. (7) over cross-domain pairs, Spearman Eq. (3) vs (7), single − switch and
+    within − cross (step-2 accuracy)."""
     acc = cells_to_acc(bank, jobs, scores, args.pair_acc)
     table = build_ske_table(bank, acc, args)
     cross = [v for (a, b), v in table["pairwise"].items() if a[0] != b[0] and v == v]
-    si, cr = single_vs_cross_items(jobs, q2, scores)
+    ch = dict(jobs=jobs, q2=q2, scores=scores)
+    (_, si, sw), (_, wi, cr) = switch_items(ch, "single", "switch"), switch_items(ch, "within", "cross")
+    gap = lambda u, v: float(np.mean(np.subtract(u, v))) if u else float("nan")  # mean over second steps
     return dict(spread=float(np.std(cross, ddof=1)) if len(cross) > 1 else float("nan"),
-                spearman=table["spearman_direct_vs_factorised"],
-                single_minus_cross=float(np.mean(np.subtract(si, cr))) if si else float("nan"))
+                spearman=table["spearman_direct_vs_factorised"], single_minus_cross=gap(si, sw),
+                within_minus_cross=gap(wi, cr))
 
 
-NULL_SIDES = dict(spread="greater", spearman="greater", single_minus_cross="two-sided")
+NULL_SIDES = dict(spread="greater", spearman="greater", single_minus_cross="two-sided",
+                  within_minus_cross="two-sided")
 NULL_NAMES = dict(spread="sd of SkE over cross-domain pairs (Eq. 7)", spearman="Spearman Eq. 3 direct vs 7",
-                  single_minus_cross="step-2 accuracy single − cross")
+                  single_minus_cross="step-2 accuracy single − cross", within_minus_cross="step-2 accuracy "
+                  "within − cross domain")
 
 
 def ske_null(bank, chains, args, n_perm, seed):
@@ -758,8 +753,7 @@ def ske_null(bank, chains, args, n_perm, seed):
 def print_ske(acc, table, args, t0):
     """The SkE table in one line, then every SkE claim against its permutation null."""
     cross = [v for (a, b), v in table["pairwise"].items() if a[0] != b[0] and v == v]
-    si, cr = single_vs_cross_items([(k, tuple(a), tuple(b)) for k, a, b in acc["chains"]["jobs"]],
-                                   acc["chains"]["q2"], acc["chains"]["scores"])
+    si = switch_items(acc["chains"], "single", "switch")[0]
     empty, nan = acc["empty_cells"], float("nan")
     print(f"[ske] {acc['n_generations']} generations ({acc['seconds']:.0f}s); mean step score "
           f"{acc['mean_step_score']:.3f} (verifiable steps {acc['mean_step_score_verifiable']:.3f}); "
@@ -770,25 +764,28 @@ def print_ske(acc, table, args, t0):
     print(f"[ske] against the null 'the first step does not matter' ({args.null_perms} permutations of "
           f"the first step within each second step, {time.time() - t0:.0f}s; single vs cross over "
           f"{len(si)} second steps):\n" + format_null(table["null"], NULL_NAMES))
+    print_switching(acc["chains"], args.seed)
 
 
-def write_headline(args, run, bank, acc, table, t3, bj=None):
-    """results.json: the SkE null, Table 3 with its λ_ent shares, and the headline entries."""
+def write_headline(args, run, acc, table, t3, test, bj=None):
+    """results.json: the SkE null and the switching contrast, Table 3 with its mechanism (λ_ent shares, r_ent
+    by step), and the headline entries."""
     results, headline = {}, []
     if table.get("null"):
         results["ske_null"] = table["null"]
         ch = acc.get("chains")
         if ch:
-            jobs = [(k, tuple(a), tuple(b)) for k, a, b in ch["jobs"]]
-            si, cr = single_vs_cross_items(jobs, ch["q2"], ch["scores"])
+            _, si, cr = switch_items(ch, "single", "switch")
+            c = switch_items(ch, "single", "switch", ch.get("constant"))[1] if ch.get("constant") else []
             headline.append(compare("Acc: step-2 accuracy single-skill vs cross-skill chains "
-                                    "(paired over second steps)", "single", "cross", si, cr))
-    if bench_headline(bj):
-        headline.append(bench_headline(bj))
+                                    "(paired over second steps)", "single", "cross", si, cr,
+                                    chance=float(np.mean(c)) if c else None))
+            entry, results["switching"] = switch_report(ch, args.seed)
+            headline.append(entry)
+    headline += bench_entries(bj)
     if t3:
         results["table3"] = {k: {c: v for c, v in r.items() if c != "per_task"} for k, r in t3.items()}
-        ids = next(iter(t3.values())).get("per_task", {})
-        headline += table3_headline(t3, [dict(id=i) for i in ids], args.seed)
+        headline += table3_headline(t3, test, args)
     write_results(run, results, headline)
 
 # ----- main: the paper's pipeline, one function per stage, each writing its file into --run-dir -----
@@ -862,7 +859,8 @@ def synthesize_tasks(args, dist, bank, table, fz):
         test = synthesize(bank, table, proposer, args, "test")
         by = lambda ts, k: {str(v): sum(t[k] == v for t in ts) for v in sorted({t[k] for t in ts}, key=str)}
         print(f"[synth] {len(train)} train / {len(test)} test tasks in {time.time() - t0:.0f}s; proposer "
-              f"{by(train + test, 'proposer')}; levels: train {by(train, 'level')}, test {by(test, 'level')}")
+              f"{by(train + test, 'proposer')}; levels: train {by(train, 'level')}, test {by(test, 'level')};"
+              f" a real dependency (dependency_real) in {by(train + test, 'dependency_real')}")
         write_json(path, dict(tasks=train + test))
     fz.on_rank0(stage, skip=args.resume and path.exists())
     tasks = read_back(path, dist)["tasks"]
@@ -877,11 +875,17 @@ def evaluate_skill2_bench(args, dist, bank, test, fz):
         gen = fz.gen_of(args.model)
         single = bench_eval(gen, test, doms, fz, args, "single")
         cross = bench_eval(gen, test, doms, fz, args, "cross")
+        # the format control: L steps of one skill in the cross-skill prompt, its step j paired with (τ, j)
+        ctl = {c["id"]: c for c in (same_skill_task(t, bank, args.seed) for t in test) if c}
+        same = bench_eval(gen, list(ctl.values()), doms, fz, args, "cross")
+        same = [dict(r, task=ctl[r["task"]]["of"]) for r in same if r["step"] == ctl[r["task"]]["step"]]
+        const = constant_recs(test, args)
         write_json(path, dict(model=args.model, single=summarize(single, doms),
                               cross=summarize(cross, doms, same_as=single), cross_all=summarize(cross, doms),
-                              seconds=time.time() - t0,
-                              steps=[[r["task"], r["step"], r["score"]] for r in single],
-                              cross_steps=[[r["task"], r["step"], r["score"]] for r in cross]))
+                              constant=summarize(const, doms, same_as=single), seconds=time.time() - t0,
+                              steps=step_rows(single), cross_steps=step_rows(cross),
+                              same=summarize(same, doms), same_steps=step_rows(same),
+                              constant_steps=step_rows(const)))
     fz.on_rank0(stage, skip=args.resume and path.exists())
     bj = read_back(path, dist)
     if dist.is_main:
@@ -986,7 +990,7 @@ def main(argv=None):
     # §4: SFT warm-up, then GRPO with r = λ_ans·r_ans + λ_ent·r_ent against its baselines (Table 3)
     t3 = train_skill_entropy_rl(args, dist, bank, fz, acc, table, train, test)
     if dist.is_main:
-        write_headline(args, Path(args.run_dir), bank, acc, table, t3, bj)
+        write_headline(args, Path(args.run_dir), acc, table, t3, test, bj)
         print(f"\ndone in {time.time() - t_start:.0f}s; everything is in {args.run_dir}/")
 
 

@@ -8,10 +8,10 @@ resource index, rubrics, bias controls, verifiers). It sees only each skill's na
 it calls `use_skill` (progressive disclosure); then it may `view_resource` (≤ 4, leakage-gated) and run
 `python_sandbox` code over the prompt and candidates. A deterministic readout (§3) maps its final answer
 to a pointwise reward (K = 1), a pairwise preference (K = 2, both orders) or a selection among K ≥ 2.
-main runs the paper's stages: the skills; the judges; the §5 benchmark (pairwise and best-of-4 accuracy
-per category: plain LLM judge vs Skill-RM, the ablations "resources appended" and "Python tool only");
-best-of-N by JETTS sequential knockout; instruction-following GRPO with the Skill-RM reward (App. D),
-every policy scored by checkers that no reward sees.
+main runs the paper's stages: the skills; the judges; the §5 benchmark on a held-out test set (the
+headline) with the tuned-on dev set beside it (pairwise and best-of-4 accuracy per category: plain judge vs
+Skill-RM, the ablations, and no-model baselines: coin, position-locked, length, checker-only); best-of-N by
+JETTS knockout; instruction-following GRPO with the Skill-RM reward (App. D), scored by hidden checkers.
 
 Run (the benchmark files come from data/skill_rm/prepare.py; the world is tasks/reward_bench.py):
   tiny (2-core CPU, RL included; README):  python skill_rm.py --preset tiny
@@ -44,6 +44,7 @@ import json
 import math
 import random
 import re
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,16 +57,17 @@ from plumbing import (TOOL_NAMES, Dist, GrammarReplay, SkillError, VLLMSampler, 
                       first_json_object, gather_objects, load_model, load_policy, log_metrics, make_judge,
                       make_judge_sampler, make_optimizer, make_sampler, on_ranks, parse_label,
                       parse_text_rating, parse_text_verdict, parse_tool_call, per_rank, plot_curves,
-                      read_skill_folder, reduce_metrics, renamed_flags, restore_snapshot, setup_distributed,
-                      run_main, unwrap, xgrammar_schema)
+                      read_skill_folder, reduce_metrics, renamed_flags, restore_snapshot, run_settings,
+                      setup_distributed, run_main, unwrap, write_json, xgrammar_schema, kill_point)
 from sandbox import run_sandboxed
-from stats import (aggregate_main, binomial_p, compare, format_headline, parse_number, print_table, vs_chance,
+from stats import (aggregate_main, compare, format_headline, parse_number, print_table, vs_chance,
                    write_results)
 from tasks import reward_bench as rb
-from tasks.reward_bench import (FINAL_KEYS, LABELS, JudgeTask, bench_items, benchmark_tasks,
-                                constraint_scores, contract_text, final_schema, format_candidates,
-                                format_trace, if_prompts, ifeval_check, judge_sft_tasks, plain_system_prompt,
-                                pooled, read_jsonl, schema_object, select_items, sft_items, tool_counts)
+from tasks.reward_bench import (FINAL_KEYS, LABELS, SET_NAMES, JudgeTask, bench_headline,
+                                bench_sets, benchmark_tasks, constraint_scores, contract_text, final_schema,
+                                format_candidates, format_trace, if_prompts, ifeval_check, judge_sft_tasks,
+                                judge_warnings, plain_system_prompt, print_benchmark_table, read_jsonl,
+                                schema_object, sft_items, template_copy_warnings, tool_counts, with_ci)
 
 ROOT = Path(__file__).resolve().parent
 
@@ -124,7 +126,10 @@ def build_parser():
     g = p.add_argument_group("benchmark (§5)")
     g.add_argument("--benchmark", action=on_off, default=True, help="the pairwise / best-of-4 benchmark")
     g.add_argument("--bench", default=str(ROOT / "data/skill_rm/bench.jsonl"),
-                   help="benchmark file; bon_pools.jsonl beside it (data/skill_rm/prepare.py)")
+                   help="the dev set (tuned on; reported beside the held-out set); bon_pools.jsonl beside it "
+                        "(data/skill_rm/prepare.py)")
+    g.add_argument("--heldout", default=str(ROOT / "data/skill_rm/heldout.jsonl"),
+                   help="the held-out test set, the headline ('' = none; prepare.py --heldout builds it)")
     g.add_argument("--bench-per-cat", type=int, default=0, help="items per category to evaluate (0 = all)")
     g.add_argument("--methods", default="baseline,appended,python_only,skill_rm,oracle",
                    help="judges (§5 ablations; oracle: a scripted judge that knows the label)")
@@ -557,7 +562,9 @@ def trace_examples(tok, messages, schemas=None, grammar=None):
                 out.append((seq[:n0], seq[n0:], mask))
             n0, mask = len(prefix), []
         seq = prefix + reply
-        mask += (grammar.decided(schema, reply) if grammar is not None and schema is not None
+        # replayed under the grammar vLLM decodes with: a bounded string rejects a JSON escape such as \n
+        # (plumbing.xgrammar_schema), and after a rejection every token would count as decided (#49 §4)
+        mask += (grammar.decided(xgrammar_schema(schema), reply) if grammar is not None and schema is not None
                  else [1] * len(reply))
     if seq:
         out.append((seq[:n0], seq[n0:], mask))
@@ -636,22 +643,29 @@ def null_group_sd(variant, G):
     return sum(math.comb(G, k) / 2 ** G * (k / G * (1 - k / G)) ** 0.5 for k in range(G + 1))
 
 
-def if_rl(policy, sampler, judge, args, dist):
+def if_rl(policy, sampler, judge, args, dist, stages=None):
     """App. D: GRPO from the same initial policy with each reward variant, every policy scored on held-out
-    instructions by IFEval's checkers; anchored pairwise compares with the initial policy's greedy reply."""
+    instructions by IFEval's checkers; anchored pairwise compares with the initial policy's greedy reply.
+    stages: the initial evaluation and each variant are stages (a resumed run skips the finished ones)."""
     train_set = if_prompts(args.seed, args.steps * args.prompts_per_step, "train")
     test_set = if_prompts(args.seed, args.eval_n, "test")
-    init_state = cpu_snapshot(policy)  # on the CPU: no GPU memory for the copy
+    load = stages.load if stages else lambda name: None
+    save = stages.save if stages else lambda name, result: result
+    variants = args.rl_rewards.split(",")
+    rl = {"initial": load("rl_initial")} | {v: load(f"rl_{v}") for v in variants}
+    todo = [v for v in variants if rl[v] is None]
+    init_state = cpu_snapshot(policy) if todo else None  # on the CPU: no GPU memory for the copy
     # anchored pairwise: a fixed reference response per prompt from the initial policy (greedy)
     refs = sampler.generate(policy_prompt_ids(judge.tok, [t["prompt"] for t in train_set]), 1,
-                            args.max_new_tokens, 0.0)
-    anchors = {t["prompt"]: o[0].text for t, o in zip(train_set, refs)}
-    rl = {"initial": eval_if_policy(sampler, judge.tok, test_set, args, dist)}
-    for variant in args.rl_rewards.split(","):
+                            args.max_new_tokens, 0.0) if "anchored" in todo else [[None]] * len(train_set)
+    anchors = {t["prompt"]: o[0] and o[0].text for t, o in zip(train_set, refs)}
+    evaluate = lambda: eval_if_policy(sampler, judge.tok, test_set, args, dist)
+    rl["initial"] = rl["initial"] or save("rl_initial", evaluate())
+    for variant in todo:
         restore_snapshot(policy, init_state)
         sampler.sync(policy)
         run_dir, train = train_if_policy(variant, policy, sampler, judge, args, dist, anchors, train_set)
-        rl[variant] = {**eval_if_policy(sampler, judge.tok, test_set, args, dist), **train}
+        rl[variant] = save(f"rl_{variant}", {**evaluate(), **train})
         if dist.is_main:  # rank 0 writes the plots and results
             plot_curves(run_dir, ("reward", "judge_valid", "checker_strict"))
     rows = {k: {"prompt_strict": 100 * v["prompt_strict"], "inst_level": 100 * v["inst_level"]}
@@ -686,14 +700,8 @@ def code_result_used(task):
         said += [float(x) for x in re.findall(r"score (\d+(?:\.\d+)?)", obs)]
         return ok and any(abs(r - x) < 0.051 for x in said) if said else None
     labels = LABELS[:len(task.candidates)]
-    named = set()
-    for line in obs.splitlines():
-        if ":" in line and re.search(r"match\w*|most constraints pass", line):
-            named |= set(re.findall(r"\b([" + labels + r"])\b", line.rsplit(":", 1)[1]))
-            named |= {"Tie"} if "tie" in line.rsplit(":", 1)[1].lower() else set()
-    if not named:
-        return None
-    return judgment_label(task.judgment, labels) in named
+    named = rb.report_winners(obs, labels)
+    return judgment_label(task.judgment, labels) in named if named else None
 
 
 def score_benchmark(tasks, meta):
@@ -735,65 +743,39 @@ def score_benchmark(tasks, meta):
             | {"n": len(row["score"]), "n_judgments": len(row["turns"])} for k, row in acc.items()}
 
 
-def print_benchmark_table(res, methods, formats):
-    """Accuracy (%) per category and pooled, beside the coin, invalid rate, turns and tool use."""
-    cats = sorted({k[2] for k in res})
-    for fmt in formats:
-        chance = {"pairwise": 25.0, "best_of_4": 25.0}[fmt]
-        rows = {}
-        for m in methods:
-            cells = [res.get((m, fmt, c)) for c in cats]
-            if not any(cells):
-                continue
-            pct = lambda key: 100 * pooled(res, m, fmt, key)
-            calls = lambda tool: sum(r[f"calls_{tool}"] * r["n_judgments"] for r in cells if r)
-            rows[m] = {c: 100 * r["score"] for c, r in zip(cats, cells) if r} | {
-                "all": pct("score"), "n": sum(r["n"] for r in cells if r), "invalid": 100 - pct("valid"),
-                "turns": pooled(res, m, fmt, "turns"), "skill%": pct("skill"),
-                "sandbox": calls("python_sandbox"), "verifier": calls("run_verifier"),
-                "code_used": pct("code_used")}
-            if fmt == "pairwise":
-                rows[m] |= {"order_A": pct("order_A"), "order_B": pct("order_B"),
-                            "consist": pct("consistent")}
-        extra = ["order_A", "order_B", "consist"] if fmt == "pairwise" else []
-        print_table(f"{fmt} accuracy (%) per category  (chance {chance:.0f} %: a coin per "
-                    + ("order wins a pair 1/4 of the time" if fmt == "pairwise" else "pick of 4") + ")", rows,
-                    cats + ["all", "n"] + extra
-                    + ["invalid", "turns", "skill%", "sandbox", "verifier", "code_used"],
-                    cell=lambda v: f"{v:.4g}", first="method")
-    print("(sandbox / verifier: python_sandbox / run_verifier calls in all judgments; code_used: % of\n"
-          " judgments whose final answer follows the last code run's report. The skill judge's SFT targets\n"
-          " copy its verifier's report; the plain judge's SFT targets carry the same labels with no report\n"
-          " to copy: same SFT budget, not same information)")
-
-
 def benchmark(judge, args, dist, methods, formats):
-    """§5: every method judges every item (pairwise in both orders, best-of-4); returns the scores by
-    (method, format, category), the judge warnings, and writes every judgment with its trace."""
+    """§5 on each benchmark set (bench_sets): every method judges every item (pairwise in both orders,
+    best-of-4), the no-model baselines score the same items; returns {set: scores by (method, format,
+    category)}, {set: {item id: cluster}}, the judge warnings, and writes every judgment with its trace."""
     t0 = time.time()
-    items = select_items(read_jsonl(args.bench), args.bench_per_cat, args.seed)
-    tasks, meta = benchmark_tasks(items, methods, formats, args.seed)
+    sets = bench_sets(args.heldout, args.bench, args.bench_per_cat, args.seed)
+    tasks, meta, where = [], [], []
+    for name, items in sets.items():
+        t, m = benchmark_tasks(items, methods, formats, args.seed)
+        tasks, meta, where = tasks + t, meta + m, where + [name] * len(t)
     tasks = judge_on_ranks(judge.sampler, judge.tok, tasks, judge.skills, args, args.max_turns, dist)
-    res = score_benchmark(tasks, meta)
-    print_benchmark_table(res, methods, formats)
-    print(f"(benchmark: {len(items)} items, {len(tasks)} judgments, {time.time() - t0:.0f} s)")
+    by_set = {}
+    for name, items in sets.items():
+        idx = [i for i, w in enumerate(where) if w == name]
+        res = score_benchmark([tasks[i] for i in idx], [meta[i] for i in idx])
+        res |= rb.baseline_scores(items, formats, args.seed, skills_dir=args.skills_dir)
+        by_set[name] = with_ci(res)
+        print(f"\n=== benchmark set: {SET_NAMES[name]} ({len(items)} items"
+              + (", the headline" if name == "heldout" else ", tuned on: reported beside") + ") ===")
+        print_benchmark_table(by_set[name], methods, formats, title=f"[{SET_NAMES[name]}] ")
+    clusters = {name: {it["id"]: rb.item_cluster(it) for it in items} for name, items in sets.items()}
+    print(f"(benchmark: {sum(map(len, sets.values()))} items, {len(tasks)} judgments, "
+          f"{time.time() - t0:.0f} s)")
     for t in [t for t in tasks if t.method == "skill_rm"][:args.show_trace]:
         print("\n" + format_trace(t))
     if dist.rank == 0:  # every judgment with its whole trace, to read what a judge did
-        with open(Path(args.run_dir) / "bench_judgments.jsonl", "w") as f:
-            for t, (iid, cat, method, fmt, extra) in zip(tasks, meta):
-                trace = [{k: st[k] for k in ("action", "observation")} for st in t.trace]
-                row = {"item": iid, "category": cat, "method": method, "format": fmt, "label": t.label,
-                       "judgment": t.judgment, "trace": trace}
-                f.write(json.dumps(row, default=str) + "\n")
-    warnings = judge_warnings(res, methods)
+        rb.write_judgments(Path(args.run_dir) / "bench_judgments.jsonl", tasks, meta, where)
+    warnings = [f"[{SET_NAMES[name]}] {w}" for name, res in by_set.items()
+                for w in judge_warnings(res, methods)] + template_copy_warnings(by_set, methods)
     print("\n".join(f"WARNING {w}" for w in warnings)
-          or "no judge is position-locked, at chance or tool-less")
-    for m in [m for m in methods if m in MODEL_JUDGES]:  # the per-method tool use, issue #26 §1
-        print(f"{m:12s} tool calls: " + ", ".join(
-            f"{n} {sum(r[f'calls_{n}'] * r['n_judgments'] for k, r in res.items() if k[0] == m):.0f}"
-            for n in TOOL_NAMES))
-    return res, warnings
+          or "no judge is position-locked, at chance, tool-less or copying a dev-set rule")
+    rb.print_tool_calls(by_set, methods, TOOL_NAMES)  # the per-method tool use, issue #26 §1
+    return by_set, clusters, warnings
 
 
 # ----- evaluation: §5 best-of-N by JETTS sequential pairwise knockout (tasks.reward_bench) -----
@@ -844,50 +826,13 @@ def eval_if_policy(sampler, tok, test_set, args, dist=None):
 
 # ----- evaluation: the results.json headline, every number beside its chance line (stats.py) -----
 
-MODEL_JUDGES = ("baseline", "appended", "python_only", "skill_rm")  # a model judges (the oracle is scripted)
-COIN = {"pairwise": 0.25, "best_of_4": 0.25, "consistent": 0.5}  # a coin per order / per pick
-
-
-def judge_warnings(res, methods):
-    """What makes a table meaningless, per model judge: position-locked (pairwise consistency 0), at chance
-    (not above the 25 % coin at p < 0.05, exact binomial), never a tool call (tool-using methods)."""
-    out = []
-    for m in [m for m in methods if m in MODEL_JUDGES]:
-        cons, wins = bench_items(res, m, "pairwise", "items_consistent"), bench_items(res, m, "pairwise")
-        if cons and sum(cons.values()) == 0:
-            out.append(f"{m}: position-locked (pairwise consistency 0 over {len(cons)} items)")
-        if wins and not (sum(wins.values()) / len(wins) > COIN["pairwise"]
-                         and binomial_p(int(sum(wins.values())), len(wins), COIN["pairwise"]) < 0.05):
-            out.append(f"{m}: at chance (pairwise {sum(wins.values()):.0f}/{len(wins)} vs coin 25 %)")
-        if m in ("python_only", "skill_rm") and not any(r["calls"] > 0 for (mm, _, _), r in res.items()
-                                                        if mm == m):
-            out.append(f"{m}: never called a tool")
-    return out
-
-
-def build_headline(res, bon, rl, methods):
-    """Skill-RM vs the plain judge paired over items; every model judge vs the coin; seqko@N beside random@N
+def build_headline(by_set, bon, rl, methods, clusters=None):
+    """Per benchmark set (held-out first, the headline; dev beside): bench_headline; seqko@N beside random@N
     and oracle@N per pool; IF-RL reward sd beside a no-signal judge's (--aggregate pools seeds)."""
-    H, judges = [], [m for m in methods if m in MODEL_JUDGES]
+    H = []
+    for name in [s for s in rb.BENCH_SETS if s in (by_set or {})]:
+        H += bench_headline(by_set[name], methods, name, (clusters or {}).get(name))
     note = " [SFT: skill targets copy a verifier report, plain targets do not]"
-    for fmt in ("pairwise", "best_of_4"):
-        for m in judges:
-            it = bench_items(res, m, fmt)
-            if it:  # item ids: a seed draws from the same bench, so an item may recur (stats clusters it)
-                H.append(vs_chance(f"{fmt} accuracy of {m} vs coin", m, [it[k] for k in sorted(it)],
-                                   COIN[fmt], item_ids=sorted(it)))
-            cons = bench_items(res, m, fmt, "items_consistent")
-            if cons:
-                H.append(vs_chance(f"pairwise consistency of {m} vs coin (position-locked: 0)", m,
-                                   [cons[k] for k in sorted(cons)], COIN["consistent"],
-                                   item_ids=sorted(cons)))
-        a, b = bench_items(res, "skill_rm", fmt), bench_items(res, "baseline", fmt)
-        ids = sorted(set(a) & set(b))
-        if ids:
-            # paper_effect: Table 2, Qwen3.5-27B, Skill-RM 86.2 vs LLM-as-a-Judge 83.9 (benchmark average)
-            H.append(compare(f"{fmt} accuracy: Skill-RM vs plain judge{note}", "skill_rm", "baseline",
-                             [a[k] for k in ids], [b[k] for k in ids], chance=COIN[fmt],
-                             paper_effect=0.023, item_ids=ids))
     for m, r in (bon or {}).items():
         pp = r["per_pool"]
         seqko, rand, orc = (next(v for k, v in pp.items() if k.startswith(x))
@@ -911,17 +856,69 @@ def build_headline(res, bon, rl, methods):
                              r["per_prompt"], rl["initial"]["per_prompt"]))
     return H
 
+# ----- plumbing: per-stage resume (#49 §5) -----
+
+class Stages:
+    """A run's finished stages: <run-dir>/stages/<name>.json keeps a stage's result and the run's settings
+    (run_settings), written atomically as the stage ends; --resume reads a finished stage back instead of
+    running it, so a kill loses at most the stage in progress (judge SFT: its weights, <name>.pt, too).
+    Without --resume the folder is emptied first."""
+
+    def __init__(self, args, dist):
+        self.dir, self.resume, self.dist = Path(args.run_dir) / "stages", args.resume, dist
+        self.settings = json.loads(json.dumps(run_settings(args), default=str))
+        if not self.resume and dist.is_main and self.dir.is_dir():
+            shutil.rmtree(self.dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        changed = {}  # --resume: one line naming each flag a finished stage ran with otherwise
+        for path in sorted(self.dir.glob("*.json")) if self.resume else ():
+            was = json.loads(path.read_text())["settings"]  # written by a rename: whole or absent
+            changed |= {k: f"--{k.replace('_', '-')} {was[k]!r} → {self.settings[k]!r}"
+                        for k in sorted(was.keys() & self.settings.keys()) if was[k] != self.settings[k]}
+        if changed:
+            raise SystemExit(f"nanoskill: --resume with other settings than {self.dir}'s finished stages "
+                             f"ran with: {', '.join(changed.values())} (saved → now); resume with the saved "
+                             "values, or start a new --run-dir")
+
+    def load(self, name):
+        """The saved result of a finished stage under --resume, else None."""
+        path = self.dir / f"{name}.json"
+        if not (self.resume and path.exists()):
+            return None
+        print(f"resume: stage {name} finished before, read from {path}", flush=True)
+        return json.loads(path.read_text())["result"]
+
+    def save(self, name, result):
+        """Record a finished stage (rank 0 writes); returns result."""
+        if self.dist.is_main:
+            write_json(self.dir / f"{name}.json", {"settings": self.settings, "result": result})
+        kill_point(f"stage:{name}")  # test hook: a kill right after a stage ended (the resume must skip it)
+        return result
+
+    def judge(self, backbone, tok, skills, args, dist, method):
+        """The SFT-warmed judge of `method` (judge_sft), or its weights from a finished stage."""
+        name, weights = f"judge_sft_{method}", self.dir / f"judge_sft_{method}.pt"
+        if self.load(name) is not None and weights.exists():
+            model = copy.deepcopy(unwrap(backbone)).to(torch.bfloat16)
+            model.load_state_dict(torch.load(weights, map_location="cpu"))
+            return model.eval().requires_grad_(False)
+        model = judge_sft(backbone, tok, skills, args, dist, method)
+        if dist.is_main:  # every rank holds the same replica (judge_sft): rank 0 saves it
+            torch.save(unwrap(model).state_dict(), weights.with_suffix(".tmp"))
+            weights.with_suffix(".tmp").replace(weights)
+        self.save(name, {"weights": weights.name})
+        return model
+
+
 # ----- main -----
 
 def main(argv=None):
     args = parse_with_preset(build_parser(), PRESETS, argv=argv, name="skill_rm")
     if args.aggregate:
         return aggregate_main(args.aggregate)
-    if args.resume:  # add_grpo_args' flag: this script saves no checkpoint, there is nothing to continue from
-        raise SystemExit("skill_rm: --resume is not supported (its RL variants keep no checkpoint); "
-                         "rerun without it")
     check_args(args)
     dist = setup_distributed()
+    stages = Stages(args, dist)  # --resume: finished stages read back; other settings stop it here
     preflight(args, dist, frozen=1 + (args.rl and args.beta > 0), hf=dist.world > 1,  # the judge; π_ref
               engines=(args.max_model_len, args.judge_max_model_len) if dist.world == 1 else 1)
     if args.rl:
@@ -946,9 +943,8 @@ def main(argv=None):
     t0 = time.time()
     backbone = make_judge(policy, args, dist)
     if args.judge_sft_steps > 0:
-        plain = make_judge_sampler(judge_sft(backbone, tok, skills, args, dist, "baseline"), tok, args, dist)
-        skilled = make_judge_sampler(judge_sft(backbone, tok, skills, args, dist, "skill_rm"), tok, args,
-                                     dist)
+        plain, skilled = (make_judge_sampler(stages.judge(backbone, tok, skills, args, dist, m), tok, args,
+                                             dist) for m in ("baseline", "skill_rm"))
     else:
         plain = skilled = make_judge_sampler(backbone, tok, args, dist)
     judge = Judge({"baseline": plain, "appended": plain, "default": plain, "skill_rm": skilled,
@@ -956,10 +952,17 @@ def main(argv=None):
     results["time_judge_sft"] = time.time() - t0
 
     # §5: the judges as reward models, by the §3 readout: pairwise (both orders) and best-of-4 per category
+    # on the held-out test set (the headline) and the dev set beside it, with the no-model baselines
+    by_set, clusters = {}, {}
     if args.benchmark:
-        res, warnings = benchmark(judge, args, dist, methods, formats)
-        results["benchmark"] = {"|".join(k): v for k, v in res.items()}
-        results["judge_warnings"] = warnings
+        if (done := stages.load("benchmark")) is None:
+            by_set, clusters, warnings = benchmark(judge, args, dist, methods, formats)
+            done = stages.save("benchmark", {"benchmark": rb.bench_json(by_set), "bench_clusters": clusters,
+                                             "judge_warnings": warnings})
+        by_set, clusters = rb.bench_json(done["benchmark"], back=True), done["bench_clusters"]
+        for name, res in by_set.items() if stages.resume else ():  # read back: the tables again, for the log
+            print_benchmark_table(res, methods, formats, title=f"[{SET_NAMES[name]}] ")
+        results |= done
 
     # §5 best-of-N: JETTS sequential pairwise knockout over fixed pools
     if args.bon:
@@ -967,8 +970,9 @@ def main(argv=None):
         pools = read_jsonl(pools_path)[:args.bon_prompts] if args.bon_prompts else read_jsonl(pools_path)
         print(f"\nbest-of-N (JETTS sequential knockout), {len(pools)} pools, N={args.bon_N}, "
               "true score = hidden checker")
-        results["bon"] = {m: best_of_n(judge, pools, m, args, args.bon_seeds, dist)
-                          for m in methods if m in ("baseline", "skill_rm", "oracle")}
+        results["bon"] = stages.load("bon") or stages.save("bon", {
+            m: best_of_n(judge, pools, m, args, args.bon_seeds, dist)
+            for m in methods if m in ("baseline", "skill_rm", "oracle")})
         cols = [k for k in next(iter(results["bon"].values()), {}) if k != "per_pool"]
         print_table("", results["bon"], cols, cell=lambda v: f"{v:.3f}", first="judge")
         print(f"(best-of-N: {time.time() - t0:.0f} s)")
@@ -976,11 +980,10 @@ def main(argv=None):
     # App. D: GRPO with the skill-based reward (and the direct / anchored rewards), hidden-checker evaluation
     if args.rl:
         t0 = time.time()
-        results["rl"] = if_rl(policy, sampler, judge, args, dist)
+        results["rl"] = if_rl(policy, sampler, judge, args, dist, stages)
         print(f"(RL: {time.time() - t0:.0f} s)")
     results["time_total"] = time.time() - t_start
-    results["headline"] = build_headline(res if args.benchmark else {}, results.get("bon"), results.get("rl"),
-                                         methods)
+    results["headline"] = build_headline(by_set, results.get("bon"), results.get("rl"), methods, clusters)
     if not dist.is_main:  # rank 0 writes the results
         return results
     print("\n" + format_headline(results["headline"]))

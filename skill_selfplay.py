@@ -26,7 +26,8 @@ Differences from the paper (the eight that matter most; all 14 in docs/skill_sel
  1. Scale: SmolLM2-135M on CPU; the tiny preset shrinks T, M, K, rollouts and steps.
  2. Held-out tool set: BFCL's four categories of Table 1 scored by BFCL's own AST checker; no API-Bank.
  3. ZebraLogic is offline-unavailable: held-out puzzles come from our runtime (fixed seed), plus
-    reasoning-gym's zebra puzzles; trivial answers are scored beside every row.
+    reasoning-gym's zebra puzzles; trivial answers (constant, listed order, clue readers) beside every row;
+    tiny: 2-house puzzles (--zebra-eval-scales two), where a 135M model can move.
  4. Zebra proposals are blueprints the runtime compiles until unique (App. I.2); validity is the checker.
  5. D(t) = the proposer's GRPO rollouts plus a fixed-size collection pass (--collect-prompts × G).
  8. A proposal is the JSON object its reply opens with, else reward −1.
@@ -49,14 +50,15 @@ import numpy as np
 from grpo import (Rollout, add_grpo_args, chat_ids, grpo_update, parse_with_preset, sample_group_rollouts,
                   seed_everything, sft_loop)
 from plumbing import broadcast_object, gather_objects, reduce_metrics, reset_prefix_cache, setup_distributed
-from plumbing import (DealtSampler, HFSampler, check_context, check_keys, check_resume, controller_fields,
-                      frozen_copy, iteration_metrics, json_text, load_model, load_policy, log_metrics,
-                      make_optimizer, make_sampler, plot_run, preflight, read_items, read_library,
-                      read_records, resume_or_start, run_main, save_generations, save_iteration, usable_value)
+from plumbing import (LOOP_KEYS, DealtSampler, HFSampler, check_context, check_keys, check_resume,
+                      controller_fields, frozen_snapshot, iteration_metrics, json_text, load_model,
+                      load_policy, log_metrics, loop_failures, make_optimizer, make_sampler, plot_loop,
+                      plot_run, preflight, read_items, read_library, read_records, resume_or_start, run_main,
+                      save_generations, save_iteration, solver_signal, usable_value)
 from stats import aggregate as aggregate_headlines, compare, format_headline, print_table, vs_chance
 from stats import write_results
 from tasks.tool_calls import (BFCL_CATEGORIES, TOOL_TASK_SCHEMA, TOOL_TASK_SPEC, TOOL_VALIDATOR_KEYS,
-                              bfcl_by_category, call_key, derive_tool_validator, evaluate_bfcl,
+                              bfcl_by_category, call_budget, call_key, derive_tool_validator, evaluate_bfcl,
                               gate_tool_task, parse_tool_calls, print_bfcl_intervals, scripted_tool_tasks,
                               tool_messages, tool_package_error)
 from tasks.zebra import (ZEBRA_COMPILER_KEYS, ZEBRA_TASK_SCHEMA, ZEBRA_TASK_SPEC, ZEBRA_VALIDATOR_KEYS,
@@ -69,11 +71,11 @@ from tasks.zebra import (ZEBRA_COMPILER_KEYS, ZEBRA_TASK_SCHEMA, ZEBRA_TASK_SPEC
 
 PRESETS = {
     # 2-core CPU, embedded 135M model: both players warmed up (differences 13-14), temperature 0.7, the aids
-    # of difference 10, held-out zebra small scale only, greedy (docs/skill_selfplay.md, "The tiny preset")
+    # of difference 10, held-out zebra 2 houses, greedy (docs/skill_selfplay.md, "The tiny preset")
     "tiny": dict(T=2, M=8, proposer_prompts=2, proposer_G=2, proposer_steps=1, collect_prompts=16,
-                 solver_G=4, solver_steps=2, solver_batch=4, eval_n=4, eval_samples=1,
+                 solver_G=4, solver_steps=2, solver_batch=4, eval_samples=1,
                  eval_temperature=0.0, max_new_tokens=96, controller_max_new_tokens=96, induce_min=1,
-                 zebra_eval_scales="small", rg_eval_n=2, lr=1e-5, sampler="auto", micro_batch=2,
+                 zebra_eval_scales="two", rg_eval_n=2, lr=1e-5, sampler="auto", micro_batch=2,
                  temperature=0.7, proposer_grammar=True, solver_aid=True, proposer_sft_steps=10,
                  proposer_sft_batch=6, solver_sft_steps=12),
     # Table 5 (flag defaults, BY_FAMILY["paper"]), its ablations' Qwen3-4B-Instruct; 8192 new tokens + prompt
@@ -84,6 +86,7 @@ PRESETS = {
                 collect_prompts=128, solver_steps=4, solver_batch=32, eval_samples=2, max_new_tokens=1024,
                 proposer_max_new_tokens=1024, max_model_len=4096, induce_min=4, grad_checkpointing=True),
 }
+LIBRARIES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "selfplay")  # S(0) folders
 # Per-family values by preset; they fill the flags no preset or argv set (parse_args), the preset's first,
 # then the paper's (Table 5). Why the tiny ones: docs/skill_selfplay.md, "The tiny preset".
 _PAPER_BOTH = dict(K=10, proposer_max_new_tokens=8192, proposer_sft_steps=0, proposer_sft_batch=0,
@@ -91,8 +94,7 @@ _PAPER_BOTH = dict(K=10, proposer_max_new_tokens=8192, proposer_sft_steps=0, pro
 BY_FAMILY = {
     "paper": {"tool": dict(_PAPER_BOTH, M=8000, proposer_steps=5, solver_steps=15, induce_min=20),
               "zebra": dict(_PAPER_BOTH, M=1920, proposer_steps=3, solver_steps=10, induce_min=10)},
-    "tiny": {"tool": dict(library=os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "selfplay",
-                                               "tool_tiny"), K=8, proposer_max_new_tokens=448),
+    "tiny": {"tool": dict(library=os.path.join(LIBRARIES, "tool_tiny"), K=8, proposer_max_new_tokens=448),
              "zebra": dict(K=4, proposer_max_new_tokens=320)},
 }
 ARMS = ("unguided", "skill_only", "uniform_routing", "frozen_skills", "frozen_proposer",
@@ -172,13 +174,15 @@ def build_parser():
     g.add_argument("--frozen-feedback-solver", action=on_off, default=False,
                    help="probes by the solver as it enters self-play, frozen, not π_solve^(t)")
     g = p.add_argument_group("evaluation (Table 5: avg@8, temperature 1.0; its top-k 40 is not applied)")
-    g.add_argument("--eval-n", type=int, default=0, help="held-out items per BFCL category (0 = all)")
+    g.add_argument("--eval-n", type=int, default=0, help="held-out items per BFCL category (0 = all 808)")
     g.add_argument("--eval-samples", type=int, default=8, help="samples per held-out item (avg@k); paper 8")
     g.add_argument("--eval-temperature", type=float, default=1.0,
                    help="held-out sampling temperature; paper 1.0 (0 = greedy)")
     g.add_argument("--zebra-eval-per-scale", type=int, default=100, help="held-out zebra puzzles per scale")
     g.add_argument("--zebra-eval-scales", default="small,medium,large,xlarge",
-                   help="held-out zebra scales; paper all four (Table 2)")
+                   help="held-out zebra scales; paper all four (Table 2); tiny: two (2 houses)")
+    g.add_argument("--zebra-eval-decided", action=on_off, default=False,
+                   help="held-out and warm-up zebra puzzles only those clue propagation decides; paper off")
     g.add_argument("--rg-eval-n", type=int, default=200, help="reasoning-gym zebra puzzles (0 = off)")
     g.add_argument("--plots", action=on_off, default=True, help="write the diagnostic PNGs")
     return p
@@ -409,10 +413,10 @@ def answer_schemas(args, puzzles):
 
 
 def answer_budget(args, tok, solutions):
-    """Token budget of a solver answer: --max-new-tokens; zebra: fits the longest gold grid."""
-    if args.family != "zebra" or not solutions:
-        return args.max_new_tokens
-    return grid_budget(tok, solutions, args.max_new_tokens)
+    """Token budget of a solver answer: --max-new-tokens (room to reason, where it exceeds the answer), raised
+    to fit the longest gold answer among `solutions` (a zebra grid, a reference tool call)."""
+    fit = grid_budget if args.family == "zebra" else call_budget
+    return fit(tok, solutions, args.max_new_tokens) if solutions else args.max_new_tokens
 
 
 def prefilled_prompt(tok, messages, prefix):
@@ -793,7 +797,8 @@ def evaluate(sampler, tok, args, dist, name="eval"):
     prefix, stop = answer_prefix(args)
     prompt_of = lambda messages: prefilled_prompt(tok, messages, prefix)
     if args.family == "tool":
-        res, items = evaluate_bfcl(sampler, prompt_of, args, dist, prefix, stop)
+        budget_of = lambda calls: answer_budget(args, tok, calls)
+        res, items = evaluate_bfcl(sampler, prompt_of, budget_of, args, dist, prefix, stop)
     else:
         res, items = evaluate_zebra(sampler, prompt_of, lambda sols: answer_budget(args, tok, sols),
                                     lambda puzzles: answer_schemas(args, puzzles), args, dist)
@@ -805,46 +810,49 @@ def print_main_table(history, family, baselines=()):
     """The paper's main table: BFCL columns (Table 1) or ZebraLogic scales (Table 2), trivial rows last."""
     cols = ([("JS", "bfcl_simple_javascript"), ("Py", "bfcl_simple_python"), ("Java", "bfcl_simple_java"),
              ("Live", "bfcl_live_simple"), ("Avg.", "bfcl_avg")] if family == "tool" else
-            [("Small", "zebra_small"), ("Medium", "zebra_medium"), ("Large", "zebra_large"),
-             ("X-Large", "zebra_xlarge"), ("Grid", "zebra_grid"), ("Cell", "zebra_cell"), ("RG", "rg_zebra")])
+            [(s.capitalize(), f"zebra_{s}") for s in ("two", "small", "medium", "large", "xlarge")]
+            + [("Grid", "zebra_grid"), ("Cell", "zebra_cell"), ("RG", "rg_zebra")])
     rows = {name: res for name, res in list(history) + [(f"[{n}]", r) for n, r in baselines]}
     print_table("", rows, cols, first="solver")
     if baselines:
-        print("[trivial answers, same checker: one constant value per attribute; values in listed order]")
+        print("[trivial answers, same checker: a constant per attribute; listed order; the clue readers]")
 
 
 def run_results(args, history, baselines, rows):
-    """(results, headline) of a finished run, every comparison paired over held-out items."""
+    """(results, headline) of a finished run, every comparison paired over held-out items; results' "loop":
+    the loop per iteration (LOOP_KEYS), "final_items"/"final_ids": the last row's items --aggregate pairs."""
     arm, last = arm_name(args), history[-1][0]
+    loop = {k: [r.get(k) for r in rows] for k in LOOP_KEYS}
     results = {"family": args.family, "arm": arm, "seed": args.seed, "data_seed": args.data_seed,
-               "history": [list(h) for h in history], "trivial": [list(b) for b in baselines], "rows": rows}
+               "history": [list(h) for h in history], "trivial": [list(b) for b in baselines], "rows": rows,
+               "loop": loop, "loop_failures": loop_failures(loop) if rows else []}
     headline = []
-    if args.family == "zebra":
+    if args.family == "zebra":  # the last iteration vs base, vs the warm-up, vs the best trivial answer
         final = read_items(args.run_dir, last)
         results["final_items"] = {m: [it[m] for it in final] for m in ("cell", "grid")}
+        results["final_ids"] = ids = [it["i"] for it in final]  # puzzle i is the same in every seed: clusters
         for m in ("cell", "grid"):
             trivial = {kind: [it[m] for it in read_items(args.run_dir, "trivial " + kind)]
                        for kind, _ in baselines}
-            kind = max(trivial, key=lambda k: np.mean(trivial[k]))  # the better trivial answer on this metric
-            ids = [it["i"] for it in final]  # held-out puzzle i: the same puzzle in every seed (--eval-seed)
-            headline.append(compare(f"held-out zebra {m} accuracy, {arm} after the last iteration vs the "
-                                    f"better trivial answer", arm, f"trivial: {kind}",
-                                    results["final_items"][m], trivial[kind], item_ids=ids))
-            for ref_row in ("base", "solver SFT"):  # the warm-up alone: what self-play added on top of it
-                if ref_row != last and ref_row in dict(history):
-                    claim = f"held-out zebra {m} accuracy, {arm}: last iteration vs {ref_row}"
-                    headline.append(compare(claim, f"{arm} {last}", ref_row, results["final_items"][m],
-                                            [it[m] for it in read_items(args.run_dir, ref_row)],
-                                            item_ids=ids))
+            kind = max(trivial, key=lambda k: np.mean(trivial[k]))  # the best trivial answer on this metric
+            refs = [(ref, [it[m] for it in read_items(args.run_dir, ref)]) for ref in ("base", "solver SFT")
+                    if ref != last and ref in dict(history)] + [(f"trivial: {kind}", trivial[kind])]
+            for ref, ref_items in refs:  # chance: the best trivial answer's mean, printed beside each entry
+                headline.append(compare(f"held-out zebra {m} accuracy, {arm}: last iteration vs {ref}",
+                                        f"{arm} {last}", ref, results["final_items"][m], ref_items,
+                                        chance=float(np.mean(trivial[kind])), item_ids=ids))
     else:
         results["bfcl"] = {name: bfcl_by_category(read_items(args.run_dir, name)) for name, _ in history}
+        final = [it for it in read_items(args.run_dir, last) if it["n"]]
+        results["final_items"] = {"BFCL simple": [it["hits"] / it["n"] for it in final]}
+        results["final_ids"] = [it["id"] for it in final]  # BFCL's own item ids
         base = read_items(args.run_dir, "base")
         for name in [h for h, _ in history[1:] if h in ("solver SFT", last)]:
             items = read_items(args.run_dir, name)
             for cat in BFCL_CATEGORIES:
                 pick = lambda its: [it["hits"] / it["n"] for it in its if it["category"] == cat and it["n"]]
                 which = "warm-up" if name == "solver SFT" else "last iteration"
-                ids = [it["id"] for it in items if it["category"] == cat and it["n"]]  # BFCL's own item ids
+                ids = [it["id"] for it in items if it["category"] == cat and it["n"]]
                 headline.append(compare(f"BFCL {cat}, {arm}: {which} vs base", f"{arm} {name}", "base",
                                         pick(items), pick(base), item_ids=ids))
     recs = [r for recs_t in read_records(args.run_dir, args.T) for r in recs_t]
@@ -855,30 +863,32 @@ def run_results(args, history, baselines, rows):
         note = ("; zebra exploration proposals get no runtime clue completion, so near 0 by construction"
                 if args.family == "zebra" and stream == "explore" else "")
         headline.append(vs_chance(f"valid-proposal rate, {stream} stream, {arm} (of parsed proposals{note})",
-                                        arm, [float(r["valid"]) for r in rs], 0.0))
+                                  arm, [float(r["valid"]) for r in rs], 0.0))
         vs = [r["v_solve"] for r in rs if r["valid"]]
         if vs:
             headline.append(vs_chance(f"v_solve of valid proposals, {stream} stream, {arm} (vs the frontier "
-                                            f"midpoint 1/2 of Eq. 2)", arm, vs, 0.5))
+                                      f"midpoint 1/2 of Eq. 2)", arm, vs, 0.5))
     return results, headline
 
 
 def aggregate_runs(run_dirs):
-    """--aggregate RUN_DIR...: the pooled headline, plus Skill-SP against every other arm."""
-    entries = aggregate_headlines(run_dirs)
-    by = {}
+    """--aggregate RUN_DIR...: the pooled headline, plus Skill-SP against every other arm, paired over
+    held-out items × seeds (clustered by item). Zebra leaves unguided out, as the paper does: with no runtime
+    clue completion its proposals are almost never valid, so its curriculum is empty by construction."""
+    entries, by = aggregate_headlines(run_dirs), {}
     for d in run_dirs:
         with open(os.path.join(d, "results.json")) as f:
             r = json.load(f)
-        if "final_items" in r:
-            by[(r["arm"], r["seed"])] = r["final_items"]
+        if "final_items" in r and (r["family"], r["arm"]) != ("zebra", "unguided"):
+            by[(r["arm"], r["seed"])] = r
     for arm in sorted({a for a, _ in by} - {"skill-sp"}):
         seeds = sorted(s for a, s in by if a == arm and ("skill-sp", s) in by)
-        for m in ("cell", "grid") if seeds else ():
-            claim = f"held-out zebra {m} accuracy: skill-sp vs {arm} (paired over puzzles × seeds)"
-            entries.append(compare(claim, "skill-sp", arm, sum((by[("skill-sp", s)][m] for s in seeds), []),
-                                   sum((by[(arm, s)][m] for s in seeds), []), n_seeds=len(seeds),
-                                   item_ids=[i for s in seeds for i in range(len(by[("skill-sp", s)][m]))]))
+        for m in by[(arm, seeds[0])]["final_items"] if seeds else ():
+            pool = lambda a: [v for s in seeds for v in by[(a, s)]["final_items"][m]]
+            ids = [i for s in seeds for i in by[("skill-sp", s)]["final_ids"]]
+            entries.append(compare(f"held-out {m} accuracy: skill-sp vs {arm} (paired over items × seeds)",
+                                   "skill-sp", arm, pool("skill-sp"), pool(arm),
+                                   n_seeds=len(seeds), item_ids=ids))
     print(format_headline(entries))
     return entries
 
@@ -922,8 +932,7 @@ def main(argv=None):
     base, _ = load_model(args.model, dist, args.dtype, trainable=False)
     ref = base if args.beta > 0 else None
     opt_p, opt_s = make_optimizer(proposer, args), make_optimizer(solver, args)
-    lib_dir = args.library or os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "selfplay",
-                                           args.family)
+    lib_dir = args.library or os.path.join(LIBRARIES, args.family)
     pkgs, stats = load_library(lib_dir, args.family)
     if not pkgs and not args.unguided:
         raise SystemExit(f"no valid skill package in {lib_dir}")
@@ -943,13 +952,12 @@ def main(argv=None):
     if not extra:
         warm_up(P, pkgs, history, args, dist)
     # --frozen-feedback-solver: the probes use the solver as it enters self-play (after its warm-up), frozen,
-    # with the solver's own decoding; only that the probes stop following π_solve^(t) differs from the method
-    P.probe_sampler = make_sampler(args, frozen_copy(solver), tok, dist) if frozen else P.s_sampler
+    # with the solver's own decoding (only that they stop following π_solve^(t) differs from the method); kept
+    # in <run-dir>/feedback_solver, saved before the first checkpoint, and read back by a resume
+    fd = os.path.join(args.run_dir, "feedback_solver")
+    P.probe_sampler = make_sampler(args, frozen_snapshot(solver, fd, extra is not None, dist), tok, dist
+                                   ) if frozen else P.s_sampler
     P.controller = DealtSampler(HFSampler(base, tok, args.hf_batch), dist)  # π_control: π^(0), HF generate
-    if args.unguided and args.family == "zebra":
-        say("unguided: zebra proposals are valid only if the proposer's own clues make the puzzle unique (no "
-            "runtime clue completion, which only the skill stream gets), so a valid rate near 0 is by "
-            "construction")
     baselines = trivial_baselines(args, dist)
     if dist.is_main:
         print_main_table(history, args.family, baselines)
@@ -960,7 +968,7 @@ def main(argv=None):
         recs, n_unparsed, times = proposer_phase(t, P, pkgs, stats, args, rng, dist)
         # 2. Solver update: D(t) = the top αM skill and (1 − α)M exploration tasks (Eq. 6); GRPO (Eq. 7)
         t0 = time.time()
-        D, _ = solver_phase(recs, t, P, args, rng, dist)
+        D, steps = solver_phase(recs, t, P, args, rng, dist)
         times["time_solve"] = time.time() - t0
         # 3. Library evolution (§3.4): refine, prune S_prune (Eq. 8), induce S_new from T_induce (Eq. 9-10)
         t0 = time.time()
@@ -971,18 +979,20 @@ def main(argv=None):
         res = evaluate(P.s_sampler, tok, args, dist, f"iter {t + 1}")
         history.append((f"iter {t + 1}", res))
         times["time_eval"] = time.time() - t0
-        rows.append({**iteration_metrics(recs, D, pkgs, stats, changes, t + 1),
+        rows.append({**iteration_metrics(recs, D, pkgs, stats, changes, t + 1), **solver_signal(steps),
                      "n_proposals_unparsed": n_unparsed, **res, **times})
         save_iteration(t, P, (pkgs, stats, changes), recs, rows, history, args, dist)
         if dist.is_main:
             print_main_table(history, args.family, baselines)
-    if dist.is_main:  # results.json: the table, the trivial rows and the headline (stats.py)
+    if dist.is_main:  # results.json: the table, the trivial rows, the loop and the headline (stats.py)
         results, headline = run_results(args, history, baselines, rows)
+        say("".join(f"the loop did not close: {why}\n" for why in results["loop_failures"]), end="")
         write_results(args.run_dir, results, headline)
         print_bfcl_intervals(results)
         print(format_headline(headline))
     if args.plots and rows and dist.is_main:
         plot_run(args, rows)
+        plot_loop(args.run_dir, results["loop"])
     return {"history": history, "rows": rows}
 
 

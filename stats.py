@@ -609,3 +609,20 @@ def permutation_null(statistic, values, strata, n_perm, seed, sides):
         d = d[np.isfinite(d)]
         out[k] = dict(observed=x, null=d.tolist(), **null_p_band(x, d, sides[k]))
     return out
+
+
+# ----- seeds as the unit (issue #50) -----
+def aggregate_by_seed(run_dirs):
+    """Every paired claim (a compare entry) found in two or more runs, with seeds as the unit: per run the
+    means of A and B over its items, then compare over those per-seed means (bootstrap CI over the seeds;
+    the sign flip is exact up to 16 seeds; mde from the sd of the per-seed differences). `aggregate` pools
+    items × seeds, treating the questions of one seed as independent; this does not."""
+    per = {}
+    for d in run_dirs:
+        for e in _read_results(Path(d) / "results.json").get("headline", []):
+            if e.get("b_items") is not None and e.get("mean_a") is not None and e.get("mean_b") is not None:
+                per.setdefault(e["claim"], []).append(e)
+    return [dict(compare(claim, es[0]["a"], es[0]["b"], [e["mean_a"] for e in es], [e["mean_b"] for e in es],
+                         chance=es[0].get("chance"), paper_effect=es[0].get("paper_effect")),
+                 n_seeds=len(es), unit="seed")
+            for claim, es in per.items() if len(es) > 1]

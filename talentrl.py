@@ -20,7 +20,7 @@ similarity, ℛ(x) recall pool, λ talent bonus, K skill budget, k reduced budge
 u_{c,r} utility, 𝒫 anchor + ordinary rollouts, δ_ℓ contrasts (ℓ = skill, budget, talent), η dead zone,
 α scale, κ clip bound, w_ℓ contrast weights.
 
-Differences from the paper (the eight that matter most; all sixteen in docs/talentrl.md):
+Differences from the paper (the eight that matter most; all seventeen in docs/talentrl.md):
 1. Search7 and its Wikipedia corpus are not offline: a seeded fictional encyclopedia with seven question types
    in seven splits named after Search7's (tasks/search_world.py); RL trains on `nq` + `hotpotqa`.
 2. Retriever and skill embedder: all-MiniLM-L6-v2 (paper: E5-style retrieval, Qwen3-Embedding-0.6B).
@@ -33,7 +33,8 @@ Differences from the paper (the eight that matter most; all sixteen in docs/tale
 6. KL and aggregation are grpo.py's: k3 estimator, token mean over the batch (N = Σ m_{i,t}, Eq. 15).
 7. `tiny` uses similarity threshold 0 and K = 3 (paper: 0.2, 5), drops the controls from the loss and uses
    larger learning rates (SFT 1e-4, RL 1e-5).
-8. Routing is scored against c* of held-out questions (same teacher, Eq. 8), beside the majority-class router.
+8. Routing is scored against c* of held-out questions (same teacher, Eq. 8), beside routers that need no
+   training; whole templates are kept out of training and scored apart (`--unseen-templates`).
 """
 import argparse
 import copy
@@ -56,9 +57,10 @@ from plumbing import (HFSampler, broadcast_object, check_resume, cpu_snapshot, f
                       make_sampler, on_ranks, per_rank, phase_logger, plot_curves, plot_talents,
                       reduce_metrics, renamed_flags, restore_snapshot, resume_checkpoint, resume_finished,
                       retokenize, run_settings, run_main, save_checkpoint, setup_distributed, usable_value)
-from tasks.search_world import (DATA, MULTI_HOP, SINGLE_HOP, SPLITS, TRAIN_SPLITS, World, env_reply,
-                                episode_return, exact_match, f1_score, new_episode, rationale, save_skillbank,
-                                scripted_rollouts)
+from tasks.search_world import (DATA, MULTI_HOP, SINGLE_HOP, SPLITS, TEMPLATES, TRAIN_SPLITS, World,
+                                env_reply, episode_return, exact_match, f1_score, new_episode,
+                                no_training_routers, rationale, routing_accuracy, save_skillbank,
+                                scripted_rollouts, split_pools, label_stats)
 
 # ----- config: presets and flags (Table 4) -----
 PRESETS = {
@@ -68,8 +70,8 @@ PRESETS = {
     "tiny": dict(n_people=40, n_places=16, n_orgs=10, n_events=10, n_hamlets=12, n_shared=6, n_train=60,
                  eval_n=6,
                  sim_threshold=0.0, K=3, sft_tasks=70, sft_n=1, sft_batch=4, sft_lr=1e-4,
-                 sft_epochs=1, route_epochs=3, exec_epochs=1, talent_sft_init="skillrl-sft",
-                 arms=["talentrl"], steps=2, prompts_per_step=2, G=4, train_controls=False, lr=1e-5,
+                 sft_epochs=1, route_epochs=3, exec_epochs=1, sft_match=True,
+                 steps=2, prompts_per_step=2, G=4, train_controls=False, lr=1e-5,
                  max_new_tokens=64, route_max_tokens=64, micro_batch=4,
                  evolve_every=0, val_tasks=4, evolve_max_tokens=48, sampler="auto", vllm_kv_seqs=32),
     # Table 4 (the flag defaults) on GPUs, rollouts on vLLM, its primary backbone Qwen2.5-7B-Instruct
@@ -142,6 +144,14 @@ def build_parser():
     g.add_argument("--talent-sft-init", choices=["pi0", "skillrl-sft"], default="pi0",
                    help="TalentRL-SFT: original + talent rows from π_0 (Search7, §5.3) or talent rows on "
                         "SkillRL-SFT (ALFWorld)")
+    g.add_argument("--sft-match", action=argparse.BooleanOptionalAction, default=False,
+                   help="SkillRL-SFT repeats its rows up to TalentRL-SFT's count: the same SFT steps from "
+                        "π_0 (needs --talent-sft-init pi0; paper: no, the talent rows come on top)")
+    g.add_argument("--unseen-templates", nargs="*", choices=TEMPLATES,
+                   default=["hq", "event_country", "larger_population", "age", "disamb_place",
+                            "hamlet_elevation"],
+                   help="question templates kept out of SFT and RL (one of each type that has several), on "
+                        "which held-out routing is scored apart (paper: none, it has no such split)")
     g.add_argument("--zero-shot", action=argparse.BooleanOptionalAction, default=True,
                    help="evaluate π_0 (Table 1's reference row)")
     g = p.add_argument_group("phase II: matched-intervention RL (§4)")
@@ -180,6 +190,8 @@ def build_parser():
 
 def check_args(args):
     """Refuse settings whose training would be silently wrong."""
+    if args.sft_match and args.talent_sft_init != "pi0":  # TalentRL-SFT would also get SkillRL-SFT's steps
+        raise SystemExit("talentrl: --sft-match compares two SFT runs from π_0; set --talent-sft-init pi0")
     rt = args.route_temperature
     if rt is not None and rt != args.temperature and "talentrl" in args.arms and args.steps > 0:
         # Eq. (15)'s ratio needs log π at the temperature the token was sampled at; grpo_update uses one
@@ -285,9 +297,10 @@ def turn_suffix_ids(tok, user_text):
     """Ids that close the assistant's routing turn, open a user turn carrying
     `user_text` (the execution context) and open the next assistant turn."""
     mark = "<<ROUTE>>"
+    # enable_thinking=False as grpo.chat_ids: else Qwen3 thinks inside the execution turn's budget
     full = tok.apply_chat_template([{"role": "user", "content": "x"}, {"role": "assistant", "content": mark},
                                     {"role": "user", "content": user_text}],
-                                   add_generation_prompt=True, tokenize=False)
+                                   add_generation_prompt=True, tokenize=False, enable_thinking=False)
     return tok.encode(full.split(mark, 1)[1], add_special_tokens=False)
 
 
@@ -431,17 +444,6 @@ def build_sft_data(sampler, tok, W, tasks, args, ttok=None):
     return rows, label_stats(len(tasks), labels, len(rows["original"]))
 
 
-def label_stats(n_tasks, labels, n_original):
-    """Phase I counts: kept tasks, original rows, c* overall and per question type, and the labels."""
-    chosen, by_qtype = {}, {}
-    for l in labels:
-        chosen[l["talent"]] = chosen.get(l["talent"], 0) + 1
-        by = by_qtype.setdefault(l["qtype"], {})
-        by[l["talent"]] = by.get(l["talent"], 0) + 1
-    return dict(tasks=n_tasks, kept=len(labels), original_rows=n_original, chosen=chosen,
-                chosen_by_qtype=by_qtype, labels=labels)
-
-
 def load_teacher(args, dist, sampler, tok):
     """Phase I's sampler and tokenizer: the policy's (scripted, policy) or an HF model with its own."""
     if args.teacher in ("scripted", "policy"):
@@ -460,13 +462,15 @@ def phase1_data(sampler, tok, W, tasks, args, dist):
     return rows, label_stats(len(tasks), [l for _, ls in parts for l in ls], len(rows["original"]))
 
 
-def sft_sets(rows, talent_sft_init, sft_epochs, route_epochs, exec_epochs):
+def sft_sets(rows, talent_sft_init, sft_epochs, route_epochs, exec_epochs, match=False):
     """Alg. 1 l.13's data for Table 1 (§5.3), each row repeated for its epochs: SkillRL-SFT the original rows
-    alone; TalentRL-SFT those + 𝒟_talent (Search7, from π_0) or 𝒟_talent alone (ALFWorld, on SkillRL-SFT)."""
+    alone; TalentRL-SFT those + 𝒟_talent (Search7, from π_0) or 𝒟_talent alone (ALFWorld, on SkillRL-SFT).
+    match: SkillRL-SFT cycles through its rows up to TalentRL-SFT's number of rows (the same SFT steps)."""
     orig = rows["original"] * sft_epochs
     talent = rows["exec"] * exec_epochs + rows["route"] * route_epochs
-    return {"skillrl-sft": orig,
-            "talentrl-sft": talent if talent_sft_init == "skillrl-sft" else orig + talent}
+    both = orig + talent
+    return {"skillrl-sft": (orig * (len(both) // max(len(orig), 1) + 1))[:len(both)] if match else orig,
+            "talentrl-sft": talent if talent_sft_init == "skillrl-sft" else both}
 
 
 def run_sft(model, examples, args, dist, seed):
@@ -475,39 +479,21 @@ def run_sft(model, examples, args, dist, seed):
     # Eq. (9): L_sft = −Σ_{t ∈ ℐ_asst} log π_θ(y_t | ξ, y_<t); grpo.sft_update divides by the
     # number of response tokens in the batch (token mean; context and observations masked)
     m = sft_loop(model, examples, args, dist, args.sft_lr, args.sft_batch, epochs=1, seed=seed)
-    return dict(sft_steps=m["sft_steps"], sft_examples=len(examples), sft_loss=m["sft_loss"])
-
-
-def split_pools(train, n_sft):
-    """𝒟_sft and 𝒟_rl of Algorithm 1 from the shuffled train questions of every split: 𝒟_sft takes n_sft
-    of them round-robin over the question types, so phase I sees every type the evaluation uses; 𝒟_rl is
-    the rest of the RL splits' questions (NQ + HotpotQA)."""
-    queues = {}
-    for q in train:
-        queues.setdefault(q["qtype"], []).append(q)
-    sft, queues = [], [queues[k] for k in sorted(queues)]
-    while len(sft) < n_sft and any(queues):
-        for qu in queues:
-            if qu and len(sft) < n_sft:
-                sft.append(qu.pop(0))
-    taken = {q["question"] for q in sft}
-    rl = [q for q in train if q["split"] in TRAIN_SPLITS and q["question"] not in taken]
-    if n_sft <= 0 or len(sft) < n_sft or not rl:
-        raise ValueError(f"--sft-tasks {n_sft} leaves no disjoint RL pool: the train splits hold "
-                         f"{len(train)} questions ({len(rl)} left for RL); lower --sft-tasks or raise "
-                         f"--n-train")
-    return sft, rl
+    return dict(sft_steps=m["sft_steps"], sft_examples=len(examples), sft_loss=m["sft_loss"],
+                sft_tokens=sum(sum(mask) for _, _, mask in examples))  # trained (response) tokens
 
 
 def phase1_sft(model, sampler, tok, init, examples, sft_dir, args, dist):
     """Alg. 1 l.13: fine-tune the weights `init` on the examples by Eq. (9) and save the
-    checkpoint (π_ref of the RL stage); with --resume its checkpoint is loaded instead."""
-    if args.resume and resume_finished(sft_dir, model, dist) is not None:
+    checkpoint (π_ref of the RL stage) with the run's SFT metrics; with --resume its checkpoint is loaded
+    instead, and the metrics it saved are returned (an older checkpoint without them: NaN, 0 steps)."""
+    if args.resume and (ck := resume_finished(sft_dir, model, dist)) is not None:
         sampler.sync(model)
-        return dict(sft_steps=0, sft_examples=len(examples), sft_loss=float("nan"), resumed=True)
+        old = dict(sft_steps=0, sft_examples=len(examples), sft_loss=float("nan"))
+        return dict(ck[1].get("sft", old), resumed=True)
     restore_snapshot(model, init)
     sft = run_sft(model, examples, args, dist, args.seed)
-    save_checkpoint(sft_dir, model, tok, None, -1, {"settings": run_settings(args)}, dist)
+    save_checkpoint(sft_dir, model, tok, None, -1, {"settings": run_settings(args), "sft": sft}, dist)
     sampler.sync(model)
     return sft
 
@@ -524,13 +510,14 @@ def phase2_rl(routed, pi, W, rl_tasks, arm_dir, args, dist):
     # l.14: π_ref ← π_θ (the SFT checkpoint), frozen
     ref = frozen_copy(model, getattr(torch, args.dtype))  # --dtype (bf16): not an fp32 replica under FSDP
     opt = make_optimizer(model, args)
-    start = 0
+    start, A_groups = 0, []
     if args.resume and (ck := resume_checkpoint(arm_dir, model, opt, dist)):  # policy, optimizer, SkillBank
         start = ck[0] + 1
         W.set_bank(ck[1]["bank"], ck[1]["bank_raw"])
         W.set_talents(ck[1]["talents"])
+        A_groups = list(ck[1].get("A_talent_groups", []))  # Â_talent of the steps before the checkpoint
     sampler.sync(model)
-    val_tasks, A_groups = rl_tasks[: args.val_tasks], []
+    val_tasks = rl_tasks[: args.val_tasks]
     for step in range(start, args.steps):
         t0 = time.time()
         # l.17: a task batch from 𝒟_rl, the same on every rank; each rank owns whole tasks
@@ -567,7 +554,7 @@ def phase2_rl(routed, pi, W, rl_tasks, arm_dir, args, dist):
         if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
             save_checkpoint(arm_dir, model, tok, opt, step,
                             dict(bank=W.bank, bank_raw=W.bank_raw, talents=W.talents,
-                                 settings=run_settings(args)), dist)
+                                 A_talent_groups=A_groups, settings=run_settings(args)), dist)
     if dist.is_main and args.steps > start:
         plot_curves(arm_dir,
                     ("reward", "R_P", "kl") + (("A_talent_abs", "A_talent_nonzero") if routed else ()))
@@ -751,18 +738,18 @@ METHODS = {"zero-shot": "Zero-shot", "skillrl-sft": "SkillRL-SFT", "talentrl-sft
 
 
 def report(run_dir, results, headline, dist):
-    """Tables 1-2, routing accuracy against c* per question type, Figure 2a before and after RL, headline."""
+    """Every router's routing accuracy vs c*, the trained ones' confusion, Tables 1-2, Figure 2a, headline."""
     if not dist.is_main:
         return
-    lab = results.get("routing", {})
-    for title, labels, routes in (("SFT tasks (train)", lab.get("train"), lab.get("train_routes")),
-                                  ("held-out, TalentRL-SFT", lab.get("held_out"),
-                                   results.get("talentrl-sft", {}).get("routes")),
-                                  ("held-out, TalentRL", lab.get("held_out"),
-                                   results.get("talentrl", {}).get("routes"))):
-        if labels and routes:
-            print_routing_accuracy(f"Routing accuracy vs c*, {title}:",
-                                   routing_items(labels, routes, lab["majority"]))
+    for labels_key, scored in results.get("routing", {}).get("accuracy", {}).items():
+        stats.print_table(f"Routing accuracy vs c* (%), {labels_key.replace('_', '-')} questions (unseen: "
+                          f"{', '.join(results['routing']['unseen']) or 'none'})",
+                          {name: {p: r[p]["acc"] for p in PARTS} for name, r in scored.items()}, PARTS,
+                          first="router")
+        for name in (METHODS[k] for k in ("talentrl-sft", "talentrl") if METHODS[k] in scored):
+            print(f"{name}, confusion (routed talent: c* counts): " + "; ".join(
+                f"{g}: " + ", ".join(f"{c} {n}" for c, n in sorted(row.items()))
+                for g, row in sorted(scored[name]["confusion"].items())))
     print()
     stats.print_table("Table 1 (shape): success rate (%) after SFT, and TalentRL after RL",
                       {METHODS[k]: table_row(results[k]) for k in ("zero-shot", "skillrl-sft", "talentrl-sft",
@@ -782,6 +769,8 @@ def report(run_dir, results, headline, dist):
         print(f"Figure 2a: {plot_talents(run_dir, panels)}")
     print("\nHeadline (rates as fractions; paired over questions; --aggregate pools seeds):")
     print(stats.format_headline(headline))
+    print(f"Routing on unseen templates beats the strongest no-training router: "
+          f"{routing_verdict(headline)['generalises']}")
 
 
 def route_greedy(sampler, tok, W, tasks, args, dist):
@@ -796,48 +785,67 @@ def route_greedy(sampler, tok, W, tasks, args, dist):
     return dict(gather_objects(got, dist))
 
 
-def routing_items(labels, routes, majority):
-    """Routing accuracy against c*: per question type (and "all"), the per-question 0/1 hits of the router
-    (`routes`) and of the majority-class router (always `majority`, the most frequent c* of phase I)."""
-    out = {}
-    for lab in labels:
-        if lab["question"] in routes:
-            for k in ("all", lab["qtype"]):
-                a, b = out.setdefault(k, ([], []))
-                a.append(float(routes[lab["question"]] == lab["talent"]))
-                b.append(float(majority == lab["talent"]))
-    return out
+# the routers that need no training (tasks/search_world.py), in the order that breaks ties for the strongest
+NO_TRAINING = ("template-lookup", "qtype-majority", "nearest-description", "majority")
+PARTS = ("all", "seen", "unseen")  # the held-out questions of all templates, of seen ones, of unseen ones
 
 
-def print_routing_accuracy(title, items):
-    print(f"{title}  (router vs majority-class router; n labelled questions)")
-    for k, (a, b) in items.items():
-        print(f"  {k:<15} {100 * np.mean(a):5.1f}%  vs {100 * np.mean(b):5.1f}%   n = {len(a)}")
-    print()
+def routers_scored(results, labels_key):
+    """routing_accuracy (tasks/search_world.py) of every router against the c* labels of `labels_key`
+    ("held_out" or "train"): the no-training routers and the trained ones' greedy routes."""
+    lab = results.get("routing", {})
+    routers = dict(lab.get("baselines", {}).get(labels_key, {}))
+    if labels_key == "train":  # the SFT tasks: TalentRL-SFT's greedy routes of its own training tasks
+        routers[METHODS["talentrl-sft"]] = lab.get("train_routes")
+    else:
+        routers.update({METHODS[k]: results.get(k, {}).get("routes") for k in ("talentrl-sft", "talentrl")})
+    return {name: routing_accuracy(lab[labels_key], r, lab.get("unseen", []))
+            for name, r in routers.items() if r and lab.get(labels_key)}
+
+
+def routing_entries(results):
+    """The routing claims: per trained router and part (all, seen, unseen templates) its per-question hits
+    against those of the strongest no-training router on the same questions, the majority router's accuracy
+    as the chance level. "Strongest" is chosen on these very questions: it favours the baseline."""
+    H = []
+    for labels_key, where, parts in (("held_out", "held-out", PARTS),
+                                     ("train", "SFT tasks", ("all",))):
+        scored = routers_scored(results, labels_key)
+        chance = scored.get("majority", {})  # the majority router's accuracy: the trivial solution
+        for key in ("talentrl-sft", "talentrl"):
+            for part in parts if METHODS[key] in scored else ():
+                base = [n for n in NO_TRAINING if n in scored and scored[n][part]["n"]]
+                if not base or not scored[METHODS[key]][part]["n"]:
+                    continue
+                best = max(base, key=lambda n: scored[n][part]["acc"])  # the first of NO_TRAINING among ties
+                H.append(stats.compare(f"routing accuracy vs c*, {where}, {part} templates: {METHODS[key]} "
+                                       f"vs the strongest no-training router", METHODS[key],
+                                       "strongest no-training router", scored[METHODS[key]][part]["hits"],
+                                       scored[best][part]["hits"], chance=chance.get(part, {}).get("acc")))
+                H[-1]["strongest"] = best  # per run; --aggregate pools each seed's strongest
+    return H
+
+
+def routing_verdict(headline):
+    """Issue #50's check: a trained router "beats" the strongest no-training router on a part when the 95 %
+    CI of their difference lies above 0. TalentRL's routing (after RL; without RL, TalentRL-SFT's)
+    generalises only if it beats it on the questions of unseen templates."""
+    v = {e["claim"]: "beats" if (e["ci95"][0] or 0) > 0 else "does not beat" for e in headline
+         if e["claim"].endswith("the strongest no-training router")}
+    unseen = sorted((c for c in v if "held-out, unseen" in c), key=lambda c: "TalentRL vs" not in c)
+    return dict(parts=v, generalises=bool(unseen) and v[unseen[0]] == "beats")
 
 
 def build_headline(results):
     """results.json's headline (stats.py): each claim with both means, the paired difference, 95 % CI, p
     and n; per-question items are kept so that --aggregate pools questions × seeds."""
-    H, lab = [], results.get("routing", {})
-    maj = "majority-class router"
-    for part, routes_of in (("held-out", lambda k: results.get(k, {}).get("routes")),
-                            ("SFT tasks",
-                             lambda k: lab.get("train_routes") if k == "talentrl-sft" else None)):
-        for key in ("talentrl-sft", "talentrl"):
-            routes = routes_of(key)
-            if not routes or not lab:
-                continue
-            items = routing_items(lab["held_out" if part == "held-out" else "train"], routes, lab["majority"])
-            for qt, (a, b) in items.items():
-                H.append(stats.compare(f"routing accuracy vs c*, {part}, {qt}: {METHODS[key]} vs {maj}",
-                                       METHODS[key], maj, a, b, chance=float(np.mean(b))))
+    H = routing_entries(results)
     # the paper's Qwen2.5-7B success gains, as fractions: Table 1 (§5.2: average +3.13 %, Bamboogle +8.80 %);
-    # Table 2 − Table 1 (TalentRL 43.13 % − TalentRL-SFT 34.72 %); the other cells are not in the text
+    # Table 2 − Table 1 (TalentRL 43.13 % − TalentRL-SFT 34.72 %); §5.3: TalentRL − SkillRL after RL +1.23 %
     paper = {("talentrl-sft", "skillrl-sft", "all"): 0.0313,
              ("talentrl-sft", "skillrl-sft", "bamboogle"): 0.088,
-             ("talentrl", "talentrl-sft", "all"): 0.0841}
-    for a, b in (("talentrl-sft", "skillrl-sft"), ("talentrl", "talentrl-sft"),
+             ("talentrl", "talentrl-sft", "all"): 0.0841, ("talentrl", "skillrl", "all"): 0.0123}
+    for a, b in (("talentrl-sft", "skillrl-sft"), ("talentrl", "skillrl"), ("talentrl", "talentrl-sft"),
                  ("talentrl-sft", "zero-shot")):
         if a not in results or b not in results:
             continue
@@ -856,20 +864,24 @@ def build_headline(results):
 
 
 def aggregate_seeds(run_dirs):
-    """--aggregate: the headline pooled over the runs' questions × seeds (stats.aggregate: CI, p, n), then
-    Table 1 as mean ± sd of the per-seed success rates."""
+    """--aggregate: the headline pooled over the runs' questions × seeds (stats.aggregate: CI, p, n), the same
+    claims with seeds as the unit, Table 1-2 as mean ± sd of the per-seed success rates, the routing check."""
     entries = stats.aggregate_main(run_dirs)
     runs = [json.loads((Path(d) / "results.json").read_text()) for d in run_dirs]
     rows = {}
-    for k in ("zero-shot", "skillrl-sft", "talentrl-sft", "talentrl"):
+    for k in ("zero-shot", "skillrl-sft", "talentrl-sft", "skillrl", "talentrl"):
         vals = [table_row(r[k]) for r in runs if k in r and "success" in r[k]]
         if vals:
             rows[f"{METHODS[k]} (n={len(vals)})"] = {c: stats.mean_sd([v[c] for v in vals])
                                                      for c in TABLE_COLS}
     stats.print_table(f"Table 1 over {len(runs)} seeds: success rate (%), mean ± sd (sd: nan for one seed)",
                       rows, TABLE_COLS, cell=lambda v: f"{v[0]:.1f}±{v[1]:.1f}", first="method")
-    print()
-    return dict(headline=entries, rows=rows)
+    seeds = stats.aggregate_by_seed(run_dirs)  # the same claims, each seed's means paired over the seeds
+    print("\nSeeds as the unit (each seed's mean of A and of B):\n" + stats.format_headline(seeds))
+    v = dict(pooled=routing_verdict(entries), seeds=routing_verdict(seeds))
+    print(f"\nRouting on unseen templates beats the strongest no-training router: pooled "
+          f"{v['pooled']['generalises']}, seeds as the unit {v['seeds']['generalises']}\n")
+    return dict(headline=entries, by_seed=seeds, rows=rows, verdict=v)
 
 
 # ----- plumbing: prompt budgets, results.json -----
@@ -914,7 +926,7 @@ def main(argv=None):
     init_bank, init_talents = copy.deepcopy((W.bank, W.bank_raw)), copy.deepcopy(W.talents)
     train = [q for s in SPLITS for q in W.questions[s]["train"]]
     random.Random(args.seed).shuffle(train)
-    sft_tasks, rl_tasks = split_pools(train, args.sft_tasks)
+    sft_tasks, rl_tasks = split_pools(train, args.sft_tasks, args.unseen_templates)
     test = [q for s in SPLITS for q in W.questions[s]["test"]]
     model, tok = load_policy(args, dist)
     sampler = make_sampler(args, model, tok, dist)
@@ -930,13 +942,16 @@ def main(argv=None):
     st = results["sft_data"]
     # c* of the held-out questions by the same teacher and Eq. (8): the labels routing is scored against
     held = phase1_data(sampler, tok, W, test, args, dist)[1]["labels"]
-    chosen = st["chosen"]
-    results["routing"] = dict(train=st["labels"], held_out=held,
-                              majority=max(chosen, key=chosen.get) if chosen else None)
+    # the routers that need no training, built from the SFT tasks' c* alone, route the same questions
+    routers = no_training_routers(st["labels"], W.description_similarity, [t["talent_id"] for t in W.talents])
+    results["routing"] = dict(train=st["labels"], held_out=held, unseen=args.unseen_templates,
+                              baselines={k: {name: {x["question"]: r(x) for x in labels}
+                                             for name, r in routers.items()}
+                                         for k, labels in (("train", st["labels"]), ("held_out", held))})
     say(f"kept {st['kept']}/{len(sft_tasks)} tasks (ū_c* > 0), {st['original_rows']} original rows; c* per "
-        f"type {st['chosen_by_qtype']}; held-out c* for {len(held)}/{len(test)}; majority class "
-        f"{results['routing']['majority']}", phase="phase I")
-    sets = sft_sets(rows, args.talent_sft_init, args.sft_epochs, args.route_epochs, args.exec_epochs)
+        f"type {st['chosen_by_qtype']}; held-out c* for {len(held)}/{len(test)}", phase="phase I")
+    sets = sft_sets(rows, args.talent_sft_init, args.sft_epochs, args.route_epochs, args.exec_epochs,
+                    args.sft_match)
     # l.13, Eq. (9): SkillRL-SFT from π_0 on the original rows alone (Table 1's baseline)
     results["skillrl-sft"] = phase1_sft(model, sampler, tok, pi_0, sets["skillrl-sft"],
                                         run_dir / "skillrl-sft", args, dist)
@@ -967,7 +982,9 @@ def main(argv=None):
 
     # Tables 1-2, Figure 2a, routing accuracy against c* and the headline (stats.py)
     results["wall_seconds"] = time.time() - t_start
+    results["routing"]["accuracy"] = {k: routers_scored(results, k) for k in ("held_out", "train")}
     headline = build_headline(results)
+    results["routing"]["verdict"] = routing_verdict(headline)
     if dist.is_main:
         stats.write_results(run_dir, results, headline)
     report(run_dir, results, headline, dist)

@@ -2,15 +2,20 @@
 items, the answers built from checkers (chosen / rejected), the judge-SFT split, the benchmark files, the
 JETTS knockout with its baselines random@N and oracle@N, the benchmark's presentation and answer contract
 (and the plain judge's prompt), the judgment record JudgeTask with the benchmark's and the SFT split's
-judgments, and the scripted judge that knows the label (the tables' upper bound, the source of SFT traces).
+judgments, and the scripted judge that knows the label (the tables' upper bound, the source of SFT traces);
+the benchmark sets (held-out test set, dev set) with their clusters, the no-model baselines (coin,
+position-locked, shorter- / longer-wins, checker-only) and the benchmark's report (tables, chance lines,
+warnings, headline entries).
 
     p = if_prompts(seed, n, "train")[0]                 # {"prompt": ..., "constraints": [{"type": ...}, ...]}
     constraint_scores(p["constraints"], response)       # the hidden checkers: {"checks", "all", "frac"}
     ifeval_check(c, response)                           # IFEval's own checker (the held-out evaluation)
-    items = select_items(read_jsonl(DATA / "bench.jsonl"), per_cat, seed)
+    items = select_items(read_jsonl(DATA / "heldout.jsonl"), per_cat, seed)   # the test set; bench.jsonl: dev
+    baseline_scores(items, ["pairwise"], seed)          # {(baseline, format, category): row}, no model
 
 Every split (bench, bon, sft, train, test) draws from its own tasks and seeds, so no prompt is in two.
-data/skill_rm/prepare.py builds bench.jsonl and bon_pools.jsonl with these functions.
+data/skill_rm/prepare.py builds bench.jsonl and bon_pools.jsonl with these functions, and heldout.jsonl
+from its own build seed, templates, wordings and wrong-answer styles (none of them here).
 """
 import functools
 import json
@@ -20,7 +25,11 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from plumbing import json_text
+from stats import (binomial_p, bootstrap_ci, cluster_bootstrap_ci, compare, mde, print_table, sign_flip_p,
+                   vs_chance, wilson_ci)
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "skill_rm"
 
@@ -699,3 +708,400 @@ def bench_items(res, method, fmt, key="items"):
         if m == method and f == fmt:
             out.update(r.get(key, {}))
     return out
+
+
+# --- the benchmark sets (dev, held-out), their clusters, and the baselines computed with no model (#49) ---
+
+BENCH_SETS = ("heldout", "dev")  # the headline set first; dev is reported beside it
+# dev (bench.jsonl) items carry no template id: one prompt template per category, and math and focus share
+# reasoning-gym's chain_sum prompt, so they are one behaviour (one cluster), not 24 data points
+DEV_TEMPLATES = {"precise_if": "dev/if-render", "math": "dev/chain_sum", "focus": "dev/chain_sum",
+                 "code": "dev/code-complete"}
+
+
+def item_cluster(it):
+    """An item's cluster for the bootstrap: its prompt template (held-out items name theirs in meta), else the
+    dev set's template of its category, else the category."""
+    tpl = (it.get("meta") or {}).get("template")
+    return f"{it['category']}/{tpl}" if tpl else DEV_TEMPLATES.get(it["category"], it["category"])
+
+
+# The coin's tie rule: each order independently says A, B or Tie with probability (1 − t)/2, (1 − t)/2, t.
+# A pair is won when the two orders' sum is > 0 (§3 readout), so a tie plus one correct order also wins:
+#   P(win) = p² + 2pt with p = (1 − t)/2, i.e. (1 − t)(1 + 3t)/4: 1/4 at t = 0 (a two-way coin), 1/3 at
+#   t = 1/3 (a uniform three-way coin), and 1/3 is the largest any t gives (d/dt = 0 at t = 1/3).
+# The coin baseline is the three-way one (the judges' contract offers Tie): pairwise 1/3, each order 1/3,
+# consistency 2p² = 2/9. Best-of-4: a uniform pick, 1/4.
+COIN_TIE = 1 / 3
+
+
+def coin_pair(tie=COIN_TIE):
+    """Exact pairwise expectations of the coin with tie probability `tie`: pair win, accuracy per order,
+    consistency (both orders name the same answer)."""
+    p = (1 - tie) / 2
+    return {"win": p * p + 2 * p * tie, "order": p, "consistent": 2 * p * p}
+
+
+def report_winners(text, labels):
+    """The candidates a verifier report names as the winners: lines with "match…" or "most constraints pass"
+    (MATH_CHECK_CODE's "96 matches: ['A']", math_recompute's "… matches the expected value: A", text_checks'
+    "most constraints pass: tie (A, B)"), read after their last ':'; "Tie" when such a line says tie."""
+    named = set()
+    for line in (text or "").splitlines():
+        if ":" in line and re.search(r"match\w*|most constraints pass", line):
+            tail = line.rsplit(":", 1)[1]
+            named |= set(re.findall(r"\b([" + labels + r"])\b", tail))
+            named |= {"Tie"} if "tie" in tail.lower() else set()
+    return named
+
+
+SKILLS_DIR = DATA.parent / "skills"
+# The checker-only baseline's scripts, in the order it tries them: the skill's own verifier of instructions,
+# the arithmetic check the scripted judge writes (MATH_CHECK_CODE, what the SFT traces teach), the fair
+# skill's own recompute tool. applies(report, prompt): the script recognised the prompt (text_checks found a
+# constraint; MATH_CHECK_CODE's slice between the first ':' and '=' is a sum of integers and nothing else;
+# math_recompute found an expression); the first that applies decides (one winner named) or makes the item
+# a Tie. None applying is a Tie too (code: no script of either skill runs a candidate).
+_SUM = re.compile(r"[\s\d+-]*\d[\s\d+-]*")
+
+
+def _math_check_applies(out, prompt):
+    seg = prompt.split(":")[1].split("=")[0] if ":" in prompt else ""
+    return "matches:" in out and "error" not in out and _SUM.fullmatch(seg) is not None
+
+
+CHECKER_SCRIPTS = (
+    ("text_checks", "instruction_following_pointwise/verifiers/text_checks.py",
+     lambda out, prompt: "constraints found:" in out and "constraints found: none" not in out),
+    ("math_check_code", None, _math_check_applies),
+    ("math_recompute", "reward_judge_fair/scripts/math_recompute.py",
+     lambda out, prompt: "expected:" in out and "expected: None" not in out and "error" not in out),
+)
+
+
+@functools.cache
+def _script_code(name, skills_dir):
+    path = dict((n, p) for n, p, _ in CHECKER_SCRIPTS)[name]
+    return MATH_CHECK_CODE if path is None else (Path(skills_dir) / path).read_text()
+
+
+def run_script(code, prompt, candidates):
+    """A checker script's report (stdout; an exception's name appended as 'error: …'). The scripts are the
+    repository's own (skills, MATH_CHECK_CODE) and read the item as data: run in-process, with the sandbox's
+    variables (prompt, candidates, response, sample)."""
+    import contextlib
+    import io
+    buf = io.StringIO()
+    ns = {"prompt": prompt, "candidates": list(candidates), "response": candidates[0],
+          "sample": {"prompt": prompt, "candidates": list(candidates)}}
+    try:
+        with contextlib.redirect_stdout(buf):
+            exec(code, ns)  # noqa: S102 -- trusted repository scripts over benchmark data
+    except Exception as e:  # noqa: BLE001 -- a script failing on a prompt it does not parse: not applicable
+        buf.write(f"\nerror: {type(e).__name__}")
+    return buf.getvalue()
+
+
+def checker_pick(prompt, candidates, skills_dir=SKILLS_DIR):
+    """Checker-only (no model): run CHECKER_SCRIPTS in order on the item; the first whose report applies
+    decides. Returns (the set of candidates its report names, excluding 'Tie', or None when no script
+    applies, the deciding script or None)."""
+    labels = LABELS[:len(candidates)]
+    for name, _, applies in CHECKER_SCRIPTS:
+        out = run_script(_script_code(name, str(skills_dir)), prompt, candidates)
+        if applies(out, prompt):
+            return report_winners(out, labels) - {"Tie"}, name
+    return None, None
+
+
+def baseline_pick(name, prompt, candidates, skills_dir=SKILLS_DIR):
+    """A no-model baseline's answer as {label: probability} over the candidates' labels (an empty dict: a
+    tie / no pick). first: always A (position-locked); shorter / longer: the fewest / most characters (after
+    strip), uniform over the tied; checker: checker_pick's named set, uniform over it when it names fewer
+    than all; coin is exact and handled by baseline_scores. Also returns the deciding script (checker)."""
+    labels = LABELS[:len(candidates)]
+    uniform = lambda xs: {x: 1 / len(xs) for x in xs} if 0 < len(xs) < len(labels) else {}
+    if name == "first":
+        return {"A": 1.0}, None
+    if name in ("shorter", "longer"):
+        n = [len(c.strip()) for c in candidates]
+        best = min(n) if name == "shorter" else max(n)
+        return uniform([lab for lab, k in zip(labels, n) if k == best]), None
+    if name == "checker":
+        named, script = checker_pick(prompt, candidates, skills_dir)
+        return uniform(sorted(named or ())), script
+    raise ValueError(f"unknown baseline '{name}' (one of {', '.join(BASELINES)})")
+
+
+BASELINES = ("coin", "first", "shorter", "longer", "checker")
+
+
+def _pair_expectations(d0, d1):
+    """Pairwise §3 readout in expectation: d0 / d1 are {+1, −1, 0: probability} for the orders with the chosen
+    first / second, independent; a pair is won when the sum is > 0 (skill_rm.readout_pairwise)."""
+    win = sum(p * q for a, p in d0.items() for b, q in d1.items() if a + b > 0)
+    same = d0.get(1, 0) * d1.get(1, 0) + d0.get(-1, 0) * d1.get(-1, 0)
+    return {"win": win, "order_A": d0.get(1, 0.0), "order_B": d1.get(1, 0.0), "consistent": same}
+
+
+def baseline_scores(items, formats, seed, names=BASELINES, skills_dir=SKILLS_DIR):
+    """The no-model baselines on the items the judges see, in the same presentations (pairwise both orders:
+    the chosen as A, then as B; best-of-4 with benchmark_tasks' seeded permutation), scored as the §3
+    readouts score a judge, exactly (in expectation over a baseline's own randomness). Returns
+    {(name, format, category): row} with score_benchmark's keys (score, valid, consistent, order_A, order_B,
+    items, items_consistent, n, n_judgments) and, for checker, decided_by {script: judgments}."""
+    coin = coin_pair()
+    acc = {}
+    for it in items:
+        for name in names:
+            for fmt in formats:
+                row = acc.setdefault((name, fmt, it["category"]), {"score": [], "valid": [], "items": {},
+                                                                   "decided_by": {}})
+                if fmt == "pairwise":
+                    if name == "coin":
+                        r = {"win": coin["win"], "order_A": coin["order"], "order_B": coin["order"],
+                             "consistent": coin["consistent"]}
+                    else:
+                        signed = []
+                        for order in (0, 1):
+                            cands = ([it["chosen"], it["rejected"][0]] if order == 0
+                                     else [it["rejected"][0], it["chosen"]])
+                            pick, script = baseline_pick(name, it["prompt"], cands, skills_dir)
+                            row["decided_by"][str(script)] = row["decided_by"].get(str(script), 0) + 1
+                            good, bad = "AB"[order], "BA"[order]
+                            d = {1: pick.get(good, 0.0), -1: pick.get(bad, 0.0)}
+                            signed.append(d | {0: 1 - d[1] - d[-1]})
+                        r = _pair_expectations(*signed)
+                    for k in ("order_A", "order_B", "consistent"):
+                        row.setdefault(k, []).append(r[k])
+                    row["score"].append(r["win"]), row["valid"].append(1.0)
+                    row["items"][it["id"]] = r["win"]
+                    row.setdefault("items_consistent", {})[it["id"]] = r["consistent"]
+                elif fmt == "best_of_4":
+                    cands = [it["chosen"]] + it["rejected"][:3]
+                    perm = random.Random(f"{seed}-{it['id']}").sample(range(4), 4)  # as benchmark_tasks
+                    shown, correct = [cands[i] for i in perm], LABELS[perm.index(0)]
+                    if name == "coin":
+                        s = 1 / len(shown)
+                    else:
+                        pick, script = baseline_pick(name, it["prompt"], shown, skills_dir)
+                        row["decided_by"][str(script)] = row["decided_by"].get(str(script), 0) + 1
+                        s = pick.get(correct, 0.0) if pick else 1 / len(shown)  # no pick: the readout's 1/K
+                    row["score"].append(s), row["valid"].append(1.0)
+                    row["items"][it["id"]] = s
+    mean = lambda v: sum(v) / len(v) if v else float("nan")
+    out = {}
+    for k, row in acc.items():
+        r = {m: (v if m.startswith("items") or m == "decided_by" else mean(v)) for m, v in row.items()}
+        if k[0] != "checker":
+            r.pop("decided_by")
+        out[k] = r | {"n": len(row["score"]),
+                      "n_judgments": len(row["score"]) * (2 if k[1] == "pairwise" else 1)}
+    return out
+
+
+# --- the benchmark's report: tables, chance lines, warnings and headline entries (skill_rm.benchmark and
+# build_headline call these; the statistics are stats.py's) ---
+
+MODEL_JUDGES = ("baseline", "appended", "python_only", "skill_rm")  # a model judges (the oracle is scripted)
+# Chance lines: the most a label-blind coin scores. Pairwise: each order says A, B or Tie independently, and
+# a tie plus one right order wins the pair, so a coin with tie rate t wins (1 − t)(1 + 3t)/4, at most 1/3
+# (t = 1/3; a two-way coin, t = 0: 1/4) — coin_pair; consistency: at most 1/2 (t = 0);
+# best-of-4: a uniform pick, 1/4.
+COIN = {"pairwise": coin_pair()["win"], "best_of_4": 0.25, "consistent": coin_pair(0.0)["consistent"]}
+
+
+def judge_warnings(res, methods):
+    """What makes a table meaningless, per model judge: position-locked (pairwise consistency 0), at chance
+    (not above the 1/3 coin at p < 0.05, exact binomial), never a tool call (tool-using methods)."""
+    out = []
+    for m in [m for m in methods if m in MODEL_JUDGES]:
+        cons, wins = bench_items(res, m, "pairwise", "items_consistent"), bench_items(res, m, "pairwise")
+        if cons and sum(cons.values()) == 0:
+            out.append(f"{m}: position-locked (pairwise consistency 0 over {len(cons)} items)")
+        if wins and not above_chance(list(wins.values())):
+            out.append(f"{m}: at chance (pairwise {sum(wins.values()):.0f}/{len(wins)} vs coin "
+                       f"{100 * COIN['pairwise']:.0f} %)")
+        if m in ("python_only", "skill_rm") and not any(r.get("calls", 0) > 0 for (mm, _, _), r in res.items()
+                                                        if mm == m):
+            out.append(f"{m}: never called a tool")
+    return out
+
+
+def above_chance(wins, chance=None, alpha=0.05):
+    """0/1 pair wins above the pairwise coin: the rate exceeds it and the exact binomial p < alpha."""
+    chance = COIN["pairwise"] if chance is None else chance
+    k, n = int(sum(wins)), len(wins)
+    return n > 0 and k / n > chance and binomial_p(k, n, chance) < alpha
+
+
+def template_copy_warnings(by_set, methods, fmt="pairwise"):
+    """The signature of a judge that copies a rule of the dev set's templates instead of judging (#49): on
+    dev it scores at least what checker-only (the scripts that made the dev labels) scores, yet on some
+    held-out category it is not above the coin (above_chance). One warning per (judge, category)."""
+    dev, held = by_set.get("dev"), by_set.get("heldout")
+    if not dev or not held:
+        return []
+    out, ceiling = [], pooled(dev, "checker", fmt)
+    for m in [m for m in methods if m in MODEL_JUDGES]:
+        acc = pooled(dev, m, fmt)
+        if not acc == acc or not acc >= ceiling - 1e-9:
+            continue
+        for (mm, f, cat), r in sorted(held.items()):
+            wins = list(r.get("items", {}).values()) if (mm, f) == (m, fmt) else []
+            if wins and not above_chance(wins):
+                out.append(f"{m}: copies a dev-set rule? {fmt} {100 * acc:.0f} % on dev ≥ checker-only "
+                           f"{100 * ceiling:.0f} %, but at chance on held-out {cat} "
+                           f"({sum(wins):.0f}/{len(wins)} vs coin {100 * COIN[fmt]:.0f} %)")
+    return out
+
+
+def clustered(e):
+    """A single run's headline entry recomputed over its clusters (the templates in item_ids) when several
+    items share one, as stats.aggregate does for items that recur over seeds: CI by cluster bootstrap, p by
+    sign flip of the cluster means, mde on the clusters. Pooled seeds (n_seeds > 1) are stats' business."""
+    ids = e.get("item_ids")
+    if not ids or e["n_seeds"] > 1 or len(set(ids)) == len(ids) or e.get("note"):
+        return e
+    a = np.asarray(e["a_items"], dtype=float)
+    b = np.asarray(e["b_items"], dtype=float) if e["b_items"] is not None else np.full(len(a), e["chance"])
+    keep = np.isfinite(a - b)
+    d = (a - b)[keep]
+    groups = np.unique(np.asarray(ids)[keep], return_inverse=True)[1]
+    units = np.bincount(groups, weights=d) / np.bincount(groups)
+    sd = float(np.std(units, ddof=1)) if len(units) > 1 else float("nan")
+    return e | {"ci95": cluster_bootstrap_ci(d, groups), "p": sign_flip_p(units), "n_units": len(units),
+                "mde": mde(len(units), sd=sd), "unit": "cluster (prompt template)"}
+
+
+def bench_headline(res, methods, set_name, clusters=None):
+    """One benchmark set's headline entries: every model judge vs the coin (accuracy, consistency);
+    Skill-RM paired over items vs the plain judge, vs checker-only (fidelity: how much of the ceiling of
+    faithful script execution the judge reaches) and vs shorter-wins; the two baselines vs the coin.
+    clusters {item id: template}: the entries' item ids, so the bootstrap and the test resample templates."""
+    H, judges, tag = [], [m for m in methods if m in MODEL_JUDGES], SET_NAMES.get(set_name, set_name)
+    note = " [SFT: skill targets copy a verifier report, plain targets do not]"
+    cl = lambda ids: [(clusters or {}).get(i, i) for i in ids]
+    chance = lambda name, m, vals, ids, c: clustered(vs_chance(name, m, vals, c, item_ids=cl(ids)))
+    for fmt in ("pairwise", "best_of_4"):
+        for m in judges + ["checker", "shorter"] * (fmt == "pairwise"):
+            it = bench_items(res, m, fmt)
+            if it:
+                H.append(chance(f"{tag}: {fmt} accuracy of {BASELINE_NAMES.get(m, m)} vs coin",
+                                BASELINE_NAMES.get(m, m),
+                                [it[k] for k in sorted(it)], sorted(it), COIN[fmt]))
+            cons = bench_items(res, m, fmt, "items_consistent") if m in judges else {}
+            if cons:
+                H.append(chance(f"{tag}: pairwise consistency of {m} vs coin (position-locked: 0)", m,
+                                [cons[k] for k in sorted(cons)], sorted(cons), COIN["consistent"]))
+        a = bench_items(res, "skill_rm", fmt)
+        # paper_effect: Table 2, Qwen3.5-27B, Skill-RM 86.2 vs LLM-as-a-Judge 83.9 (benchmark average)
+        for other, what, effect in (("baseline", f"plain judge{note}", 0.023),
+                                    ("checker", "checker-only (fidelity)", None),
+                                    ("shorter", "shorter-wins", None)):
+            b = bench_items(res, other, fmt)
+            ids = sorted(set(a) & set(b))
+            if ids:
+                H.append(clustered(compare(f"{tag}: {fmt} accuracy: Skill-RM vs {what}", "skill_rm",
+                                           BASELINE_NAMES.get(other, other), [a[k] for k in ids],
+                                           [b[k] for k in ids], chance=COIN[fmt], paper_effect=effect,
+                                           item_ids=cl(ids))))
+    return H
+
+
+def print_benchmark_table(res, methods, formats, title=""):
+    """Accuracy (%) per category and pooled, beside the coin, invalid rate, turns and tool use; the no-model
+    baselines (tasks.reward_bench.baseline_scores) in the same table, below the judges; then, pairwise, each
+    category's accuracy with its 95 % CI, accuracy per presentation order and consistency."""
+    cats = sorted({k[2] for k in res})
+    methods = list(methods) + [b for b in BASELINES if b not in methods]
+    for fmt in formats:
+        rows = {}
+        for m in methods:
+            cells = [res.get((m, fmt, c)) for c in cats]
+            if not any(cells):
+                continue
+            pct = lambda key: 100 * pooled(res, m, fmt, key)
+            judged = all(r is None or "turns" in r for r in cells)  # a judge (not a no-model baseline)
+            calls = lambda tool: sum(r[f"calls_{tool}"] * r["n_judgments"] for r in cells if r)
+            rows[BASELINE_NAMES.get(m, m)] = {c: 100 * r["score"] for c, r in zip(cats, cells) if r} | {
+                "all": pct("score"), "n": sum(r["n"] for r in cells if r), "invalid": 100 - pct("valid")} | ({
+                    "turns": pooled(res, m, fmt, "turns"), "skill%": pct("skill"),
+                    "sandbox": calls("python_sandbox"), "verifier": calls("run_verifier"),
+                    "code_used": pct("code_used")} if judged else {})
+            if fmt == "pairwise":
+                rows[BASELINE_NAMES.get(m, m)] |= {"order_A": pct("order_A"), "order_B": pct("order_B"),
+                                                   "consist": pct("consistent")}
+        extra = ["order_A", "order_B", "consist"] if fmt == "pairwise" else []
+        chance = ("a three-way coin per order (A, B, Tie: 1/3 each) wins a pair 1/3 of the time, the most "
+                  "any tie rate gives" if fmt == "pairwise" else "a uniform pick of 4")
+        print_table(f"{title}{fmt} accuracy (%) per category  (chance {100 * COIN[fmt]:.0f} %: {chance})",
+                    rows,
+                    cats + ["all", "n"] + extra
+                    + ["invalid", "turns", "skill%", "sandbox", "verifier", "code_used"],
+                    cell=lambda v: f"{v:.4g}", first="method")
+    if "pairwise" in formats:
+        rows = {f"{BASELINE_NAMES.get(m, m)} {c}": {
+                    "acc": 100 * r["score"], "ci_lo": 100 * r["ci95"][0], "ci_hi": 100 * r["ci95"][1],
+                    "order_A": 100 * r["order_A"], "order_B": 100 * r["order_B"],
+                    "consist": 100 * r["consistent"], "n": r["n"]}
+                for m in methods for c in cats for r in [res.get((m, "pairwise", c))] if r}
+        print_table(f"{title}pairwise per category: accuracy (%) with its 95 % CI (Wilson over the "
+                    "category's pairs), per order, consistency", rows,
+                    ["acc", "ci_lo", "ci_hi", "order_A", "order_B", "consist", "n"],
+                    cell=lambda v: f"{v:.4g}", first="method category")
+    print("(sandbox / verifier: python_sandbox / run_verifier calls in all judgments; code_used: % of\n"
+          " judgments whose final answer follows the last code run's report. The skill judge's SFT targets\n"
+          " copy its verifier's report; the plain judge's SFT targets carry the same labels with no report\n"
+          " to copy: same SFT budget, not same information. No-model baselines: coin (A / B / Tie, 1/3\n"
+          " each, exact), position-locked (always A), shorter- / longer-wins (characters; equal lengths\n"
+          " tie), checker-only (the skills' scripts run on the item: tasks.reward_bench.CHECKER_SCRIPTS))")
+
+
+BASELINE_NAMES = {"coin": "coin", "first": "position-locked", "shorter": "shorter-wins",
+                  "longer": "longer-wins", "checker": "checker-only"}
+SET_NAMES = {"heldout": "held-out", "dev": "dev"}
+
+
+def with_ci(res):
+    """Each (method, format, category) row with ci95: the Wilson interval of its pairs won when every item
+    is 0/1, else the percentile bootstrap of the mean (a coin's exact expectations: a point)."""
+    for r in res.values():
+        v = list(r.get("items", {}).values())
+        if v and all(x in (0.0, 1.0) for x in v):
+            r["ci95"] = wilson_ci(int(sum(v)), len(v))
+        else:
+            r["ci95"] = bootstrap_ci(v) if v else [float("nan"), float("nan")]
+    return res
+
+
+def bench_sets(heldout, dev, per_cat, seed):
+    """{set: items} of the benchmark: the held-out test set first (the headline; heldout '' or None: none),
+    the dev set beside it; per_cat items per category of each, drawn with the seed (select_items)."""
+    sets = {"heldout": select_items(read_jsonl(heldout), per_cat, seed)} if heldout else {}
+    return sets | {"dev": select_items(read_jsonl(dev), per_cat, seed)}
+
+
+def bench_json(by_set, back=False):
+    """{set: {(method, format, category): row}} as results.json keeps it, {set: {"method|format|category":
+    row}}; back=True: the other way."""
+    key = (lambda k: tuple(k.split("|"))) if back else "|".join
+    return {name: {key(k): v for k, v in res.items()} for name, res in by_set.items()}
+
+
+def write_judgments(path, tasks, meta, where):
+    """bench_judgments.jsonl: every benchmark judgment with its set and whole trace (what a judge did)."""
+    with open(path, "w") as f:
+        for t, (iid, cat, method, fmt, extra), name in zip(tasks, meta, where):
+            trace = [{k: st[k] for k in ("action", "observation")} for st in t.trace]
+            row = {"set": name, "item": iid, "category": cat, "method": method, "format": fmt,
+                   "label": t.label, "judgment": t.judgment, "trace": trace}
+            f.write(json.dumps(row, default=str) + "\n")
+
+
+def print_tool_calls(by_set, methods, tools):
+    """Each model judge's calls per tool over every benchmark set."""
+    for m in [m for m in methods if m in MODEL_JUDGES]:
+        rows = [r for res in by_set.values() for k, r in res.items() if k[0] == m]
+        print(f"{m:12s} tool calls: " + ", ".join(
+            f"{n} {sum(r[f'calls_{n}'] * r['n_judgments'] for r in rows):.0f}" for n in tools))

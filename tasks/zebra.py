@@ -13,6 +13,7 @@ x = the rendered puzzle (render_zebra_prompt), c = its unique solution grid {"Ho
   zebra_contract_error), a package's integrity on its own example (zebra_package_error), the ν derived from
   an inducing record (derive_zebra_validator);
 - the proposal format: its text for the proposer (ZEBRA_TASK_SPEC) and its JSON schema (ZEBRA_TASK_SCHEMA);
+- search-free clue propagation (propagate, propagation_decides) and the clue readers (clue_reader_grid);
 - the held-out instrument (score_zebra), its trivial answers (trivial_grids) and reasoning-gym's zebra puzzles
   as an external check; the held-out set (zebra_heldout), its evaluation (evaluate_zebra), the rows of the
   trivial answers (trivial_baselines) and the solver warm-up's puzzles (zebra_sft_puzzles).
@@ -65,7 +66,8 @@ ZEBRA_POOLS = {
 
 # ZebraLogic scales by search space (N!)^m: small < 1e3 <= medium < 1e6 <= large < 1e10 <= xlarge
 ZEBRA_SCALES = {"small": [(2, 3), (3, 2), (3, 3)], "medium": [(3, 4), (4, 3), (4, 4)],
-                "large": [(4, 5), (5, 3), (5, 4)], "xlarge": [(5, 5), (6, 4)]}
+                "large": [(4, 5), (5, 3), (5, 4)], "xlarge": [(5, 5), (6, 4)],
+                "two": [(2, 2), (2, 3), (2, 4)]}  # below ZebraLogic's four (all "small"): 2 houses
 
 
 def zebra_scale(houses, n_attrs):
@@ -265,15 +267,16 @@ def random_blueprint(rng, houses, n_attrs):
     return {"houses": houses, "attributes": {a: rng.sample(ZEBRA_POOLS[a], houses) for a in attrs}}
 
 
-def make_zebra_puzzles(seed, scales, per_scale):
-    """Held-out puzzles by scale from a fixed seed: [(scale, puzzle, solution grid)]."""
+def make_zebra_puzzles(seed, scales, per_scale, decided=False):
+    """Held-out puzzles by scale from a fixed seed: [(scale, puzzle, solution grid)]; decided: only puzzles
+    that clue propagation solves without search (propagation_decides)."""
     rng, out = random.Random(seed), []
     for scale in scales:
         made = 0
         while made < per_scale:
             houses, m = rng.choice(ZEBRA_SCALES[scale])
             p, pos = compile_puzzle(rng, random_blueprint(rng, houses, m))
-            if p is not None:
+            if p is not None and (not decided or propagation_decides(p)):
                 out.append((scale, p, solution_grid(p, pos)))
                 made += 1
     return out
@@ -475,15 +478,77 @@ def _zebra_schema(n):
 
 ZEBRA_TASK_SCHEMA = {"anyOf": [_zebra_schema(n) for n in range(2, 7)]}  # one alternative per house count
 
+# ----- clue propagation (search-free solving) and the clue readers -----
+
+def propagate(p, unary=("fixed", "not_house"), binary=False):
+    """Each value's houses {value: set} after propagation without search on a schema-valid puzzle: the
+    one-value clues of the types `unary`, then, until nothing changes, all-different (a value alone in its
+    domain leaves that house to no other value of its attribute; a house only one value of an attribute can
+    take gets it) and, if `binary`, arc consistency of the two-value clues (a house of a stays only if some
+    house of b satisfies the clue, and back)."""
+    canon, n = _canon_value(p), p["houses"]
+    dom = {v: set(range(1, n + 1)) for vals in p["attributes"].values() for v in vals}
+    pairs = []
+    for c in p.get("clues", []):
+        arity, holds = ZEBRA_CLUE_TYPES[c["type"]]
+        a = canon[c["a"].lower()][1]
+        if arity == 1 and c["type"] in unary:
+            dom[a] = {h for h in dom[a] if holds(h, c["house"])}
+        elif arity == 2 and binary:
+            pairs.append((holds, a, canon[c["b"].lower()][1]))
+    before = None
+    while dom != before:  # domains only shrink, so this ends
+        before = {v: set(d) for v, d in dom.items()}
+        for vals in p["attributes"].values():
+            for v in [v for v in vals if len(dom[v]) == 1]:
+                for w in vals:
+                    if w != v:
+                        dom[w] = dom[w] - dom[v]
+            for h in range(1, n + 1):
+                can = [v for v in vals if h in dom[v]]
+                if len(can) == 1:
+                    dom[can[0]] = {h}
+        for holds, a, b in pairs:
+            dom[a] = {h for h in dom[a] if any(holds(h, k) for k in dom[b])}
+            dom[b] = {k for k in dom[b] if any(holds(h, k) for h in dom[a])}
+    return dom
+
+
+def propagation_decides(p):
+    """The puzzle is solved by propagation alone (every clue type, no search): one house left per value."""
+    return all(len(d) == 1 for d in propagate(p, unary=tuple(ZEBRA_CLUE_TYPES), binary=True).values())
+
+
+def clue_reader_grid(p, use_not=False):
+    """A trivial answer that reads only the one-value clues: "X is in house k" (use_not: also "X is not in
+    house k", with the all-different rule) place what they decide; each attribute's other values fill its
+    free houses in listed order, each into the first free house its read clues allow (else the first free)."""
+    dom = propagate(p, ("fixed", "not_house") if use_not else ("fixed",))
+    grid = {f"House {h}": {} for h in range(1, p["houses"] + 1)}
+    for attr, vals in p["attributes"].items():
+        place = {}
+        for v in vals:  # decided values first, each house at most once
+            if len(dom[v]) == 1 and next(iter(dom[v])) not in place.values():
+                place[v] = next(iter(dom[v]))
+        for v in vals:
+            free = [h for h in range(1, p["houses"] + 1) if h not in place.values()]
+            if v not in place:
+                place[v] = next((h for h in free if h in dom[v]), free[0])
+        for v, h in place.items():
+            grid[f"House {h}"][attr] = v
+    return grid
+
+
 # ----- the held-out instrument, its trivial answers, reasoning-gym's zebra puzzles -----
 
 def trivial_grids(p):
-    """The two trivial answers of a puzzle: one constant value per attribute (its first listed value in every
-    house: 1/N of the cells by construction) and every attribute's values in listed order (house h the
-    h-th)."""
+    """The trivial answers of a puzzle: one constant value per attribute (its first listed value in every
+    house: 1/N of the cells by construction), every attribute's values in listed order (house h the h-th),
+    and the two clue readers (clue_reader_grid: "in house k" clues only; also "not in house k")."""
     houses = range(1, p["houses"] + 1)
     return {"constant": {f"House {h}": {a: v[0] for a, v in p["attributes"].items()} for h in houses},
-            "listed order": {f"House {h}": {a: v[h - 1] for a, v in p["attributes"].items()} for h in houses}}
+            "listed order": {f"House {h}": {a: v[h - 1] for a, v in p["attributes"].items()} for h in houses},
+            "clue reader": clue_reader_grid(p), "clue reader+not": clue_reader_grid(p, use_not=True)}
 
 
 def score_zebra(puzzles, answers, scales):
@@ -521,9 +586,11 @@ def rg_zebra_score(ds, entry, text):
 # ----- the held-out evaluation (Table 2) and the rows of the trivial answers -----
 
 def zebra_heldout(args):
-    """The held-out puzzles (fixed --eval-seed, never trained on) and their scales."""
+    """The held-out puzzles (fixed --eval-seed, never trained on; --zebra-eval-decided: only those clue
+    propagation decides) and their scales."""
     scales = [s for s in args.zebra_eval_scales.split(",") if s]
-    return make_zebra_puzzles(args.eval_seed, scales, args.zebra_eval_per_scale), scales
+    decided = args.zebra_eval_decided
+    return make_zebra_puzzles(args.eval_seed, scales, args.zebra_eval_per_scale, decided), scales
 
 
 def evaluate_zebra(sampler, prompt_of, budget_of, schemas_of, args, dist):
@@ -555,7 +622,8 @@ def zebra_sft_puzzles(args):
     heldout, scales = zebra_heldout(args)
     seen = {render_zebra_prompt(p) for _, p, _ in heldout}
     per_scale = -(-args.solver_sft_tasks // len(scales))
-    return [(p, sol) for _, p, sol in make_zebra_puzzles(f"{args.data_seed}-solver-sft", scales, per_scale)
+    return [(p, sol) for _, p, sol in make_zebra_puzzles(f"{args.data_seed}-solver-sft", scales, per_scale,
+                                                         args.zebra_eval_decided)
             if render_zebra_prompt(p) not in seen]
 
 
@@ -566,7 +634,7 @@ def trivial_baselines(args, dist):
         return []
     puzzles, scales = zebra_heldout(args)
     rows = []
-    for kind in ("constant", "listed order"):
+    for kind in ("constant", "listed order", "clue reader", "clue reader+not"):
         answers = [[json.dumps(trivial_grids(p)[kind])] for _, p, _ in puzzles]
         res, items = score_zebra(puzzles, answers, scales)
         save_generations(args, "trivial " + kind, items, dist)

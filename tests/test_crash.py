@@ -417,10 +417,20 @@ def test_resume_cuts_rows_logged_after_the_checkpoint(tiny_model_dir, tmp_path, 
 # ----- every script honours --resume or refuses it -----
 
 
-def test_skill_rm_refuses_resume():
+def test_skill_rm_resume_with_another_setting_stops_naming_the_flags(tmp_path):
+    """skill_rm resumes by stage (<run-dir>/stages/<name>.json, skill_rm.Stages): a finished stage made with
+    other settings stops the run in one line naming each changed flag, before any model loads."""
     import skill_rm
-    with pytest.raises(SystemExit, match="--resume is not supported"):
-        skill_rm.main(["--preset", "tiny", "--resume"])
+    argv = ["--preset", "tiny", "--model", str(tmp_path / "no-model"), "--run-dir", str(tmp_path),
+            "--seed", "3"]
+    (tmp_path / "stages").mkdir()
+    settings = json.loads(json.dumps(plumbing.run_settings(_parse("skill_rm", argv)), default=str))
+    (tmp_path / "stages" / "benchmark.json").write_text(json.dumps({"settings": settings, "result": {}}))
+    with pytest.raises(SystemExit) as e:
+        skill_rm.main(argv + ["--resume", "--lr", "0.25", "--seed", "4", "--steps", "99"])
+    msg = str(e.value)
+    assert msg.startswith("nanoskill: --resume with other settings") and "\n" not in msg, msg
+    assert "--seed 3 → 4" in msg and re.search(r"--lr [\d.e-]+ → 0\.25", msg) and "--steps" not in msg, msg
 
 
 # each script that resumes: a checkpoint folder of its run (one of several when staged), its longer-run flag

@@ -289,6 +289,21 @@ def test_parse_proposed_skills():
     assert T.parse_proposed_skills('[{"title": "t", "principle": ' + BIG + "}]") == []  # was: ValueError
     assert T.parse_proposed_skills("[" * 3000 + "]" * 3000) == []                     # was: RecursionError
 
+
+@FUZZ
+@given(TEXT, st.integers(4301, 20000), st.integers(900, 5000), st.sampled_from(["title", "principle", "x"]),
+       st.sampled_from(["int", "list", "dict"]), TEXT)
+def test_parse_proposed_skills_never_raises_on_huge_numbers_or_deep_nesting(before, digits, depth, key, kind,
+                                                                              after):
+    """Issue #50 §4: a number past int()'s 4,300-digit limit (ValueError) or nesting past the recursion limit
+    (RecursionError), as any field of a proposed skill list anywhere in the reply, gives well-formed skills
+    or none, never an exception."""
+    value = {"int": "9" * digits, "list": "[" * depth + "]" * depth,
+             "dict": '{"a": ' * depth + "1" + "}" * depth}[kind]
+    text = before + '[{"title": "t", "principle": "p"}, {"' + key + '": ' + value + "}]" + after
+    out = _timed(T.parse_proposed_skills, text)
+    assert isinstance(out, list) and all(set(s) == {"title", "principle", "when_to_apply"} for s in out)
+
 # ----- tasks/: answer extraction, checkers and rewards of each world -----
 
 

@@ -205,7 +205,8 @@ def test_tiny_preset_smoke(tmp_path):
     cross = [v for k, v in ske["ske_pairwise"].items() if k.split("/")[0] != k.split("|")[1].split("/")[0] and v == v]
     assert len({round(v, 6) for v in cross}) >= 3 and np.std(cross) > 0.01, "SkE is (nearly) constant"
     assert ske["thetas"][0] < ske["thetas"][1]
-    assert set(ske["null"]) == {"spread", "spearman", "single_minus_cross"} and "null 95 % band" in out.stdout
+    assert set(ske["null"]) == {"spread", "spearman", "single_minus_cross", "within_minus_cross"}
+    assert "null 95 % band" in out.stdout
     t3 = json.loads((run / "table3.json").read_text())["rows"]
     assert set(t3) == {"grpo", "format_only", "shuffled_ske", "ske_rl"}
     # a row's overall recounted: the mean over every step of the test tasks, from the per-task means weighted by steps
@@ -509,13 +510,17 @@ def test_estimate_acc_asks_step_by_step_and_reads_leniently(tmp_path):
     assert all(v == 1.0 for v in acc["skill"].values()) and acc["domain"] == {"p": 1.0, "q": 1.0}
     assert acc["s2d"][(("p", "s1"), "q")] == 0.5 and acc["s2d"][(("q", "s1"), "p")] == 1.0
     assert acc["d2s"][("p", ("q", "s2"))] == 0.5 and acc["d2s"][("q", ("q", "s2"))] == 1.0
-    jobs = [(k, tuple(a), tuple(b)) for k, a, b in acc["chains"]["jobs"]]
-    single, cross = se.single_vs_cross_items(jobs, acc["chains"]["q2"], acc["chains"]["scores"])
+    _, single, cross = sb.switch_items(acc["chains"], "single", "switch")
     assert len(single) == 4 * 4 and all(x == 1.0 for x in single) and min(cross) < 1.0   # paired over (b, q)
+    _, within, cross = sb.switch_items(acc["chains"], "within", "cross")   # the cost is a domain switch's
+    assert all(x == 1.0 for x in within) and min(cross) < 1.0
+    assert acc["chains"]["valid"] == [[1.0, 1.0]] * len(acc["chains"]["jobs"])   # every reply marks an answer
+    assert len(acc["chains"]["constant"]) == len(acc["chains"]["jobs"]) and max(acc["chains"]["constant"]) <= 1
     assert acc["empty_cells"] == [] and acc["mean_step_score_verifiable"] == acc["mean_step_score"]
     # the null: a cost only on [p] → [q] switches beats it; the same scores with the first step shuffled do not
     null = se.ske_null(bank, acc["chains"], argparse.Namespace(alpha=0.1, pair_acc="both", level_quantiles="0.33,0.67"), 200, 0)
     assert null["single_minus_cross"]["p"] < 0.05 and null["spread"]["observed"] > null["spread"]["band"][1]
+    assert null["within_minus_cross"]["p"] < 0.05 and null["within_minus_cross"]["observed"] > 0
     assert len(null["spread"]["null"]) == 200
 
 
@@ -671,6 +676,7 @@ def test_aggregate_pools_headlines_and_nulls_over_seeds(tmp_path, capsys):
     out = capsys.readouterr().out
     assert entries[0]["n_seeds"] == 3 and entries[0]["n_items"] == 18 and entries[0]["diff"] == pytest.approx(0.5)
     assert "Skill-Entropy RL vs GRPO" in out and "mean over 3 runs" in out
+    assert "SkE at its null on every seed (no run has p < 0.05): no" in out     # spread: p = 0 in each run
     assert nulls["spread"]["p"] == pytest.approx(1 / 201) and nulls["spread"]["observed"] == 2.0
     lo, hi = nulls["spread"]["band"]
     assert 0.1 < lo < hi < 0.9 and hi - lo < 0.8     # the mean of 3 uniforms is narrower than one's [0.025, 0.975]
@@ -694,6 +700,16 @@ def test_pipeline_mechanics_on_a_tiny_random_model(tiny_model_dir, tmp_path, cap
         assert (run / f).exists(), f
     assert set(json.loads((run / "table3.json").read_text())["rows"]) == {"base", "grpo", "format_only"}
     assert out.count("GRPO steps") == 2 and "[ske]" in out and "SFT →" in out
+    # issue #51: the same-skill control and the constant answer in bench.json, the switching contrast and
+    # Table 3's mechanism (r_ent and refills per step) in results.json
+    bench, res = (json.loads((run / f).read_text()) for f in ("bench.json", "results.json"))
+    assert bench["same_steps"] and len(bench["constant_steps"]) >= len(bench["steps"])
+    assert {"by_skill", "format_valid"} <= set(res["switching"]) and "best constant answer" in out
+    lam = res["table3"]["grpo"]["lam_ent"]
+    assert len(lam["r_ent_by_step"]) == len(lam["refills_by_step"]) == 1 and "share_changed" in lam
+    claims = [e["claim"] for e in res["headline"]]
+    assert any("within-domain vs a cross-domain" in c for c in claims) and any("same-skill" in c for c in claims)
+    assert all(e["mde"] is not None or e["n_items"] < 2 for e in res["headline"])
     se.main(argv + ["--resume"])
     out = capsys.readouterr().out
     assert "[ske]" not in out and "[synth]" not in out and "GRPO steps" not in out and "SFT →" not in out
@@ -737,6 +753,38 @@ def test_lambda_ent_effect_counts_changed_advantages():
     assert "cannot differ" not in se.lambda_ent_note(dict(changed=0, kept=5), 0.0)
 
 
+def test_dapo_refill_draws_until_the_batch_has_spread_and_stops_at_its_cap():
+    """grpo.refill_groups (DAPO Alg. 1's refill, issue #51 §4): zero-spread groups call for more prompts, drawn
+    ⌈shortfall⌉ at a time and numbered after the last group, until n_groups groups have spread or the cap."""
+    from grpo import Rollout, refill_groups
+    dist = plumbing.setup_distributed()
+    grp = lambda g, rw: [Rollout([1], [2], [1], reward=x, group=g) for x in rw]
+    calls = []
+
+    def draw(k, first, spread=iter([False, True, True, True])):
+        calls.append((k, first))
+        return [r for i in range(k) for r in grp(first + i, [0.0, 1.0] if next(spread) else [1.0, 1.0])]
+    rs, n = refill_groups(grp(0, [0.0, 1.0]) + grp(1, [0.0, 0.0]) + grp(2, [1.0, 1.0]), draw, 3, 5, dist)
+    assert calls == [(2, 3), (1, 5)] and n == 2              # short 2: one of 2 has spread; short 1: it has
+    assert sorted({r.group for r in rs}) == list(range(6)) and len(rs) == 12
+    calls.clear()
+    rs, n = refill_groups(grp(0, [0.0, 0.0]), lambda k, f: calls.append((k, f)) or grp(f, [1.0, 1.0]), 1, 2, dist)
+    assert n == 2 and calls == [(1, 1), (1, 2)]              # the cap: 2 draws, still no spread
+    assert refill_groups(grp(0, [0.0, 0.0]), draw, 1, 0, dist) == (grp(0, [0.0, 0.0]), 0)   # 0 = off
+
+
+def test_lambda_ent_summary_reports_the_mechanism(tmp_path):
+    """Table 3's mechanism in results.json: the share of kept groups whose advantages λ_ent changed, r_ent and
+    the refill draws per step, read from the row's metrics.jsonl."""
+    rows = [dict(step=0, n_groups_kept=2, n_groups_lam_ent_changed=1, r_ent=0.4, refills=1, skipped=0.0),
+            dict(step=1, n_groups_kept=2, n_groups_lam_ent_changed=2, r_ent=0.6, refills=0, skipped=0.0)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    s = se.lambda_ent_summary(tmp_path)
+    assert (s["changed"], s["kept"], s["updates"], s["steps"]) == (3, 4, 2, 2) and s["share_changed"] == 0.75
+    assert s["r_ent_by_step"] == [0.4, 0.6] and s["refills_by_step"] == [1, 0]
+    assert "3 of 4 kept groups; r_ent by step [0.4, 0.6]" in se.lambda_ent_note(s, 0.3)
+
+
 def test_response_budget_fits_the_gold_traces(tiny_model_dir):
     """--max-new-tokens 24 fit no D.2 response with L ≥ 2: every RL group was dropped and the smoke test passed."""
     bank, keys, table = _small_world()
@@ -752,12 +800,25 @@ def test_response_budget_fits_the_gold_traces(tiny_model_dir):
     assert 24 < need < 4000
 
 
-def test_bench_headline_pairs_single_and_cross_over_the_same_steps():
+def test_bench_entries_pair_single_cross_and_the_same_skill_control_over_the_same_steps():
+    """Table 2's single vs cross, and the same-skill control (issue #51 §3) between them: single vs same is the
+    format's cost, same vs cross the switch's, over the steps every mode scored, beside the constant answer."""
     bj = dict(steps=[["t0", 0, 1.0], ["t0", 1, 1.0], ["t1", 0, 0.0], ["t2", 0, 1.0]],
               cross_steps=[["t0", 0, 0.0], ["t0", 1, 1.0], ["t0", 2, 1.0], ["t1", 0, 0.0], ["t2", 0, 0.0]])
-    e = se.bench_headline(bj)
+    (e,) = se.bench_entries(bj)
     assert e["n_items"] == 4 and e["mean_a"] == 0.75 and e["mean_b"] == 0.25 and e["diff"] == pytest.approx(0.5)
-    assert se.bench_headline({"single": {}}) is None and se.bench_headline(None) is None
+    assert e["claim"] == "Skill²-Bench: single-skill vs cross-skill per-step score (same verifiable steps)"
+    bj.update(same_steps=[["t0", 1, 0.0], ["t2", 0, 0.5]], constant_steps=[["t0", 1, 0.5], ["t2", 0, 0.0]])
+    e, fmt, switch = se.bench_entries(bj)
+    assert (fmt["a"], fmt["b"], fmt["n_items"]) == ("single", "same", 2) and fmt["diff"] == pytest.approx(0.75)
+    assert (switch["a"], switch["b"], switch["chance"]) == ("same", "cross", 0.25)
+    assert switch["diff"] == pytest.approx(-0.25) and "switch's cost" in switch["claim"]
+    assert e["chance"] == 0.25 and fmt["mde"] is not None and "format's cost" in fmt["claim"]
+    assert se.bench_entries({"single": {}}) == [] and se.bench_entries(None) == []
+    # rows that carry item ids (a fixed pool's item recurs over seeds): the entry keeps them for stats.aggregate
+    bj2 = dict(steps=[["t0", 0, 1.0, "science/g#a"], ["t1", 0, 0.0, "math/m#1"]],
+               cross_steps=[["t0", 0, 0.0, "science/g#a"], ["t1", 0, 0.0, "math/m#1"]])
+    assert se.bench_entries(bj2)[0]["item_ids"] == ["science/g#a", "math/m#1"] and e["item_ids"] is None
 
 
 DATA_DIGEST = """

@@ -434,6 +434,12 @@ def test_aggregate_pools_headline_items_over_seeds_and_table1_mean_sd(tmp_path, 
     assert out["rows"]["TalentRL-SFT (n=3)"]["avg"] == (pytest.approx(20.0), pytest.approx(10.0))  # mean, sd (Bessel)
     text = capsys.readouterr().out
     assert "success, all: TalentRL-SFT vs SkillRL-SFT" in text and "20.0±10.0" in text
+    # issue #50: seeds as the unit, each seed's means paired: (2/3 − 1/3), (2/3 − 1/3), (2/3 − 0)
+    (s,) = out["by_seed"]
+    assert s["unit"] == "seed" and s["n_items"] == s["n_units"] == s["n_seeds"] == 3
+    assert s["a_items"] == pytest.approx([2 / 3] * 3) and s["diff"] == pytest.approx((1 / 3 + 1 / 3 + 2 / 3) / 3)
+    assert s["p"] == 0.25  # the exact sign flip over 3 seeds cannot go lower
+    assert "Seeds as the unit" in text and out["verdict"]["seeds"]["generalises"] is False
 
 
 # ----- issue #28: bugs, App. C's routing rows, grounded rationales, routing accuracy -----
@@ -625,24 +631,182 @@ def test_routing_rationales_are_grounded_in_the_question(tiny_world):
         assert any(n in r for n in names[1:] or names), (q["question"], r)
 
 
-def test_routing_accuracy_against_c_star_and_the_majority_router():
-    labels = [dict(question="a", qtype="bridge", talent="b"), dict(question="b", qtype="bridge", talent="b"),
-              dict(question="c", qtype="comparison", talent="c"), dict(question="d", qtype="comparison", talent="c"),
-              dict(question="e", qtype="single", talent="v")]
-    routes = {"a": "b", "b": "c", "c": "c", "d": "c", "e": "none"}
-    items = T.routing_items(labels, routes, majority="b")
-    assert items["all"] == ([1, 0, 1, 1, 0], [1, 1, 0, 0, 0])
-    assert items["bridge"] == ([1, 0], [1, 1]) and items["comparison"] == ([1, 1], [0, 0])
-    results = {"routing": dict(train=labels, held_out=labels, majority="b", train_routes=routes),
-               "talentrl-sft": dict(routes=routes, items={"a": ("nq", 1.0), "b": ("hotpotqa", 0.0)}),
-               "skillrl-sft": dict(items={"a": ("nq", 0.0), "b": ("hotpotqa", 0.0)})}
-    H = {e["claim"]: e for e in T.build_headline(results)}
-    e = H["routing accuracy vs c*, held-out, all: TalentRL-SFT vs majority-class router"]
-    assert e["mean_a"] == pytest.approx(0.6) and e["mean_b"] == pytest.approx(0.4) and e["n_items"] == 5
-    assert H["routing accuracy vs c*, SFT tasks, comparison: TalentRL-SFT vs majority-class router"]["diff"] == 1.0
-    s = H["success, all: TalentRL-SFT vs SkillRL-SFT"]
-    assert s["n_items"] == 2 and s["diff"] == pytest.approx(0.5)
-    assert H["success, nq: TalentRL-SFT vs SkillRL-SFT"]["n_items"] == 1
+# ----- issue #50: routing against routers that need no training, on templates never seen -----
+def _labels(template_questions):
+    """c* labels from (question, qtype, talent) triples."""
+    return [dict(question=q, qtype=t, talent=c) for q, t, c in template_questions]
+
+
+def _routing_results(routes_sft, routes_rl, labels, baselines, unseen):
+    return {"routing": dict(train=labels, held_out=labels, unseen=unseen, train_routes=routes_sft,
+                            baselines=dict(train=baselines, held_out=baselines)),
+            "talentrl-sft": dict(routes=routes_sft, items={}), "talentrl": dict(routes=routes_rl, items={})}
+
+
+def test_routing_headline_is_against_the_strongest_no_training_router():
+    labels = _labels([("Where was Ab Cd born?", "single", "b"), ("Where was Ef Gh born?", "single", "c"),
+                      ("Who was born first, Ab Cd or Ef Gh?", "comparison", "c"),
+                      ("Where is the Ab Guild headquartered?", "single", "v")])
+    qs = [x["question"] for x in labels]
+    baselines = {"majority": dict.fromkeys(qs, "c"),                     # 2 of 4
+                 "template-lookup": dict(zip(qs, ["b", "b", "c", "b"])),  # 2 of 4; ties go to template-lookup
+                 "qtype-majority": dict(zip(qs, ["b", "b", "c", "v"])),   # 3 of 4: the strongest on all
+                 "nearest-description": dict(zip(qs, ["v", "v", "v", "v"]))}
+    routes = dict(zip(qs, ["b", "c", "c", "none"]))  # 3 of 4: the unseen template's question is missed
+    H = {e["claim"]: e for e in T.build_headline(_routing_results(routes, routes, labels, baselines, ["hq"]))}
+    e = H["routing accuracy vs c*, held-out, all templates: TalentRL vs the strongest no-training router"]
+    assert e["strongest"] == "qtype-majority" and e["b"] == "strongest no-training router"
+    assert e["a_items"] == [1, 1, 1, 0] and e["b_items"] == [1, 0, 1, 1] and e["chance"] == 0.5
+    assert e["mde"] is not None or e["n_items"] == 4
+    seen = H["routing accuracy vs c*, held-out, seen templates: TalentRL vs the strongest no-training router"]
+    assert seen["n_items"] == 3 and seen["strongest"] == "template-lookup" and seen["diff"] == pytest.approx(1 / 3)
+    un = H["routing accuracy vs c*, held-out, unseen templates: TalentRL-SFT vs the strongest no-training router"]
+    assert un["n_items"] == 1 and un["strongest"] == "qtype-majority" and un["diff"] == -1.0
+    assert "routing accuracy vs c*, SFT tasks, all templates: TalentRL-SFT vs the strongest no-training router" in H
+    assert not any("majority-class" in c for c in H)  # the majority router is the chance level, not the yardstick
+
+
+def _template_world(rng, n):
+    """n held-out questions of each of two seen and two unseen templates; c* is the template's talent, and the
+    unseen templates' talents differ from their question type's seen ones (a lookup cannot know them)."""
+    talents = {"born_year": "v", "hq": "v", "birthplace": "d", "hamlet_river": "l",   # hq: unseen
+               "hamlet_elevation": "x"}                                               # unseen
+    asks = {"born_year": ("In what year was {} born?", "single"), "birthplace": ("Where was {} born?", "single"),
+            "hq": ("Where is the {} headquartered?", "single"),
+            "hamlet_river": ("Which river flows past the hamlet of {}?", "longtail"),
+            "hamlet_elevation": ("At what elevation, in metres, lies the hamlet of {}?", "longtail")}
+    labels = [dict(question=asks[t][0].format(f"Name{t}{i}"), qtype=asks[t][1], talent=c)
+              for t, c in talents.items() for i in range(n)]
+    train = [l for l in labels if S.template_of(l["question"]) not in ("hq", "hamlet_elevation")]
+    return labels, train, ["hq", "hamlet_elevation"]
+
+
+def _verdict(routes, labels, train, unseen):
+    import numpy as np
+    R = S.no_training_routers(train, lambda t: np.array([1.0, 0.0]), ["v", "l"])
+    baselines = {name: {l["question"]: r(l) for l in labels} for name, r in R.items()}
+    results = _routing_results(routes, routes, labels, baselines, unseen)
+    return T.routing_verdict(T.build_headline(results))
+
+
+def test_check_fails_for_a_router_that_copies_the_template_lookup_and_is_at_chance_on_unseen_templates():
+    import random
+    rng = random.Random(0)
+    labels, train, unseen = _template_world(rng, 40)
+    lookup = S.no_training_routers(train, lambda t: torch.tensor([1.0, 0.0]), ["v", "l"])["template-lookup"]
+    talents = ["v", "d", "l", "x", "b", "c", "t", "n"]
+    copycat = {l["question"]: rng.choice(talents) if S.template_of(l["question"]) in unseen else lookup(l)
+               for l in labels}
+    v = _verdict(copycat, labels, train, unseen)
+    assert v["generalises"] is False
+    for part in ("seen", "unseen"):  # seen: a tie with the lookup; unseen: chance, below nearest-description
+        for arm in ("TalentRL-SFT", "TalentRL"):
+            claim = f"routing accuracy vs c*, held-out, {part} templates: {arm} vs the strongest no-training router"
+            assert v["parts"][claim] == "does not beat", claim
+    # the check can pass: a router right on every question beats every no-training router on unseen templates
+    oracle = {l["question"]: l["talent"] for l in labels}
+    v = _verdict(oracle, labels, train, unseen)
+    assert v["generalises"] is True
+    assert v["parts"]["routing accuracy vs c*, held-out, unseen templates: TalentRL vs the strongest "
+                      "no-training router"] == "beats"
+
+
+def test_no_sft_or_rl_task_comes_from_an_unseen_template(tiny_world):
+    args, W = tiny_world
+    assert args.unseen_templates  # a default: one template of each question type with several
+    train = [q for s in T.SPLITS for q in W.questions[s]["train"]]
+    sft, rl = T.split_pools(train, args.sft_tasks, args.unseen_templates)
+    assert not {S.template_of(q["question"]) for q in sft + rl} & set(args.unseen_templates)
+    assert {q["qtype"] for q in sft} == set(S.QTYPES)  # every question type is still seen
+    assert any(S.template_of(q["question"]) in args.unseen_templates for q in train)  # they were there
+    test = [q for s in T.SPLITS for q in W.questions[s]["test"]]
+    assert any(S.template_of(q["question"]) in args.unseen_templates for q in test)
+
+
+# ----- issue #50 §3: TalentRL vs SkillRL after RL, and the two SFT rows with the same steps -----
+def test_sft_match_gives_skillrl_sft_as_many_rows_as_talentrl_sft():
+    rows = dict(original=[("p", "o1", [1]), ("p", "o2", [1])], exec=[("p", "exec", [1])],
+                route=[("p", "route", [1])])
+    sets = T.sft_sets(rows, "pi0", 1, 3, 1, match=True)
+    assert len(sets["talentrl-sft"]) == 2 + 1 + 3 == len(sets["skillrl-sft"])  # the same SFT steps
+    assert [r[1] for r in sets["skillrl-sft"]] == ["o1", "o2"] * 3  # the original rows alone, cycled
+    assert T.sft_sets(rows, "pi0", 1, 3, 1)["skillrl-sft"] == rows["original"]  # the paper: unmatched
+    with pytest.raises(SystemExit, match="sft-match"):  # from SkillRL-SFT, TalentRL-SFT gets its steps too
+        T.check_args(T.parse_with_preset(T.build_parser(), T.PRESETS,
+                                         argv=["--preset", "tiny", "--talent-sft-init", "skillrl-sft"]))
+
+
+def test_tiny_runs_both_arms_with_one_rl_budget_and_matched_sft():
+    args = T.parse_with_preset(T.build_parser(), T.PRESETS, argv=["--preset", "tiny"])
+    assert sorted(args.arms) == ["skillrl", "talentrl"] and args.sft_match and args.talent_sft_init == "pi0"
+    # both arms draw step k's tasks from one seeded generator: the same tasks, steps and G
+    claims = {e["claim"] for e in T.build_headline(
+        {k: dict(items={"q": ("nq", 1.0)}) for k in ("skillrl", "talentrl")})}
+    assert "success, all: TalentRL vs SkillRL" in claims
+
+
+# ----- issue #50 §4: the execution turn, resume of Â_talent and of TalentRL-SFT's metrics -----
+def test_execution_turn_turns_qwen3_thinking_off_as_grpo_chat_ids():
+    class Tok:  # records the chat template's keyword arguments
+        kw = []
+
+        def apply_chat_template(self, messages, **kw):
+            self.kw.append(kw)
+            return "[u] x [a] <<ROUTE>> [u] " + messages[-1]["content"] + " [a] "
+
+        def encode(self, text, add_special_tokens=False):
+            return list(text.encode())
+
+    tok = Tok()
+    assert bytes(T.turn_suffix_ids(tok, "ctx")) == b" [u] ctx [a] "
+    assert tok.kw[-1].get("enable_thinking") is False
+
+
+def _rl_stubs(monkeypatch, saved, A_per_step):
+    """phase2_rl with no model: rollouts give one group per step with Â_talent A_per_step[step]; the
+    checkpoint's extra is kept in `saved`."""
+    steps = iter(A_per_step)
+    monkeypatch.setattr(T, "frozen_copy", lambda m, dtype=None: None)
+    monkeypatch.setattr(T, "make_optimizer", lambda m, a: None)
+    monkeypatch.setattr(T, "talentrl_rollouts", lambda *a: ([], dict(A_talent=[next(steps)], delta=[[0.0] * 3],
+                                                                     route_ok=[True], R_P=[1.0])))
+    monkeypatch.setattr(T, "grpo_update", lambda *a: {})
+    monkeypatch.setattr(T, "log_metrics", lambda *a, **k: None)
+    monkeypatch.setattr(T, "plot_curves", lambda *a, **k: None)
+    monkeypatch.setattr(T, "save_checkpoint", lambda d, m, tok, opt, step, extra, dist: saved.update(extra))
+    monkeypatch.setattr(T, "resume_checkpoint", lambda d, m, opt, dist: (0, dict(saved)) if saved else None)
+
+
+def test_a_talent_statistics_survive_resume(tiny_world, monkeypatch, tmp_path):
+    args, W = tiny_world
+    args = argparse.Namespace(**{**vars(args), "steps": 1, "save_every": 1, "evolve_every": 0, "resume": False})
+    sampler = types.SimpleNamespace(sync=lambda m: None)
+    saved, dist = {}, T.setup_distributed()
+    _rl_stubs(monkeypatch, saved, [0.5])
+    first = T.phase2_rl(True, T.Policy(None, sampler, None), W, [{}], tmp_path, args, dist)
+    assert first == [0.5] and saved["A_talent_groups"] == [0.5]
+    # resumed after step 0 and run to step 2: the Â_talent claims count step 0's groups too
+    args.steps, args.resume = 2, True
+    _rl_stubs(monkeypatch, saved, [-1.0])
+    assert T.phase2_rl(True, T.Policy(None, sampler, None), W, [{}], tmp_path, args, dist) == [0.5, -1.0]
+    assert saved["A_talent_groups"] == [0.5, -1.0]
+
+
+def test_talentrl_sft_results_are_the_same_after_a_resume(tiny_world, monkeypatch, tmp_path):
+    args, _ = tiny_world
+    saved, sampler = {}, types.SimpleNamespace(sync=lambda m: None)
+    monkeypatch.setattr(T, "restore_snapshot", lambda m, s: None)
+    monkeypatch.setattr(T, "run_sft", lambda m, ex, a, d, seed: dict(sft_steps=3, sft_examples=len(ex),
+                                                                     sft_loss=1.25))
+    monkeypatch.setattr(T, "save_checkpoint", lambda d, m, tok, opt, step, extra, dist: saved.update(extra))
+    monkeypatch.setattr(T, "resume_finished", lambda d, m, dist: (-1, dict(saved)))
+    dist = T.setup_distributed()
+    fresh = T.phase1_sft(None, sampler, None, None, [1, 2], tmp_path, argparse.Namespace(**{**vars(args),
+                                                                                           "resume": False}), dist)
+    again = T.phase1_sft(None, sampler, None, None, [1, 2], tmp_path, argparse.Namespace(**{**vars(args),
+                                                                                           "resume": True}), dist)
+    assert fresh == dict(sft_steps=3, sft_examples=2, sft_loss=1.25)
+    assert again == dict(fresh, resumed=True)
 
 
 # ----- smoke: tiny end to end on two gloo ranks, then a resume that recomputes every row -----
@@ -685,9 +849,12 @@ def test_smoke_tiny_two_rank_gloo_and_resume(tmp_path):
     assert max(map(routes.count, set(routes))) < 0.9 * len(routes), routes
     assert res["sft_data"]["kept"] > 0 and res["sft_data"]["original_rows"] > 0
     claims = [e["claim"] for e in res["headline"]]
-    assert "routing accuracy vs c*, held-out, all: TalentRL vs majority-class router" in claims
+    assert "routing accuracy vs c*, held-out, all templates: TalentRL vs the strongest no-training router" in claims
     assert "success, all: TalentRL vs TalentRL-SFT" in claims and "RL groups with Â_talent ≠ 0 (share)" in claims
-    assert set(res["phase_seconds"]) >= {"load", "phase I", "SkillRL-SFT", "TalentRL-SFT", "talentrl RL"}
+    assert "success, all: TalentRL vs SkillRL" in claims and "verdict" in res["routing"]  # both arms in tiny
+    assert res["skillrl-sft"]["sft_steps"] == res["talentrl-sft"]["sft_steps"]  # --sft-match
+    assert set(res["phase_seconds"]) >= {"load", "phase I", "SkillRL-SFT", "TalentRL-SFT", "talentrl RL",
+                                         "skillrl RL"}
     assert "Table 1" in stdout and "Figure 2a" in stdout and (tmp_path / "talent_selection.png").exists()
     assert (tmp_path / "talentrl" / "ckpt" / "state.pt").exists()
     assert (tmp_path / "talentrl" / "skillbanks" / "step0000.json").exists()
@@ -701,3 +868,6 @@ def test_smoke_tiny_two_rank_gloo_and_resume(tmp_path):
         assert res2[k]["success"] == res[k]["success"] and res2[k]["talents"] == res[k]["talents"], k
     assert res2["talentrl"]["routes"] == res["talentrl"]["routes"]
     assert res2["talentrl-sft"].get("resumed") and not (tmp_path / "talentrl" / "skillbanks" / "step0001.json").exists()
+    for k in ("skillrl-sft", "talentrl-sft"):  # the SFT metrics come back from the checkpoints (issue #50 §4)
+        assert {m: res2[k][m] for m in ("sft_steps", "sft_loss")} == {m: res[k][m] for m in ("sft_steps", "sft_loss")}
+    assert res2["talentrl"]["A_talent_groups"] == res["talentrl"]["A_talent_groups"]

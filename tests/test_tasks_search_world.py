@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import plumbing  # noqa: E402
@@ -195,3 +196,61 @@ def test_skillrl_bank_layouts_load_whole_and_round_trip(section, tmp_path):
     talents.write_text(json.dumps([dict(talent_id="talent_x", description="d", guidance="g", skills=["s2", "s4", "gone"])]))
     with pytest.warns(UserWarning, match=r"talent_x: links to \['gone'\]"):
         assert S.load_talents(talents, bank)[0]["skills"] == ["s2", "s4"]
+
+
+# ----- issue #50: templates, the routers that need no training, routing scored against c* -----
+def test_every_question_has_a_template_of_one_question_type(world):
+    _, _, qs = world
+    of_type = {}
+    for q in (q for s in qs.values() for part in s.values() for q in part):
+        name = S.template_of(q["question"])
+        assert name in S.TEMPLATES, q["question"]
+        assert of_type.setdefault(name, q["qtype"]) == q["qtype"], name  # a template belongs to one type
+    assert S.template_of("What is the meaning of life?") == "other" and S.template_of(None) == "other"
+
+
+def _lab(question, qtype, talent):
+    return dict(question=question, qtype=qtype, talent=talent)
+
+
+def test_no_training_routers_and_the_template_lookups_fallback_on_an_unseen_template():
+    labels = [_lab("In what year was Ab Cd born?", "single", "talent_verification"),
+              _lab("In what year was Ef Gh born?", "single", "talent_verification"),
+              _lab("Where was Ab Cd born?", "single", "talent_bridge_entity"),
+              _lab("What is the population of Xton?", "temporal", "talent_verification"),
+              _lab("How old was the creator of The Amber Lantern in the year it was released?", "temporal",
+                   "talent_temporal_numeric"),
+              _lab("How old was the creator of The Glass Tide in the year it was released?", "temporal",
+                   "talent_temporal_numeric")]
+    ids = ["talent_longtail", "talent_comparison"]
+    sims = {"Where was Ij Kl born?": torch.tensor([0.1, 0.9])}
+    R = S.no_training_routers(labels, lambda t: sims.get(t["question"], torch.tensor([0.8, 0.2])), ids)
+    assert set(R) == {"majority", "qtype-majority", "template-lookup", "nearest-description"}
+    seen_single = dict(question="Where was Ij Kl born?", qtype="single")  # template birthplace: seen
+    seen_temporal = dict(question="What is the population of Yton?", qtype="temporal")
+    unseen = dict(question="How many years after the founding of its headquarters town was the Zu Guild "
+                           "founded?", qtype="temporal")  # founding_gap: no label
+    new_type = dict(question="Which river flows past the hamlet of Abc?", qtype="longtail")
+    route = lambda name, t: R[name](t)
+    assert [route("majority", t) for t in (seen_single, unseen)] == ["talent_verification"] * 2  # 3 of 6
+    assert [route("qtype-majority", t) for t in (seen_single, seen_temporal, unseen, new_type)] == [
+        "talent_verification", "talent_temporal_numeric", "talent_temporal_numeric", "talent_verification"]
+    # one rule per template; an unseen template falls back to its question type's majority, then the majority
+    assert [route("template-lookup", t) for t in (seen_single, seen_temporal, unseen, new_type)] == [
+        "talent_bridge_entity", "talent_verification", "talent_temporal_numeric", "talent_verification"]
+    assert route("nearest-description", seen_single) == "talent_comparison"
+    assert route("nearest-description", unseen) == "talent_longtail"
+
+
+def test_routing_accuracy_per_part_and_the_confusion_matrix():
+    labels = [_lab("Where is the Ab Guild headquartered?", "single", "v"),   # hq
+              _lab("Where is the Cd Guild headquartered?", "single", "v"),
+              _lab("Where was Ab Cd born?", "single", "v"),                  # birthplace
+              _lab("Where was Ef Gh born?", "single", "b")]
+    routes = {"Where is the Ab Guild headquartered?": "v", "Where is the Cd Guild headquartered?": "b",
+              "Where was Ab Cd born?": "v"}  # the last question unrouted: "none"
+    r = S.routing_accuracy(labels, routes, ["hq"])
+    assert r["all"] == dict(acc=0.5, n=4, hits=[1.0, 0.0, 1.0, 0.0])
+    assert r["unseen"] == dict(acc=0.5, n=2, hits=[1.0, 0.0]) and r["seen"] == dict(acc=0.5, n=2, hits=[1.0, 0.0])
+    assert r["confusion"] == {"v": {"v": 2}, "b": {"v": 1}, "none": {"b": 1}}
+    assert S.routing_accuracy(labels, routes, [])["unseen"] == dict(acc=None, n=0, hits=[])

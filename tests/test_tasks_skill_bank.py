@@ -178,6 +178,140 @@ def test_train_and_test_seeds_are_disjoint(tmp_path):
     assert tr == {"q0", "q2", "q4"} and te == {"q1", "q3"}
 
 
+def test_seeds_0_to_4_share_no_generated_question_in_any_split():
+    """Issue #51 §1: every seed draws its own generated questions (reasoning-gym's item i under seed s was item
+    i+s under seed 0, so seed 2 reused 35 of seed 0's 36 questions); over the tiny bank's generated skills no
+    question of seeds 0-4 recurs in another seed or split, and each item carries a stable id."""
+    bank = sb.load_bank(sb.DATA / "bank.json", 2, "math,logic,information_extraction")
+    gen = [(d, s) for d, s in sb.bank_keys(bank) if bank[d]["skills"][s].get("source") == "reasoning_gym"]
+    assert len(gen) == 6
+    for d, s in gen:
+        owner = {}
+        for seed in range(5):
+            for split in ("train", "test"):
+                pool = sb.seed_pool(bank, d, s, split, seed)
+                assert len(pool) >= 10, (d, s, len(pool))
+                for r in pool:
+                    assert owner.setdefault(r["question"], (seed, split)) == (seed, split), (d, s, r["question"])
+                    assert r["item_id"] == sb.item_id(d, s, r["question"])
+                q = sb.make_seed(bank, d, s, 3, seed, split)
+                assert owner[q["question"]] == (seed, split) and q["item_id"] == sb.item_id(d, s, q["question"])
+        assert sb.seed_pool(bank, d, s, "train", 5) == sb.seed_pool(bank, d, s, "train", 0)  # SEED_SLOTS = 5
+
+
+def test_fixed_pools_repeat_over_seeds_with_stable_item_ids():
+    """science_mc and HumanEval are fixed pools: every seed gets the same items, with the same ids."""
+    bank = sb.load_bank(sb.DATA / "bank.json", 1, "science,coding")
+    for d, s in sb.bank_keys(bank):
+        a, b = sb.seed_pool(bank, d, s, "test", 0), sb.seed_pool(bank, d, s, "test", 3)
+        assert [r["item_id"] for r in a] == [r["item_id"] for r in b] and len({r["item_id"] for r in a}) == len(a)
+
+
+def test_dependency_real_fails_a_boilerplate_phrase_and_passes_a_real_dependency():
+    """Issue #51 §3: DEPENDENCY_PRESENT passes the template's boilerplate ("Using your answer to step 1 as the
+    record carried forward, …"); dependency_real does not, and passes a step that names step 1's content."""
+    legs = dict(domain="ie", skill="legs", scorer="exact", question="How many legs do 3 spiders and 2 ducks have?",
+                answer="28", meta={})
+    prod = dict(domain="math", skill="mul", scorer="math", question="Multiply that total by 4. What is the result?",
+                answer="112", meta={})
+    scenario, qs = sb.template_task([legs, prod])
+    assert sb.rule_checks(scenario, qs, [legs, prod])["dependency_present"]      # the old check: passes
+    assert not sb.dependency_real(qs, [legs, prod])                               # boilerplate: fails
+    real = [legs["question"], "Take the number of legs of the spiders and ducks from step 1. " + prod["question"]]
+    assert sb.dependency_real(real, [legs, prod])
+    # naming step 1's content without referring back is not a dependency; neither is a reference alone
+    assert not sb.dependency_real([legs["question"], "The spiders rest. " + prod["question"]], [legs, prod])
+    assert not sb.dependency_real([legs["question"], "As in step 1, " + prod["question"]], [legs, prod])
+    assert sb.dependency_real(["only one step"], [legs])                         # nothing to depend on
+    assert not sb.dependency_real([legs["question"], None], [legs, prod])        # hostile text: no raise
+    t0 = time.time()
+    for flood in ("step " * 50000, "<step>" * 50000 + "spiders", "previous " * 30000 + "9" * 5000):
+        sb.dependency_real([legs["question"], flood], [legs, prod])               # linear in the text
+    assert time.time() - t0 < 5
+
+
+def test_constant_scores_take_the_best_constant_answer_per_skill():
+    """The trivial baseline printed beside every accuracy: a skill whose answers are Yes 3 of 4 times scores
+    0.75 with the constant Yes; numbers score the most common value's share; code and open-ended steps 0."""
+    st = lambda sk, sc, a, i, **kw: dict(domain="d", skill=sk, scorer=sc, answer=a, question=f"q{sk}{i}",
+                                        meta=kw.get("meta", {}))
+    yes = [st("yn", "structure", a, i) for i, a in enumerate(["Yes", "Yes", "No", "Yes"])]
+    num = [st("n", "math", a, i) for i, a in enumerate(["4", "7", "4", "9", "4"])]
+    opts = {"A": "a", "B": "b", "C": "c", "D": "d"}
+    mc = [st("mc", "choice", a, i, meta=dict(options=opts)) for i, a in enumerate("ACCB")]
+    code = [st("c", "code", "def f(): pass", 0, meta=dict(entry_point="f", prompt="", test=""))]
+    scores, best = sb.constant_scores(yes + num + mc + code, Args())
+    assert best[("d", "yn")] == ("Yes", 0.75) and best[("d", "n")] == ("4", 0.6)
+    assert best[("d", "mc")] == ("C", 0.5) and best[("d", "c")] == (None, 0.0)
+    assert scores == [1.0, 1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0, 0.0]
+
+
+def test_same_skill_control_keeps_step_j_and_repeats_its_skill():
+    """Issue #51 §3: the format control is as long as its task, in the same one-prompt format, all steps of
+    the skill of its step j, step j the task's own question and the others other test questions."""
+    bank = sb.load_bank(sb.DATA / "bank.json", 2, "math,logic,creative_writing")
+    keys = [("math", "multiplication"), ("logic", "syllogistic_deduction"), ("creative_writing", "theme_creation")]
+    seeds = [sb.make_seed(bank, d, s, 1, 0, "test") for d, s in keys]
+    task = dict(sb.make_task(seeds, *sb.template_task(seeds)), id="test-7", level="low", skills=[list(k) for k in keys])
+    c = sb.same_skill_task(task, bank, 0)
+    j = c["step"]
+    assert j in (0, 1) and c["of"] == "test-7" and len(c["steps"]) == 3 and c["level"] == "low"
+    assert {(st["domain"], st["skill"]) for st in c["steps"]} == {keys[j]} and c["skills"] == [list(keys[j])] * 3
+    assert c["steps"][j]["seed_question"] == task["steps"][j]["seed_question"]
+    assert c["steps"][j]["answer"] == task["steps"][j]["answer"]
+    test_pool = {r["question"] for r in sb.seed_pool(bank, *keys[j], "test", 0)}
+    others = [st["seed_question"] for k, st in enumerate(c["steps"]) if k != j]
+    assert set(others) <= test_pool and task["steps"][j]["seed_question"] not in others
+    assert sb.task_prompt(c, ["math"])[0]["content"].count("<skill>") == 1   # the cross-skill format
+    assert sb.same_skill_task(dict(task, steps=[task["steps"][2]]), bank, 0) is None   # open-ended only
+
+
+def test_switch_items_pair_within_and_cross_domain_switches_over_second_steps():
+    """Issue #51 §2: a step-2 score after a skill of b's own domain vs after another domain's, per (b, q);
+    single chains (b → b) are apart, 'switch' pools within and cross."""
+    a1, a2, c1 = ["p", "a1"], ["p", "a2"], ["q", "c1"]
+    jobs = [["single", a2, a2], ["chain", a1, a2], ["chain", c1, a2], ["chain", c1, a2], ["chain", a1, a2]]
+    chains = dict(jobs=jobs, q2=[0, 0, 0, 0, 1], scores=[[1, 1.0], [1, 1.0], [1, 0.0], [1, 0.5], [1, 0.0]],
+                  constant=[0.5] * 5, valid=[[1, 1], [1, 1], [1, 0], [1, 1], [0, 1]])
+    assert sb.switch_kind(a1, a2) == "within" and sb.switch_kind(c1, a2) == "cross" and sb.switch_kind(a2, a2) == "single"
+    items, wi, cr = sb.switch_items(chains, "within", "cross")
+    assert items == [(("p", "a2"), 0)] and wi == [1.0] and cr == [0.25]         # (b, q=1) has no cross chain
+    assert sb.switch_items(chains, "single", "switch")[1:] == ([1.0], [0.5])
+    entry, rep = sb.switch_report(chains, seed=3)
+    assert entry["diff"] == pytest.approx(0.75) and entry["chance"] == 0.5 and entry["item_ids"] == ["seed3"]
+    assert entry["mde"] is not None or entry["n_items"] == 1
+    assert rep["by_skill"]["p/a2"]["within − cross"] == pytest.approx(0.5 - 0.25)
+    assert rep["format_valid"]["cross"] == [1.0, 0.5] and rep["format_valid"]["within"] == [0.5, 1.0]
+
+
+def test_switching_contrast_takes_seeds_as_the_unit_when_pooled(tmp_path):
+    """--aggregate over 5 seeds: the within-vs-cross entry carries one item id per seed, so the pooled entry
+    resamples seeds (5 units), not second steps."""
+    import stats
+    runs = []
+    for seed in range(5):
+        jobs = [["chain", ["p", "a1"], ["p", "a2"]], ["chain", ["q", "c1"], ["p", "a2"]]] * 4
+        q2 = [i // 2 for i in range(8)]
+        scores = [[1, float(k % 2 == 0 or seed % 2)] for k in range(8)]
+        entry, _ = sb.switch_report(dict(jobs=jobs, q2=q2, scores=scores), seed)
+        stats.write_results(tmp_path / f"s{seed}", {}, [entry])
+        runs.append(str(tmp_path / f"s{seed}"))
+    (pooled,) = stats.aggregate(runs)
+    assert pooled["n_seeds"] == 5 and pooled["n_items"] == 20 and pooled["n_units"] == 5
+    assert pooled["diff"] == pytest.approx(0.6) and pooled["mde"] is not None
+
+
+def test_ske_at_null_on_every_seed():
+    """Issue #51: the smoke check "SkE is at its null on every seed" over per-seed results.json dicts."""
+    at = lambda p: dict(ske_null=dict(spread=dict(p=0.4), within_minus_cross=dict(p=p)))
+    assert sb.ske_at_null_on_every_seed([at(0.3), at(0.9), {}])
+    assert not sb.ske_at_null_on_every_seed([at(0.3), at(0.01)])
+    assert sb.ske_at_null_on_every_seed([at(0.3), at(0.01)], names=["spread"])
+    assert sb.ske_at_null_on_every_seed([])
+    hostile = [None, "x", dict(ske_null=[1]), dict(ske_null=dict(spread=None, s2=dict(p="0.01"), s3=dict(p=float("nan"))))]
+    assert sb.ske_at_null_on_every_seed(hostile)
+
+
 # ----- the readout: the answer a reply marks -----
 
 

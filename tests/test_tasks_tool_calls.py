@@ -84,3 +84,25 @@ def test_bfcl_checker_accepts_python_ground_truth():
 def test_parse_tool_calls_survives_hostile_nesting():
     deep = "[" * 100000 + "]" * 100000
     assert T.parse_tool_calls("<tool_call>" + deep + "</tool_call>") == []
+
+
+# ----- the answer budget: BFCL's reference calls -----
+
+def test_bfcl_reference_calls_pass_bfcls_checker_and_fit_the_call_budget():
+    """bfcl_gold_call builds a reference call from BFCL's accepted values; on simple_python BFCL's own checker
+    accepts it (a real answer, not a guess at its length). call_budget fits every reference call of all 808 simple
+    items (+ EOS) and lifts the tiny floor of 96 tokens where a call is longer (live_simple)."""
+    from transformers import AutoTokenizer
+    import plumbing
+    tok = AutoTokenizer.from_pretrained(plumbing.resolve_model("embedded"))
+    data = {cat: T.load_bfcl(cat) for cat in T.BFCL_CATEGORIES}
+    assert {cat: len(d) for cat, d in data.items()} == {"simple_python": 400, "simple_java": 100,
+                                                        "simple_javascript": 50, "live_simple": 258}
+    ok = [_bfcl(T.bfcl_gold_call(gt), e, gt, "simple_python") for e, gt in data["simple_python"]]
+    assert sum(ok) >= 0.99 * len(ok)
+    length = lambda c: len(tok.encode("<tool_call>" + json.dumps(c) + "</tool_call>", add_special_tokens=False)) + 1
+    for cat, d in data.items():
+        calls = [T.bfcl_gold_call(gt) for _, gt in d]
+        budget = T.call_budget(tok, calls, 96)
+        assert budget >= 96 and all(length(c) <= budget for c in calls)
+    assert max(length(T.bfcl_gold_call(gt)) for _, gt in data["live_simple"]) > 96

@@ -71,3 +71,70 @@ def test_complete_blueprint_compiles_or_explains():
 def test_extract_json_survives_hostile_nesting():
     deep = "[" * 100000 + "]" * 100000
     assert Z.extract_json(deep) is None
+
+
+# ----- clue propagation and the clue readers (trivial answers beside the held-out rows) -----
+
+HAND = {"houses": 3, "attributes": {"Name": ["Ann", "Ben", "Cid"], "Pet": ["Cat", "Dog", "Emu"]},
+        "clues": [{"type": "fixed", "a": "Ben", "house": 1}, {"type": "not_house", "a": "Dog", "house": 1},
+                  {"type": "not_house", "a": "Dog", "house": 2}, {"type": "same_house", "a": "Ann", "b": "Emu"}]}
+
+
+def test_clue_reader_applies_only_in_house_clues_then_listed_order():
+    """"Ben is in house 1" places Ben; Ann and Cid fill houses 2 and 3 in listed order; no Pet clue is read, so
+    the pets stand in listed order."""
+    grid = Z.clue_reader_grid(HAND)
+    assert grid == {"House 1": {"Name": "Ben", "Pet": "Cat"}, "House 2": {"Name": "Ann", "Pet": "Dog"},
+                    "House 3": {"Name": "Cid", "Pet": "Emu"}}
+
+
+def test_clue_reader_with_not_clues_uses_all_different():
+    """Dog is not in house 1 nor 2: house 3. Cat and Emu then fill houses 1 and 2 in listed order."""
+    grid = Z.clue_reader_grid(HAND, use_not=True)
+    assert [grid[f"House {h}"]["Pet"] for h in (1, 2, 3)] == ["Cat", "Emu", "Dog"]
+    assert [grid[f"House {h}"]["Name"] for h in (1, 2, 3)] == ["Ben", "Ann", "Cid"]
+    # a house only one value can take gets it (hidden single): Cat is the only pet allowed in house 1
+    p = {"houses": 3, "attributes": {"Name": ["Ann", "Ben", "Cid"], "Pet": ["Cat", "Dog", "Emu"]},
+         "clues": [{"type": "not_house", "a": "Dog", "house": 1}, {"type": "not_house", "a": "Emu", "house": 1}]}
+    assert Z.propagate(p)["Cat"] == {1} and Z.clue_reader_grid(p, use_not=True)["House 1"]["Pet"] == "Cat"
+    assert Z.clue_reader_grid(p)["House 1"]["Pet"] == "Cat"                  # listed order happens to agree
+
+
+def test_propagation_decides_without_search_or_not():
+    """HAND: the one-value clues fix Ben (1) and Dog (3) and leave Ann in {2, 3}, Emu in {1, 2}; arc consistency
+    of "Ann and Emu share a house" then decides house 2 for both, and all-different the rest. A puzzle unique only
+    by search (B between A and C since both are its neighbours, A not in house 3) is not decided."""
+    one_value = Z.propagate(HAND)
+    assert one_value["Ben"] == {1} and one_value["Dog"] == {3} and one_value["Ann"] == {2, 3}
+    assert one_value["Emu"] == {1, 2}
+    assert Z.count_solutions(HAND, 2)[0] == 1 and Z.propagation_decides(HAND)
+    assert Z.propagate(HAND, unary=tuple(Z.ZEBRA_CLUE_TYPES), binary=True)["Emu"] == {2}
+    search = {"houses": 3, "attributes": {"Name": ["A", "B", "C"], "Pet": ["X", "Y", "Z"]},
+              "clues": [{"type": "next_to", "a": "A", "b": "B"}, {"type": "next_to", "a": "B", "b": "C"},
+                        {"type": "not_house", "a": "A", "house": 3}, {"type": "same_house", "a": "A", "b": "X"},
+                        {"type": "same_house", "a": "B", "b": "Y"}]}
+    assert Z.count_solutions(search, 2)[0] == 1 and not Z.propagation_decides(search)
+
+
+def test_trivial_grids_are_valid_answers_and_the_clue_readers_read_clues():
+    """Every trivial answer is a valid grid (each value once); on 2-house puzzles the clue reader with "not" clues
+    beats listed order, which the plain reader matches or beats (it only adds what clues fix)."""
+    puzzles = Z.make_zebra_puzzles(1234, ["two"], 60)
+    score = {k: 0.0 for k in Z.trivial_grids(puzzles[0][1])}
+    for _, p, sol in puzzles:
+        for kind, grid in Z.trivial_grids(p).items():
+            valid, full, _, _ = Z.grade_grid(json.dumps(grid), p, sol)
+            assert valid or kind == "constant"
+            score[kind] += full
+    assert score["constant"] == 0 and score["clue reader+not"] > score["clue reader"] >= score["listed order"]
+
+
+def test_two_house_scale_and_the_decided_filter():
+    """--zebra-eval-scales two: 2-house unique puzzles; --zebra-eval-decided keeps only puzzles propagation decides
+    (a filter on the same stream: the default draw is unchanged)."""
+    two = Z.make_zebra_puzzles(7, ["two"], 10)
+    assert all(p["houses"] == 2 and Z.count_solutions(p, 2)[0] == 1 for _, p, _ in two)
+    small = Z.make_zebra_puzzles(7, ["small"], 30, decided=True)
+    assert len(small) == 30 and all(Z.propagation_decides(p) for _, p, _ in small)
+    every = Z.make_zebra_puzzles(7, ["small"], 60)
+    assert [p for _, p, _ in small] == [p for _, p, _ in every if Z.propagation_decides(p)][:30]
