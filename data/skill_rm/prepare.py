@@ -531,19 +531,27 @@ def ho_pair_from_chain(start, ops, rng):
     return chosen, rejected, names, style
 
 
-def ho_math_items(seed, per_cat):
-    rng, items = random.Random(f"heldout-math-{seed}"), []
-    tpls = sorted(HO_MATH_TEMPLATES)
+def ho_chain_items(name, category, templates, draw, seed, per_cat):
+    """Held-out pairs over arithmetic chains, round-robin over the templates: draw(rng, template) gives
+    (prompt, start, ops), or None to draw again; ho_pair_from_chain makes the pair."""
+    rng, items = random.Random(f"heldout-{name}-{seed}"), []
+    tpls = sorted(templates)
     for k in range(per_cat):
         tpl = tpls[k % len(tpls)]
         while True:
-            a, b, c, d = (rng.randint(11, 89) for _ in range(4))
-            prompt, start, ops = HO_MATH_TEMPLATES[tpl](a, b, c, d)
-            pair = ho_pair_from_chain(start, ops, rng)
+            drawn = draw(rng, templates[tpl])
+            pair = drawn and ho_pair_from_chain(drawn[1], drawn[2], rng)
             if pair:
                 break
-        items.append(ho_chain_item(f"ho-math-{k}", "math", prompt, (start, ops), pair, tpl))
+        prompt, start, ops = drawn
+        items.append(ho_chain_item(f"ho-{name}-{k}", category, prompt, (start, ops), pair, tpl))
     return items
+
+
+def ho_math_items(seed, per_cat):
+    def draw(rng, template):
+        return template(*(rng.randint(11, 89) for _ in range(4)))
+    return ho_chain_items("math", "math", HO_MATH_TEMPLATES, draw, seed, per_cat)
 
 
 def ho_chain_item(item_id, category, prompt, chain, pair, tpl):
@@ -574,21 +582,13 @@ HO_WORD_TEMPLATES = {  # template: (rng -> (story, start, ops, unit))
 
 
 def ho_word_items(seed, per_cat):
-    rng, items = random.Random(f"heldout-word-{seed}"), []
-    tpls = sorted(HO_WORD_TEMPLATES)
-    for k in range(per_cat):
-        tpl = tpls[k % len(tpls)]
-        while True:
-            r = [rng.randint(40, 95), rng.randint(11, 35), rng.randint(11, 35), rng.randint(6, 24),
-                 rng.randint(3, 9), rng.randint(2, 8)]
-            if r[4] == r[5]:  # the ferry's morning and afternoon crossings differ
-                continue
-            story, start, ops = HO_WORD_TEMPLATES[tpl](r, rng.choice(HO_NAMES))
-            pair = ho_pair_from_chain(start, ops, rng)
-            if pair:
-                break
-        items.append(ho_chain_item(f"ho-word-{k}", "word_math", story, (start, ops), pair, tpl))
-    return items
+    def draw(rng, template):
+        r = [rng.randint(40, 95), rng.randint(11, 35), rng.randint(11, 35), rng.randint(6, 24),
+             rng.randint(3, 9), rng.randint(2, 8)]
+        if r[4] == r[5]:  # the ferry's morning and afternoon crossings differ
+            return None
+        return template(r, rng.choice(HO_NAMES))
+    return ho_chain_items("word", "word_math", HO_WORD_TEMPLATES, draw, seed, per_cat)
 
 
 # -- focus / style bias: a plain right answer vs. a wrong one dressed up (held-out dressings), lengths mixed --
