@@ -1918,6 +1918,12 @@ def run_settings(args):
     return {k: v for k, v in sorted(vars(args).items()) if k not in RESUME_SAFE}
 
 
+def settings_changes(saved, now):
+    """{flag: "--flag saved → now"} for each flag both settings know whose value differs (check_resume)."""
+    return {k: f"--{k.replace('_', '-')} {saved[k]!r} → {now[k]!r}"
+            for k in sorted(saved.keys() & now.keys()) if saved[k] != now[k]}
+
+
 def check_resume(args):
     """--resume: stop with one line naming every flag whose value differs from the one the run's checkpoints
     (<run-dir>/ckpt, <run-dir>/<stage>/ckpt) recorded, saved → now. Reads their extra.pt only, so it runs
@@ -1934,9 +1940,8 @@ def check_resume(args):
         if saved is None:
             unrecorded.append(str(ck))
             continue
-        for k in sorted(saved.keys() & now.keys()):
-            if saved[k] != now[k] and k not in changed:
-                changed[k] = f"--{k.replace('_', '-')} {saved[k]!r} → {now[k]!r}"
+        for k, line in settings_changes(saved, now).items():
+            changed.setdefault(k, line)  # the first checkpoint's value wins
     if unrecorded and os.environ.get("RANK", "0") == "0":  # torchrun: one line, not one per rank
         print(f"nanoskill: {', '.join(unrecorded)} recorded no settings (saved before checkpoints did): "
               f"--resume cannot check that the flags are the same", file=sys.stderr)

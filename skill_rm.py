@@ -58,7 +58,8 @@ from plumbing import (TOOL_NAMES, Dist, GrammarReplay, SkillError, VLLMSampler, 
                       make_judge_sampler, make_optimizer, make_sampler, on_ranks, parse_label,
                       parse_text_rating, parse_text_verdict, parse_tool_call, per_rank, plot_curves,
                       read_skill_folder, reduce_metrics, renamed_flags, restore_snapshot, run_settings,
-                      setup_distributed, run_main, unwrap, write_json, xgrammar_schema, kill_point)
+                      settings_changes, setup_distributed, run_main, unwrap, write_json, xgrammar_schema,
+                      kill_point)
 from sandbox import run_sandboxed
 from stats import (aggregate_main, compare, format_headline, parse_number, print_table, vs_chance,
                    write_results)
@@ -873,8 +874,7 @@ class Stages:
         changed = {}  # --resume: one line naming each flag a finished stage ran with otherwise
         for path in sorted(self.dir.glob("*.json")) if self.resume else ():
             was = json.loads(path.read_text())["settings"]  # written by a rename: whole or absent
-            changed |= {k: f"--{k.replace('_', '-')} {was[k]!r} → {self.settings[k]!r}"
-                        for k in sorted(was.keys() & self.settings.keys()) if was[k] != self.settings[k]}
+            changed |= settings_changes(was, self.settings)
         if changed:
             raise SystemExit(f"nanoskill: --resume with other settings than {self.dir}'s finished stages "
                              f"ran with: {', '.join(changed.values())} (saved → now); resume with the saved "
