@@ -631,8 +631,7 @@ def schema_instances(schema):
         return [schema["const"]]
     if schema.get("type") == "string" and isinstance(schema.get("maxLength"), int):
         return [FreeString(schema["maxLength"])]
-    if (schema.get("type") == "object"
-            and set(schema.get("required", [])) == set(schema.get("properties", {}))):
+    if _is_product(schema):
         out = [{}]
         for key, sub in schema["properties"].items():
             vals = schema_instances(sub)
@@ -641,6 +640,66 @@ def schema_instances(schema):
             out = [{**o, key: v} for o in out for v in vals]
         return out
     return None
+
+
+def _is_product(schema):
+    """An object whose every property is required: its instances are the product of its properties'."""
+    return (schema.get("type") == "object"
+            and set(schema.get("required", [])) == set(schema.get("properties", {})))
+
+
+def instance_count(schema):
+    """len(schema_instances(schema)) without listing them (None where that is None)."""
+    if "anyOf" in schema:
+        parts = [instance_count(s) for s in schema["anyOf"]]
+        return None if None in parts else sum(parts)
+    if "enum" in schema or "const" in schema:
+        return len(schema["enum"]) if "enum" in schema else 1
+    if schema.get("type") == "string" and isinstance(schema.get("maxLength"), int):
+        return 1
+    if _is_product(schema):
+        n = 1
+        for sub in schema["properties"].values():
+            k = instance_count(sub)
+            if k is None:
+                return None
+            n *= k
+        return n
+    return None
+
+
+MAX_INSTANCES = 256  # a schema with more instances is not listed whole (schema_segments)
+
+
+def schema_segments(schema):
+    """The constrained decoding of a schema as segments decoded in turn, each a list of instance_templates
+    to choose among (a one-template segment: fixed text); None: decode unconstrained. The rule: a schema of
+    at most MAX_INSTANCES instances is one segment, all of them (one choice over their prefix tree); a
+    bigger object of required properties (a zebra grid: houses of attributes of enums, whose instance count
+    grows as (values^attributes)^houses) is decoded property by property, its keys and punctuation fixed and
+    each value by this same rule, so the cost grows with its cells; anything else bigger (a huge anyOf or
+    enum, a free string in a split object), or unbounded, is decoded unconstrained."""
+    n = instance_count(schema)
+    if not n:  # unbounded, or no instance at all
+        return None
+    if n <= MAX_INSTANCES:
+        return [[instance_template(v) for v in schema_instances(schema)]]
+    if not _is_product(schema):
+        return None
+    segs = []
+    for j, (key, sub) in enumerate(schema["properties"].items()):
+        inner = schema_segments(sub)
+        if inner is None or any(len(t) > 1 for seg in inner for t in seg):
+            return None
+        segs += [[[("," if j else "{") + json_text(key) + ":"]]] + inner
+    segs.append([["}"]])
+    merged = [segs[0]]
+    for seg in segs[1:]:  # fixed text joins the end of every template before it: '"Ann",' is tokenized whole,
+        if len(seg) == 1:  # and no template's text is a prefix of another's ('1,' vs '10,')
+            merged[-1] = [[t[0] + seg[0][0]] for t in merged[-1]]
+        else:
+            merged.append(seg)
+    return merged
 
 
 def json_text(value, **kw):
@@ -680,13 +739,13 @@ def _string_end(text):
 
 
 class ConstrainedHFSampler(HFSampler):
-    """HF generate plus the fallback for json_schema that HFSampler lacks: when the schema is finite
-    up to bounded free strings, decode token by token restricted to the prefix tree of its instances
-    (greedy at temperature 0: the allowed token with the highest log-probability; else sampled among
-    the allowed tokens); inside a free string every token is allowed until the string's closing
-    quote, its maxLength or the token budget. A KV cache per conversation is kept, so the next turn
-    of a judge only runs its new tokens. A schema with an unbounded part falls back to unconstrained
-    generation."""
+    """HF generate plus the fallback for json_schema that HFSampler lacks: a schema finite up to bounded
+    free strings is decoded token by token over the prefix tree of its instances' texts, segment by
+    segment (schema_segments: the whole schema as one segment, or a big object property by property;
+    greedy at temperature 0: the allowed token with the highest log-probability; else sampled among the
+    allowed tokens); inside a free string every token is allowed until the string's closing quote, its
+    maxLength or the token budget. A KV cache per conversation is kept, so the next turn of a judge only
+    runs its new tokens. A schema that schema_segments leaves unconstrained is generated freely."""
 
     def __init__(self, model, tok, batch=64, max_cached=48):
         super().__init__(model, tok, batch)
@@ -695,17 +754,20 @@ class ConstrainedHFSampler(HFSampler):
 
     def generate(self, prompts, n, max_new_tokens, temperature, top_p=1.0, stop=None, json_schema=None):
         schemas = json_schema if isinstance(json_schema, list) else [json_schema] * len(prompts)
-        options = [schema_instances(sc) if sc else None for sc in schemas]
-        free = [i for i, o in enumerate(options) if o is None]
+        plans = [schema_segments(sc) if sc else None for sc in schemas]
+        free = [i for i, o in enumerate(plans) if o is None]
+        if any(schemas[i] for i in free) and not getattr(self, "warned_free", False):
+            self.warned_free = True
+            print("nanoskill: ConstrainedHFSampler generates freely under a schema it cannot constrain "
+                  "(schema_segments)", file=sys.stderr)
         res = [None] * len(prompts)
         if free:
             outs = super().generate([prompts[i] for i in free], n, max_new_tokens, temperature, top_p, stop)
             for i, o in zip(free, outs):
                 res[i] = o
-        for i, opts in enumerate(options):
-            if opts is not None:
-                templates = [instance_template(v) for v in opts]
-                res[i] = [self._choose(prompts[i], templates, temperature, max_new_tokens) for _ in range(n)]
+        for i, segments in enumerate(plans):
+            if segments is not None:
+                res[i] = [self._choose(prompts[i], segments, temperature, max_new_tokens) for _ in range(n)]
         return res
 
     def _prefill(self, ids):
@@ -733,15 +795,14 @@ class ConstrainedHFSampler(HFSampler):
         return out.logits[0, -1].float(), out.past_key_values
 
     @torch.no_grad()
-    def _choose(self, prompt, templates, temperature, max_new_tokens=256):
-        """One completion among `templates` (instance_template), decoded over the token prefix tree
-        of their texts (each finite one ends with EOS; one with a free string ends at its head)."""
+    def _choose(self, prompt, segments, temperature, max_new_tokens=256):
+        """One completion of `segments` (schema_segments), each segment one of its templates
+        (instance_template) decoded over the token prefix tree of their texts, in turn (the last
+        segment's finite texts end with EOS; a free string, in a one-segment schema, ends at its head)."""
         m, tok = unwrap(self.model), self.tok
         was_training = m.training
         m.eval()
-        opts = [tok.encode(t[0], add_special_tokens=False) + ([tok.eos_token_id] if len(t) == 1 else [])
-                for t in templates]
-        alive, out, fed = list(range(len(opts))), [], []  # fed: tokens after the prompt already in `past`
+        out, fed = [], []  # fed: tokens after the prompt already in `past`
         forced, lps = [], []  # per token of `out`: 1 where the grammar allowed only it; its log π_sampler
         logits, past = self._prefill(prompt)
         pending = []  # forced tokens not yet run through the model
@@ -766,34 +827,42 @@ class ConstrainedHFSampler(HFSampler):
                 k, lp = int(scores.argmax()), float("nan")
             return (k if allowed is None else int(allowed[k])), lp
 
-        while len(alive) > 1:
-            done = [i for i in alive if len(out) == len(opts[i])]  # a free string's head fully read: it wins
-            if done:
-                alive = done[:1]
-                break
-            nxt = {}
-            for i in alive:
-                nxt.setdefault(opts[i][len(out)], []).append(i)
-            if len(nxt) > 1:  # a branch point: the model decides among the allowed tokens
-                run_pending()
-                t, lp = pick(torch.tensor(sorted(nxt), device=logits.device))
-            else:  # forced: the grammar allows one token, log-prob 0 in the constrained distribution
-                t, lp = next(iter(nxt)), 0.0
-            forced.append(int(len(nxt) == 1))
-            lps.append(lp)
-            alive = nxt[t]
-            out.append(t)
-            pending.append(t)
-        k = alive[0]
-        text = templates[k][0]
-        # the free string: the rest of its head, then free tokens until its closing quote
-        if len(templates[k]) == 3:
-            rest = opts[k][len(out):]
+        text = ""
+        for s, templates in enumerate(segments):
+            eos = [tok.eos_token_id] if s == len(segments) - 1 else []
+            opts = [tok.encode(t[0], add_special_tokens=False) + (eos if len(t) == 1 else [])
+                    for t in templates]
+            alive, at = list(range(len(opts))), len(out)  # this segment's tokens: out[at:]
+            while len(alive) > 1:
+                # a free string's head fully read: it wins
+                done = [i for i in alive if len(out) - at == len(opts[i])]
+                if done:
+                    alive = done[:1]
+                    break
+                nxt = {}
+                for i in alive:
+                    nxt.setdefault(opts[i][len(out) - at], []).append(i)
+                if len(nxt) > 1:  # a branch point: the model decides among the allowed tokens
+                    run_pending()
+                    t, lp = pick(torch.tensor(sorted(nxt), device=logits.device))
+                else:  # forced: the grammar allows one token, log-prob 0 in the constrained distribution
+                    t, lp = next(iter(nxt)), 0.0
+                forced.append(int(len(nxt) == 1))
+                lps.append(lp)
+                alive = nxt[t]
+                out.append(t)
+                pending.append(t)
+            k = alive[0]
+            text += templates[k][0]
+            rest = opts[k][len(out) - at:]  # after the last branch point every token is forced
             out += rest
             pending += rest
             forced += [1] * len(rest)
             lps += [0.0] * len(rest)
-            max_len, body = templates[k][1], []
+        body, last = [], templates[k]
+        # the free string: free tokens until its closing quote
+        if len(last) == 3:
+            max_len = last[1]
             while len(body) < max(max_new_tokens - len(out), 1):
                 run_pending()
                 t, lp = pick()
@@ -809,21 +878,18 @@ class ConstrainedHFSampler(HFSampler):
             raw = tok.decode(body)
             text += _json_string_body(raw[:_string_end(raw)] if _string_end(raw) is not None else raw,
                                       max_len)
-            text += templates[k][2]
+            text += last[2]
             ids = tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]
         else:
-            ids = opts[k]
+            ids = out
         # the flags follow the decoded tokens as far as `ids` repeats them (the re-encoded end of a free
         # string may not); past that: not forced, log-prob not reported (nan), i.e. trained as unconstrained
         # tokens
         same = 0
-        for a, b in zip(ids, out + body if len(templates[k]) == 3 else out):
+        for a, b in zip(ids, out + body):
             if a != b:
                 break
             same += 1
-        if len(templates[k]) == 1:  # a finite instance: every token after the last branch point was forced
-            forced, lps, same = (forced + [1] * (len(ids) - len(out)), lps + [0.0] * (len(ids) - len(out)),
-                                 len(ids))
         forced = forced[:same] + [0] * (len(ids) - same)
         lps = lps[:same] + [float("nan")] * (len(ids) - same)
         self.cache.append((list(prompt) + fed, past))
@@ -834,6 +900,18 @@ class ConstrainedHFSampler(HFSampler):
     def sync(self, model):
         super().sync(model)
         self.cache = []  # cached keys and values belong to the old weights
+
+
+def schema_sampler(sampler):
+    """A sampler that decodes json_schema: a plain HFSampler (which ignores it) becomes a ConstrainedHFSampler
+    on the same weights (under FSDP the same full copy, refreshed by sync); any other one (vLLM: a grammar)
+    is returned as it is."""
+    if type(sampler) is not HFSampler:
+        return sampler
+    out = ConstrainedHFSampler(sampler.model, sampler.tok, sampler.batch)
+    if hasattr(sampler, "copy_of"):
+        out.copy_of = sampler.copy_of
+    return out
 
 
 def add_memory_args(p):

@@ -8,10 +8,10 @@ resource index, rubrics, bias controls, verifiers). It sees only each skill's na
 it calls `use_skill` (progressive disclosure); then it may `view_resource` (≤ 4, leakage-gated) and run
 `python_sandbox` code over the prompt and candidates. A deterministic readout (§3) maps its final answer
 to a pointwise reward (K = 1), a pairwise preference (K = 2, both orders) or a selection among K ≥ 2.
-main runs the paper's stages: the skills; the judges; the §5 benchmark on a held-out test set (the
-headline) with the tuned-on dev set beside it (pairwise and best-of-4 accuracy per category: plain judge vs
-Skill-RM, the ablations, and no-model baselines: coin, position-locked, length, checker-only); best-of-N by
-JETTS knockout; instruction-following GRPO with the Skill-RM reward (App. D), scored by hidden checkers.
+main runs the paper's stages: the skills; the judges; the §5 benchmark on a held-out test set (headline:
+Skill-RM vs the plain judge with the python tool) with the tuned-on dev set beside it (pairwise and best-of-4
+accuracy per category: the plain judge, the ablations, no-model baselines: coin, position-locked, length,
+checker-only); best-of-N by JETTS knockout; instruction-following GRPO with the Skill-RM reward (App. D).
 
 Run (the benchmark files come from data/skill_rm/prepare.py; the world is tasks/reward_bench.py):
   tiny (2-core CPU, RL included; README):  python skill_rm.py --preset tiny
@@ -34,14 +34,14 @@ Differences from the paper (the 8 that matter most; the full list of 11 is in do
   6. Tool calls: one JSON object per turn; the parser also takes <tool_call> tags, calls, [[A]] verdicts.
   7. Every judge turn is decoded under a JSON schema (`turn_schema`): xgrammar under vLLM, else
      plumbing's ConstrainedHFSampler; the plain judge so answers at once with a 0-1 score.
-  8. Judge SFT warm-up (`--judge-sft-steps`, on in tiny) on scripted traces of a split nothing else uses,
-     the same budget for every judge; the paper's judges are not trained. A scripted `oracle` judge that
-     knows the label is the tables' upper bound.
+  8. Judge SFT warm-up (`--judge-sft-steps`, on in tiny) on scripted traces of a split nothing else uses:
+     plain and skill judge the same steps, the python-tool judge as many supervised tokens as the skill
+     judge; the paper's judges are not trained. A scripted `oracle` that knows the label is the upper bound.
 """
 import argparse
 import copy
+import itertools
 import json
-import math
 import random
 import re
 import shutil
@@ -54,7 +54,7 @@ import torch
 from grpo import add_grpo_args, chat_ids, grpo_update, parse_with_preset, sft_loop, sample_group_rollouts
 from grpo import seed_everything
 from plumbing import (TOOL_NAMES, Dist, GrammarReplay, SkillError, VLLMSampler, cpu_snapshot, preflight,
-                      first_json_object, gather_objects, load_model, load_policy, log_metrics, make_judge,
+                      first_json_object, load_model, load_policy, log_metrics, make_judge,
                       make_judge_sampler, make_optimizer, make_sampler, on_ranks, parse_label,
                       parse_text_rating, parse_text_verdict, parse_tool_call, per_rank, plot_curves,
                       read_skill_folder, reduce_metrics, renamed_flags, restore_snapshot, run_settings,
@@ -64,9 +64,9 @@ from sandbox import run_sandboxed
 from stats import (aggregate_main, compare, format_headline, parse_number, print_table, vs_chance,
                    write_results)
 from tasks import reward_bench as rb
-from tasks.reward_bench import (FINAL_KEYS, LABELS, SET_NAMES, JudgeTask, bench_headline,
+from tasks.reward_bench import (FINAL_KEYS, LABELS, SET_NAMES, JudgeTask, bench_headline, null_group_sd,
                                 bench_sets, benchmark_tasks, constraint_scores, contract_text, final_schema,
-                                format_candidates, format_trace, if_prompts, ifeval_check, judge_sft_tasks,
+                                eval_if_policy, format_candidates, format_trace, if_prompts, judge_sft_tasks,
                                 judge_warnings, plain_system_prompt, print_benchmark_table, read_jsonl,
                                 schema_object, sft_items, template_copy_warnings, tool_counts, with_ci)
 
@@ -77,18 +77,19 @@ ROOT = Path(__file__).resolve().parent
 
 PRESETS = {
     # 2-core CPU, the embedded SmolLM2-135M as judge and policy (judges SFT-warmed, difference 8): 3 epochs of
-    # 32 traces per judge (one epoch of 64 left the skill judge position-locked); every benchmark item judged.
+    # 32 traces per judge, python_only their supervised tokens (one epoch of 64 left the skill judge
+    # position-locked); every benchmark item judged.
     "tiny": dict(sampler="auto", lr=2e-6, beta=0.0, bon_prompts=4, bon_N=4, steps=2, prompts_per_step=2,
                  eval_n=8, judge_max_new_tokens=128, max_new_tokens=48, max_turns=3, rl_max_turns=3,
-                 methods="baseline,skill_rm,oracle", judge_sft_steps=24, judge_sft_items=4, judge_sft_batch=4,
-                 judge_sft_lr=1e-4),
+                 methods="baseline,python_only,skill_rm,oracle", judge_sft_steps=24, judge_sft_items=4,
+                 judge_sft_batch=4, judge_sft_lr=1e-4),
     # the flag defaults (judge at temperature 0, 5 turns, 7 in RL); no model: here one is judge and policy
     "paper": dict(model=None),  # (the paper's judge Qwen3.5-27B, its policy Llama-3.1-Tulu-3-8B-SFT)
     # one GPU of ≥ 80 GB, at most 1 h (estimated, not run), Qwen3-1.7B as judge and policy: Skill-RM vs the
-    # plain judge on the §5 benchmark's pairwise accuracy, paired over its items, the oracle as the ceiling
-    "gpu": dict(model="Qwen/Qwen3-1.7B", sampler="auto", methods="baseline,skill_rm,oracle", bon_prompts=16,
-                rl_rewards="skill_rm,direct", steps=20, prompts_per_step=16, eval_n=100, max_new_tokens=512,
-                judge_max_new_tokens=512, grad_checkpointing=True),
+    # plain judges (with and without the python tool) on the §5 benchmark's pairwise accuracy, paired
+    "gpu": dict(model="Qwen/Qwen3-1.7B", sampler="auto", methods="baseline,python_only,skill_rm,oracle",
+                bon_prompts=16, rl_rewards="skill_rm,direct", steps=20, prompts_per_step=16, eval_n=100,
+                max_new_tokens=512, judge_max_new_tokens=512, grad_checkpointing=True),
 }
 RENAMED = {"--rl-steps": "--steps", "--rl-prompts": "--prompts-per-step", "--rl-eval-prompts": "--eval-n",
            "--skip-bench": "--no-benchmark", "--skip-bon": "--no-bon", "--skip-rl": "--no-rl"}
@@ -572,18 +573,46 @@ def trace_examples(tok, messages, schemas=None, grammar=None):
     return out
 
 
-def judge_sft(judge, tok, skills, args, dist, method):
-    """A new bf16 judge, SFT-warmed on scripted traces of the SFT split (use_skill → run_verifier →
-    final_answer for skill_rm; the answer alone for the plain judge); the same steps × examples for each."""
+def sft_examples(tok, skills, args, method, grammar):
+    """`method`'s scripted traces on the SFT split (rb.scripted_reply) as SFT examples (trace_examples)."""
     tasks = judge_sft_tasks(sft_items(args.seed, args.judge_sft_items), method, args.seed)
     run_judges(None, tok, tasks, skills, args, args.max_turns)
+    return [e for t in tasks for e in trace_examples(tok, t.messages, t.schemas, grammar)]
+
+
+def token_matched(examples, target, batch, seed=0):
+    """#49 §2: examples that train `target` supervised tokens (mask 1) in whole batches: `examples` in seeded
+    shuffled passes, cut after the batch whose running total comes nearest to target. One pass of sft_loop
+    over them (len / batch steps) trains each once: within half a batch's tokens of target."""
+    tokens, rng, order = [sum(m) for _, _, m in examples], random.Random(seed), []
+    while sum(tokens) and (len(order) < 2 * batch or sum(tokens[i] for i in order) < target + sum(tokens)):
+        order += rng.sample(range(len(examples)), len(examples))  # passes, to one beyond the target
+    total = list(itertools.accumulate((tokens[i] for i in order), initial=0))
+    # n* = argmin_n |Σ_{i < n} supervised_i − T| over whole batches, n = B, 2B, …
+    cuts = range(batch, len(order) + 1, batch) if batch > 0 else ()
+    n = min(cuts, key=lambda n: abs(total[n] - target), default=0)
+    return [examples[i] for i in order[:n]]
+
+
+def judge_sft(judge, tok, skills, args, dist, method):
+    """A new bf16 judge, SFT-warmed on scripted traces of the SFT split (skill_rm: use_skill → run_verifier
+    → final_answer; python_only: python_sandbox with its own check → final_answer; the plain judge: the
+    answer). The plain and skill judges train the same steps × examples; python_only as many supervised
+    tokens as skill_rm (token_matched; the plain judge stays step-matched: docs/skill_rm.md)."""
     grammar = GrammarReplay(tok, unwrap(judge).config.vocab_size) if args.constrained else None
-    examples = [e for t in tasks for e in trace_examples(tok, t.messages, t.schemas, grammar)]
+    examples = sft_examples(tok, skills, args, method, grammar)
+    steps, batch = args.judge_sft_steps, args.judge_sft_batch
+    if method == "python_only":
+        skill = [sum(m) for _, _, m in sft_examples(tok, skills, args, "skill_rm", grammar)]
+        # T = steps · B · (1/n) Σ_i supervised_i over skill_rm's n examples (B: sft_loop's batch)
+        target = steps * min(batch or len(skill), len(skill)) * sum(skill) / max(len(skill), 1)
+        batch = min(batch or len(examples), len(examples))
+        examples = token_matched(examples, target, batch, args.seed)
+        steps = len(examples) // max(batch, 1)
     dtype = torch.float32 if args.precision == "fp32" else torch.bfloat16
     model = copy.deepcopy(judge).to(dtype).train().requires_grad_(True)
-    sft_loop(model, examples, args, dist, args.judge_sft_lr, args.judge_sft_batch, args.judge_sft_steps,
-             seed=args.seed, log_dir=Path(args.run_dir) / f"judge_sft_{method}",
-             micro_batch=args.judge_sft_micro_batch)
+    sft_loop(model, examples, args, dist, args.judge_sft_lr, batch, steps, seed=args.seed,
+             log_dir=Path(args.run_dir) / f"judge_sft_{method}", micro_batch=args.judge_sft_micro_batch)
     return model.to(torch.bfloat16).eval().requires_grad_(False)
 
 
@@ -635,15 +664,6 @@ def train_if_policy(variant, policy, sampler, judge, args, dist, anchors_by_prom
     return run_dir, means | {"group_sds": group_sds, "null_group_sd": null_group_sd(variant, args.G)}
 
 
-def null_group_sd(variant, G):
-    """The within-group reward sd a judge with no signal gives. Anchored pairwise: a position-locked
-    judge (always "A") with the rollout shown at a random side pays 1 with probability ½ per rollout,
-    so E[sd] = Σ_k C(G,k) 2^-G √(k/G · (1 − k/G)) (0.404 at G = 4). Pointwise: a constant score, sd 0."""
-    if variant != "anchored":
-        return 0.0
-    return sum(math.comb(G, k) / 2 ** G * (k / G * (1 - k / G)) ** 0.5 for k in range(G + 1))
-
-
 def if_rl(policy, sampler, judge, args, dist, stages=None):
     """App. D: GRPO from the same initial policy with each reward variant, every policy scored on held-out
     instructions by IFEval's checkers; anchored pairwise compares with the initial policy's greedy reply.
@@ -685,7 +705,7 @@ CODE_TOOLS = ("python_sandbox", "run_verifier")  # the calls that run code in th
 
 
 def code_result_used(task):
-    """Did the final answer follow the last code run's report ("matches: ['A']", "2 of 3 pass; score 0.7")?
+    """Did the final answer follow the last code run's report ("matches: ['A']", "2 of 3 pass; score 0.625")?
     None when no code ran or its report names no candidate and no score."""
     runs = [st for st in task.trace if st["call"] and st["call"]["name"] in CODE_TOOLS and st["observation"]]
     if not runs or task.judgment is None:
@@ -807,24 +827,6 @@ def best_of_n(judge, pools, method, args, seeds, dist=None):
     return out | {"invalid": 1 - sum(valid) / max(len(valid), 1), "per_pool": per_pool}
 
 
-# ----- evaluation: App. D, the trained policy on held-out instructions, scored by the hidden checkers -----
-
-def eval_if_policy(sampler, tok, test_set, args, dist=None):
-    """Greedy responses on held-out instructions, scored by IFEval's own checkers (`ifeval_check`, not the
-    training checks): prompt-level strict accuracy (all constraints) and instruction-level accuracy."""
-    dist = dist or Dist()
-    idx = list(range(dist.rank, len(test_set), dist.world))  # this rank's share; all are gathered, in order
-    ids = policy_prompt_ids(tok, [test_set[i]["prompt"] for i in idx])
-    outs = sampler.generate(ids, 1, args.max_new_tokens, 0.0)
-    sc = [c for _, c in sorted(gather_objects([(i, constraint_scores(test_set[i]["constraints"], o[0].text,
-                                                                     ifeval_check))
-                                               for i, o in zip(idx, outs)], dist), key=lambda x: x[0])]
-    n_inst = sum(len(t["constraints"]) for t in test_set)
-    return {"prompt_strict": sum(s["all"] for s in sc) / max(len(sc), 1),
-            "inst_level": sum(sum(s["checks"]) for s in sc) / max(n_inst, 1),
-            "per_prompt": [s["frac"] for s in sc]}
-
-
 # ----- evaluation: the results.json headline, every number beside its chance line (stats.py) -----
 
 def build_headline(by_set, bon, rl, methods, clusters=None):
@@ -938,17 +940,18 @@ def main(argv=None):
     results = {"args": vars(args)}
     methods, formats = args.methods.split(","), args.formats.split(",")
 
-    # the judges, one backbone: the plain LLM judge (baseline, appended) and the skill judge (skill_rm,
-    # python_only); every turn decoded under its JSON schema; with --judge-sft-steps each gets the same SFT
+    # the judges, one backbone: the plain LLM judge (baseline; appended on its weights), the skill judge and
+    # the plain judge with the python tool (python_only), each turn decoded under its JSON schema; with
+    # --judge-sft-steps each its own SFT stage (judge_sft)
     t0 = time.time()
     backbone = make_judge(policy, args, dist)
-    if args.judge_sft_steps > 0:
-        plain, skilled = (make_judge_sampler(stages.judge(backbone, tok, skills, args, dist, m), tok, args,
-                                             dist) for m in ("baseline", "skill_rm"))
-    else:
-        plain = skilled = make_judge_sampler(backbone, tok, args, dist)
-    judge = Judge({"baseline": plain, "appended": plain, "default": plain, "skill_rm": skilled,
-                   "python_only": skilled}, tok, skills)
+    if args.judge_sft_steps > 0:  # python_only's SFT only when it is judged
+        own = ["baseline", "skill_rm"] + ["python_only"] * ("python_only" in methods)
+        judges = {m: make_judge_sampler(stages.judge(backbone, tok, skills, args, dist, m), tok, args, dist)
+                  for m in own}
+    else:  # one untrained judge for every method
+        judges = {"baseline": make_judge_sampler(backbone, tok, args, dist)}
+    judge = Judge({"default": judges["baseline"], "appended": judges["baseline"], **judges}, tok, skills)
     results["time_judge_sft"] = time.time() - t0
 
     # §5: the judges as reward models, by the §3 readout: pairwise (both orders) and best-of-4 per category

@@ -54,7 +54,7 @@ from plumbing import (LOOP_KEYS, DealtSampler, HFSampler, check_context, check_k
                       controller_fields, frozen_snapshot, iteration_metrics, json_text, load_model,
                       load_policy, log_metrics, loop_failures, make_optimizer, make_sampler, plot_loop,
                       plot_run, preflight, read_items, read_library, read_records, resume_or_start, run_main,
-                      save_generations, save_iteration, solver_signal, usable_value)
+                      save_generations, save_iteration, schema_sampler, solver_signal, usable_value)
 from stats import aggregate as aggregate_headlines, compare, format_headline, print_table, vs_chance
 from stats import write_results
 from tasks.tool_calls import (BFCL_CATEGORIES, TOOL_TASK_SCHEMA, TOOL_TASK_SPEC, TOOL_VALIDATOR_KEYS,
@@ -927,8 +927,7 @@ def main(argv=None):
     os.makedirs(args.run_dir, exist_ok=True)
     # Require: π_propose, π_solve initialised from π^(0) (DDP-wrapped under torchrun); π^(0) frozen is the KL
     # reference of both and the controller π_control; the initial library S(0) with its statistics σ
-    proposer, tok = load_policy(args, dist)
-    solver, _ = load_policy(args, dist)
+    (proposer, tok), (solver, _) = load_policy(args, dist), load_policy(args, dist)
     base, _ = load_model(args.model, dist, args.dtype, trainable=False)
     ref = base if args.beta > 0 else None
     opt_p, opt_s = make_optimizer(proposer, args), make_optimizer(solver, args)
@@ -942,9 +941,10 @@ def main(argv=None):
         start, history, rows = extra["iteration"], extra["history"], extra["rows"]
         pkgs, stats = load_library(extra["library"], args.family)
         say(f"resumed {args.run_dir} after iteration {start} (library {extra['library']})")
-    P.p_sampler, P.s_sampler = make_sampler(args, proposer, tok, dist), make_sampler(args, solver, tok, dist)
-    # One decoding regime for every row of the table: the solver's own sampler (schema, temperature, budget),
-    # the base row included, taken before any warm-up while the solver is still π^(0).
+    P.p_sampler = make_sampler(args, proposer, tok, dist)
+    # One decoding regime for every row of the table: the solver's own sampler (schema on vLLM and HF alike,
+    # temperature, budget), the base row included, taken before any warm-up while the solver is still π^(0).
+    P.s_sampler = schema_sampler(make_sampler(args, solver, tok, dist))
     if not history:
         t0 = time.time()
         history.append(("base", evaluate(P.s_sampler, tok, args, dist, "base")))
@@ -955,8 +955,8 @@ def main(argv=None):
     # with the solver's own decoding (only that they stop following π_solve^(t) differs from the method); kept
     # in <run-dir>/feedback_solver, saved before the first checkpoint, and read back by a resume
     fd = os.path.join(args.run_dir, "feedback_solver")
-    P.probe_sampler = make_sampler(args, frozen_snapshot(solver, fd, extra is not None, dist), tok, dist
-                                   ) if frozen else P.s_sampler
+    P.probe_sampler = schema_sampler(make_sampler(args, frozen_snapshot(solver, fd, extra is not None, dist),
+                                                  tok, dist)) if frozen else P.s_sampler
     P.controller = DealtSampler(HFSampler(base, tok, args.hf_batch), dist)  # π_control: π^(0), HF generate
     baselines = trivial_baselines(args, dist)
     if dist.is_main:

@@ -515,6 +515,7 @@ def phase2_rl(routed, pi, W, rl_tasks, arm_dir, args, dist):
         start = ck[0] + 1
         W.set_bank(ck[1]["bank"], ck[1]["bank_raw"])
         W.set_talents(ck[1]["talents"])
+        print(f"talentrl: SkillBank restored: {len(W.bank)} skills", file=sys.stderr)
         A_groups = list(ck[1].get("A_talent_groups", []))  # Â_talent of the steps before the checkpoint
     sampler.sync(model)
     val_tasks = rl_tasks[: args.val_tasks]

@@ -2,10 +2,12 @@
 items, the answers built from checkers (chosen / rejected), the judge-SFT split, the benchmark files, the
 JETTS knockout with its baselines random@N and oracle@N, the benchmark's presentation and answer contract
 (and the plain judge's prompt), the judgment record JudgeTask with the benchmark's and the SFT split's
-judgments, and the scripted judge that knows the label (the tables' upper bound, the source of SFT traces);
+judgments, and the scripted judge that knows the label (the tables' upper bound, the source of SFT traces,
+python_only's written checks among them);
 the benchmark sets (held-out test set, dev set) with their clusters, the no-model baselines (coin,
 position-locked, shorter- / longer-wins, checker-only) and the benchmark's report (tables, chance lines,
-warnings, headline entries).
+warnings, headline entries); App. D's evaluation of a policy by IFEval's checkers and the no-signal judge's
+reward sd.
 
     p = if_prompts(seed, n, "train")[0]                 # {"prompt": ..., "constraints": [{"type": ...}, ...]}
     constraint_scores(p["constraints"], response)       # the hidden checkers: {"checks", "all", "frac"}
@@ -19,6 +21,7 @@ from its own build seed, templates, wordings and wrong-answer styles (none of th
 """
 import functools
 import json
+import math
 import random
 import re
 import zlib
@@ -27,7 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from plumbing import json_text
+from grpo import chat_ids
+from plumbing import Dist, gather_objects, json_text
 from stats import (binomial_p, bootstrap_ci, cluster_bootstrap_ci, compare, mde, print_table, sign_flip_p,
                    vs_chance, wilson_ci)
 
@@ -247,6 +251,23 @@ def ifeval_check(c, response):
         return False
 
 
+def eval_if_policy(sampler, tok, test_set, args, dist=None):
+    """App. D's evaluation: greedy responses of the policy on held-out instructions, scored by IFEval's own
+    checkers (`ifeval_check`, not the training checks): prompt-level strict accuracy (all constraints) and
+    instruction-level accuracy. Each rank answers its share; all are gathered, in order."""
+    dist = dist or Dist()
+    idx = list(range(dist.rank, len(test_set), dist.world))
+    ids = [chat_ids(tok, [{"role": "user", "content": test_set[i]["prompt"]}]) for i in idx]
+    outs = sampler.generate(ids, 1, args.max_new_tokens, 0.0)
+    sc = [c for _, c in sorted(gather_objects([(i, constraint_scores(test_set[i]["constraints"], o[0].text,
+                                                                     ifeval_check))
+                                               for i, o in zip(idx, outs)], dist), key=lambda x: x[0])]
+    n_inst = sum(len(t["constraints"]) for t in test_set)
+    return {"prompt_strict": sum(s["all"] for s in sc) / max(len(sc), 1),
+            "inst_level": sum(sum(s["checks"]) for s in sc) / max(n_inst, 1),
+            "per_prompt": [s["frac"] for s in sc]}
+
+
 # --- answers built from a prompt's checkers (the SFT split; data/skill_rm/prepare.py too) ---
 
 def repair_response(constraints, text):
@@ -382,13 +403,14 @@ def sft_items(seed, n):
     for k, m in enumerate(math_items("sft-math", seed, n)):
         chosen, rejected = math_pair(m, rng)
         items.append({"id": f"sft-math-{k}", "category": "math", "prompt": m["prompt"], "chosen": chosen,
-                      "rejected": rejected, "meta": {"answer": m["answer"]}})
+                      "rejected": rejected, "meta": {"answer": m["answer"],
+                                                     "expression": m["entry"]["metadata"]["expression"]}})
     for k, m in enumerate(math_items("sft-focus", seed, n)):
         rejected = [polished_wrong(m["answer"], rng)] + [f"The answer is {int(m['answer']) + d}."
                                                          for d in (-1, 1)]
         items.append({"id": f"sft-focus-{k}", "category": "focus", "prompt": m["prompt"],
                       "chosen": f"The answer is {m['answer']}.", "rejected": rejected,
-                      "meta": {"answer": m["answer"]}})
+                      "meta": {"answer": m["answer"], "expression": m["entry"]["metadata"]["expression"]}})
     return items
 
 
@@ -491,7 +513,7 @@ def format_candidates(prompt, candidates):
 def final_example(mode, K):
     """The final answer's shape in words, as every judge's prompt states it (the schema of final_schema)."""
     if mode == "pointwise":
-        return '{"score": S} with S from 0 to 1 (satisfied constraints / all constraints, e.g. 0.7)'
+        return '{"score": S} with S from 0 to 1 (satisfied constraints / all constraints, e.g. 0.75)'
     if mode == "pairwise":
         return ('{"verdict": "A"} if A is better, {"verdict": "B"} if B is better, '
                 '{"verdict": "Tie"} if neither is')
@@ -508,7 +530,7 @@ def plain_system_prompt(mode, K):
     if mode == "pointwise":
         return ("Please act as an impartial judge and evaluate how well the response follows every "
                 "instruction of the user. Be as objective as possible. Give the share of the instructions "
-                'that the response follows as a score from 0 to 1, strictly in this format: {"score": 0.7}.')
+                'that the response follows as a score from 0 to 1, strictly in this format: {"score": 0.75}.')
     return ("Please act as an impartial judge and evaluate the quality of the responses provided by AI "
             "assistants to the user question displayed below. Choose the assistant that follows the user's "
             f"instructions and answers the question better, considering {CRITERIA}. Avoid any position "
@@ -517,8 +539,19 @@ def plain_system_prompt(mode, K):
             + final_example(mode, K) + ".")
 
 
-SCORE_GRID = [round(0.1 * k, 1) for k in range(11)]  # pointwise scores the judge may give: 0, 0.1, …, 1
+# pointwise scores the judge may give: the eighths 0, 0.125, …, 0.875, 1 (#49 §4). xgrammar (vLLM's grammar,
+# and GrammarReplay's) writes an enum's numbers with 17 significant digits, tenths too (0.7 as
+# 0.69999999999999996, a text neither the HF sampler nor a scripted trace writes); an eighth is binary-exact,
+# so %.17g and json_text write it alike. The ends are integers: xgrammar writes an enum's 1.0 as "1"
+SCORE_GRID = [0] + [k / 8 for k in range(1, 8)] + [1]
 FINAL_KEYS = ("verdict", "choice", "score")
+
+
+def grid_score(sat, tot):
+    """sat / tot as a score on SCORE_GRID: the nearest eighth (Python's round; no total → 1, as
+    readout_pointwise). The scripted judge's final score and the reports it follows (python_check_code;
+    text_checks.py, a sandboxed script, writes the same line) all round with it."""
+    return SCORE_GRID[min(max(round(8 * sat / tot), 0), 8)] if tot > 0 else 1
 
 
 def schema_object(props):
@@ -554,9 +587,10 @@ class JudgeTask:
     candidates: list
     mode: str                   # pointwise (K = 1) | pairwise (K = 2) | selection (K ≥ 2)
     method: str                 # baseline | appended | python_only | skill_rm | oracle (scripted: the label)
-    label: object = None        # the correct final answer ("A", "C", 0.7); only the oracle judge reads it
+    label: object = None        # the correct final answer ("A", "C", 0.75); only the oracle judge reads it
     category: str = ""          # benchmark category (picks the oracle's verifier)
     scripted: bool = False      # replies come from scripted_reply (the oracle; SFT traces), not a model
+    meta: dict = field(default_factory=dict)  # the SFT item's meta (constraints, expression): scripted only
     messages: list = field(default_factory=list)
     schemas: list = field(default_factory=list)  # the JSON schema of each assistant turn (--constrained)
     trace: list = field(default_factory=list)
@@ -600,17 +634,17 @@ def judge_sft_tasks(items, method, seed):
         flip = rng.random() < 0.5
         pair = [it["rejected"][0], it["chosen"]] if flip else [it["chosen"], it["rejected"][0]]
         tasks.append(JudgeTask(it["prompt"], pair, "pairwise", method, "AB"[flip], it["category"],
-                               scripted=True))
+                               scripted=True, meta=it["meta"]))
         perm = rng.sample(range(4), 4)
         cands = [it["chosen"]] + it["rejected"][:3]
         tasks.append(JudgeTask(it["prompt"], [cands[i] for i in perm], "selection", method,
-                               LABELS[perm.index(0)], it["category"], scripted=True))
+                               LABELS[perm.index(0)], it["category"], scripted=True, meta=it["meta"]))
         if it["category"] == "precise_if":
             for r in (it["chosen"], it["rejected"][0]):
                 checks = constraint_scores(it["meta"]["constraints"], r)["checks"]
                 label = {"satisfied_count": sum(checks), "total_count": len(checks)}  # the checklist form
                 tasks.append(JudgeTask(it["prompt"], [r], "pointwise", method, label, it["category"],
-                                       scripted=True))
+                                       scripted=True, meta=it["meta"]))
     return tasks
 
 
@@ -666,26 +700,70 @@ MATH_CHECK_CODE = ("import re\n"
                    "if re.findall(r'-?\\d+', c)[-1:] == [v]])")
 
 
+def constraint_test(c):
+    """One constraint as the Python test a judge reading the prompt would write, over the stripped candidate
+    x (w: its words), deciding it as check_constraint does; None for a type it has no test for."""
+    t, n, word = c.get("type"), c.get("n"), str(c.get("word", ""))
+    found = "re.search(" + repr(r"\b" + re.escape(word) + r"\b") + ", x, re.I)"
+    return {"lowercase": "x == x.lower() != x.upper()", "uppercase": "x == x.upper() != x.lower()",
+            "max_words": f"len(w(x)) <= {n}", "min_words": f"len(w(x)) >= {n}",
+            "bullets": f"len([l for l in x.splitlines() if re.match(r'\\s*\\*\\s', l)]) == {n}",
+            "include_keyword": f"bool({found})", "exclude_word": f"not {found}",
+            "end_phrase": f"x.lower().endswith({str(c.get('phrase', '')).lower()!r})",
+            "quotes": "len(x) > 1 and x[0] == x[-1] == '\"'", "no_commas": "',' not in x",
+            "start_word": f"[t.lower() for t in w(x)[:1]] == [{word.lower()!r}]"}.get(t)
+
+
+def python_check_code(task):
+    """python_only's own check of an SFT item (#49 §2), written for the item as a judge that reads the prompt
+    would write it, with no skill or verifier to run: math and focus, the prompt's expression recomputed and
+    the candidates whose last number matches (MATH_CHECK_CODE's report); precise_if, one test per stated
+    constraint (constraint_test) and the passes per candidate, in text_checks' report form ("matches: ['A']";
+    pointwise "A: 2 of 3 pass; score 0.625", grid_score's value for the pass count, from a table). None
+    where it has no check."""
+    meta = task.meta or {}
+    if task.category in ("math", "focus") and meta.get("expression"):
+        return ("import re\n"
+                f"v = str({meta['expression']})\n"
+                "print(v, 'matches:', [l for l, c in zip('ABCD', candidates) "
+                "if re.findall(r'-?\\d+', c)[-1:] == [v]])")
+    tests = [constraint_test(c) for c in meta.get("constraints", [])]
+    if not tests or None in tests:
+        return None
+    k = len(tests)
+    code = ("import re\nw = lambda x: re.findall(r\"[A-Za-z0-9']+\", x)\n"
+            f"n = [sum([{', '.join(tests)}]) for x in (c.strip() for c in candidates)]\n")
+    if task.mode == "pointwise":
+        grid = [grid_score(s, k) for s in range(k + 1)]  # by pass count, e.g. [0, 0.375, 0.625, 1]
+        return code + f"print('A:', n[0], 'of {k} pass; score', {grid}[n[0]])"
+    return code + f"print(n, 'of {k} pass; matches:', [l for l, s in zip('ABCD', n) if s == max(n)])"
+
+
 def scripted_final(task, checklist):
     """The known label as a final answer; a checklist label {"satisfied_count", "total_count"} becomes
     a score where the schema has no checklist form (checklist False: plain judges)."""
     if isinstance(task.label, dict):
         if checklist:
             return dict(task.label)
-        return {"score": round(task.label["satisfied_count"] / max(task.label["total_count"], 1), 1)}
+        return {"score": grid_score(task.label["satisfied_count"], task.label["total_count"])}
     return {{"pointwise": "score", "pairwise": "verdict"}.get(task.mode, "choice"): task.label}
 
 
 def scripted_reply(task, checklist):
     """The scripted judge's next reply to a skill_rm.JudgeTask: use_skill → run_verifier or python_sandbox
-    (math) → final_answer with the known label (plain methods: the final answer at once). checklist: the
-    loaded skill asks for the checklist form (skill_rm.asks_checklist)."""
+    (math) → final_answer with the known label (plain methods: the final answer at once; python_only:
+    python_sandbox with its own check, python_check_code, → final_answer). checklist: the loaded skill asks
+    for the checklist form (skill_rm.asks_checklist)."""
     if task.method in ("baseline", "appended") or task.force:
         return json_text(scripted_final(task, checklist))  # compact, as the turn schema decodes it
-    if task.skill is None:
-        return json_text({"name": "use_skill", "arguments": {"name": oracle_skill(task)}})
     ran = any(step["call"] and step["call"]["name"] in ("run_verifier", "python_sandbox")
               for step in task.trace)
+    if task.method == "python_only" and not ran and python_check_code(task):
+        return json_text({"name": "python_sandbox", "arguments": {"code": python_check_code(task)}})
+    if task.method == "python_only":
+        return json_text({"name": "final_answer", "arguments": scripted_final(task, checklist)})
+    if task.skill is None:
+        return json_text({"name": "use_skill", "arguments": {"name": oracle_skill(task)}})
     check = oracle_verifier(task)
     if not ran and check == "python_sandbox":
         return json_text({"name": "python_sandbox", "arguments": {"code": MATH_CHECK_CODE}})
@@ -740,6 +818,15 @@ def coin_pair(tie=COIN_TIE):
     consistency (both orders name the same answer)."""
     p = (1 - tie) / 2
     return {"win": p * p + 2 * p * tie, "order": p, "consistent": 2 * p * p}
+
+
+def null_group_sd(variant, G):
+    """The within-group reward sd a judge with no signal gives. Anchored pairwise: a position-locked
+    judge (always "A") with the rollout shown at a random side pays 1 with probability ½ per rollout,
+    so E[sd] = Σ_k C(G,k) 2^-G √(k/G · (1 − k/G)) (0.404 at G = 4). Pointwise: a constant score, sd 0."""
+    if variant != "anchored":
+        return 0.0
+    return sum(math.comb(G, k) / 2 ** G * (k / G * (1 - k / G)) ** 0.5 for k in range(G + 1))
 
 
 def report_winners(text, labels):
@@ -976,11 +1063,14 @@ def clustered(e):
 
 def bench_headline(res, methods, set_name, clusters=None):
     """One benchmark set's headline entries: every model judge vs the coin (accuracy, consistency);
-    Skill-RM paired over items vs the plain judge, vs checker-only (fidelity: how much of the ceiling of
-    faithful script execution the judge reaches) and vs shorter-wins; the two baselines vs the coin.
+    Skill-RM paired over items vs the plain judge with the python tool (python_only, SFT on as many
+    supervised tokens as Skill-RM's: #49 §3's headline), vs the plain judge, vs checker-only (fidelity: how
+    much of the ceiling of faithful script execution the judge reaches) and vs shorter-wins; the two
+    baselines vs the coin.
     clusters {item id: template}: the entries' item ids, so the bootstrap and the test resample templates."""
     H, judges, tag = [], [m for m in methods if m in MODEL_JUDGES], SET_NAMES.get(set_name, set_name)
     note = " [SFT: skill targets copy a verifier report, plain targets do not]"
+    tool = "plain judge with the python tool [SFT: as many supervised tokens]"
     cl = lambda ids: [(clusters or {}).get(i, i) for i in ids]
     chance = lambda name, m, vals, ids, c: clustered(vs_chance(name, m, vals, c, item_ids=cl(ids)))
     for fmt in ("pairwise", "best_of_4"):
@@ -996,7 +1086,7 @@ def bench_headline(res, methods, set_name, clusters=None):
                                 [cons[k] for k in sorted(cons)], sorted(cons), COIN["consistent"]))
         a = bench_items(res, "skill_rm", fmt)
         # paper_effect: Table 2, Qwen3.5-27B, Skill-RM 86.2 vs LLM-as-a-Judge 83.9 (benchmark average)
-        for other, what, effect in (("baseline", f"plain judge{note}", 0.023),
+        for other, what, effect in (("python_only", tool, None), ("baseline", f"plain judge{note}", 0.023),
                                     ("checker", "checker-only (fidelity)", None),
                                     ("shorter", "shorter-wins", None)):
             b = bench_items(res, other, fmt)

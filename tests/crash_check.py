@@ -18,7 +18,9 @@ if mode == "grpo":
     grpo.main(rest)
 elif mode == "talentrl":
     # Alg. 1 l.14-23 (phase2_rl, the part with checkpoints) on the tiny model, with talentrl_ddp_check's scripted
-    # policy as the sampler: deterministic rollouts whose rewards differ, so every step moves the weights
+    # policy as the sampler: deterministic rollouts whose rewards differ, so every step moves the weights; the
+    # SkillBank evolves every 2 steps on the 4 tasks, and the first is answered only once its evolved skill
+    # is retrieved: it fails validation at step 1 (its type, bridge, at 50 %), whose new skill makes it pass
     from pathlib import Path
 
     import plumbing
@@ -29,13 +31,13 @@ elif mode == "talentrl":
         "--preset", "tiny", "--model", model_dir, "--G", "3", "--no-autocast", "--micro-batch", "4", "--beta", "0.1",
         "--lr", "1e-3", "--n-people", "12", "--n-places", "6", "--n-orgs", "4", "--n-events", "4", "--n-hamlets", "4",
         "--n-shared", "2", "--n-train", "8", "--eval-n", "1", "--steps", "5", "--save-every", "2",
-        "--prompts-per-step", "2", "--evolve-every", "0", "--val-tasks", "0", *flags])
+        "--prompts-per-step", "2", "--evolve-every", "2", "--val-tasks", "4", "--evolve-threshold", "0.6", *flags])
     dist = plumbing.setup_distributed()
     grpo.seed_everything(args.seed)
     W = T.World(args, T.load_embedder())
     model, tok = plumbing.load_policy(args, dist)
     tasks = W.questions["hotpotqa"]["train"][:4]
-    sampler = ScriptedPolicy(tok, {t["question"]: t["answer"] for t in tasks})
+    sampler = ScriptedPolicy(tok, {t["question"]: t["answer"] for t in tasks}, hard=[tasks[0]["question"]])
     sampler.sync = lambda m: None
     T.phase2_rl(True, T.Policy(model, sampler, tok), W, tasks, Path(run_dir), args, dist)
 elif mode == "skill_entropy":

@@ -1,7 +1,9 @@
 """Run by tests/test_talentrl.py, once as a plain process and once under torchrun with 2 gloo ranks:
 one TalentRL step (anchor, controls, ordinary rollouts from a scripted policy; Eq. 10-14) and one
 grpo_update on 4 tasks; rank r owns tasks r, r+world, …; rank 0 saves the weights."""
+import json
 import os
+import re
 import sys
 
 import torch
@@ -16,13 +18,18 @@ from plumbing import exit_ranks  # noqa: E402
 class ScriptedPolicy:
     """Stands in for the policy's sampler: route k of a prompt is valid for k = 0, 2, … and
     invalid otherwise; an execution answers correctly exactly when talent guidance and skills
-    are in its context. Deterministic, so every rank and world size sees the same rollouts."""
+    are in its context (a question in `hard`: and an evolved skill, SKILL). Asked to evolve the
+    SkillBank, it proposes one skill (SKILL) for the weak type, made of the first failed question (in
+    lower case: no question's text), so that question retrieves it. Deterministic, so every rank and
+    world size sees the same rollouts."""
 
     ROUTES = ["<think>Find the creator first.</think><talent>talent_bridge_entity</talent>",
               "<think>no idea</think><talent>talent_unknown</talent>"]
 
-    def __init__(self, tok, answers, anchor_invalid=False):
-        self.tok, self.answers, self.first = tok, answers, int(anchor_invalid)
+    SKILL = "Scripted skill"
+
+    def __init__(self, tok, answers, anchor_invalid=False, hard=()):
+        self.tok, self.answers, self.first, self.hard = tok, answers, int(anchor_invalid), set(hard)
 
     def generate(self, prompts, n, max_new_tokens, temperature, top_p=1.0, stop=None, json_schema=None):
         out = []
@@ -30,9 +37,14 @@ class ScriptedPolicy:
             text = self.tok.decode(p)
             if stop == ["</talent>"]:
                 replies = [self.ROUTES[(self.first + k) % 2] for k in range(n)]
+            elif "Propose at most" in text:  # talentrl.evolve_skillbank's prompt
+                qtype, q = re.search(r"attempts on '(\w+)'.*?Question: ([^\n]*)", text, re.S).groups()
+                replies = [json.dumps([dict(title=f"{self.SKILL} for {qtype}", principle=q.lower(),
+                                            when_to_apply=f"{qtype} questions")])] * n
             else:
                 q = next(q for q in self.answers if q in text)
                 good = "Talent guidance" in text and "Relevant skills" in text
+                good = good and (q not in self.hard or f"- {self.SKILL} for" in text)
                 replies = [f"<answer>{self.answers[q] if good else 'nobody'}</answer>"] * n
             out.append([plumbing.Sample(self.tok.encode(r, add_special_tokens=False), r) for r in replies])
         return out

@@ -133,19 +133,33 @@ def test_grpo_killed_at_seven_points_resumes_where_it_stopped(tiny_model_dir, tm
     assert "dropped 2 row(s) logged after the checkpoint" in said
 
 
-@pytest.mark.heavy(66)
+@pytest.mark.heavy(110)
 def test_talentrl_killed_at_five_points_resumes_bit_identical(tiny_model_dir, tmp_path):
-    """talentrl.phase2_rl (Alg. 1 l.14-23: policy, optimizer and SkillBank in the checkpoint) with scripted rollouts."""
+    """talentrl.phase2_rl (Alg. 1 l.14-23: policy, optimizer and SkillBank in the checkpoint) with scripted rollouts
+    and the SkillBank evolving (crash_check.py: one new skill at step 1, which the task of step 2 needs). Each
+    resume starts at the step the kills leave (_kill_at_each: a fresh start twice, then steps 1, 3, 4) with
+    the bank of that step's checkpoint; the second kill falls after step 1's evolution and bank save, before
+    its checkpoint commits (the rerun step must add the skill once, not twice)."""
+    from tasks.search_world import load_skillbank
     ref, run = tmp_path / "ref", tmp_path / "run"
     out = _run(["talentrl", tiny_model_dir, str(ref)])
     assert out.returncode == 0, out.stderr[-3000:]
     assert len(_rows(ref)) == 5
     w0 = plumbing.load_model(tiny_model_dir, plumbing.Dist())[0].state_dict()
     assert any(not torch.equal(w0[k], v) for k, v in _weights(ref).items()), "the weights never moved"
+    size = {int(p.stem[4:]): len(load_skillbank(p)[0]) for p in (ref / "skillbanks").glob("step*.json")}
+    assert [r["n_new_skills"] for r in _rows(ref)] == [0, 1, 0, 0, 0] and size == {0: 26, 1: 27, 2: 27, 3: 27, 4: 27}
+    assert plumbing.checkpoint_extra(ref)["bank"][-1]["title"] == "Scripted skill for bridge"
     kills = ["metrics:after_row:step0", "ckpt:torn_state:step1", "metrics:torn:step2",
              "ckpt:between_renames:step3", "ckpt:after_tmp_rename:step4"]
-    _kill_at_each(["talentrl", tiny_model_dir, str(run)], kills, [None, None, 1, 3, 4], run)
-    _assert_same_run(ref, run)
+    resumes = [None, None, 1, 3, 4]
+    outs = _kill_at_each(["talentrl", tiny_model_dir, str(run)], kills, resumes, run)
+    for n, o in zip(resumes, outs[1:]):  # the bank each resume restored: its checkpoint's, not the initial one
+        said = re.findall(r"^talentrl: SkillBank restored: (\d+) skills$", o.stderr, re.M)
+        assert said == ([] if n is None else [str(size[n])]), (n, said, o.stderr[-1500:])
+    _assert_same_run(ref, run)  # the metrics rows (step 2's reward needs the restored skill) and the bank
+    banks = [{p.name: p.read_text() for p in (d / "skillbanks").iterdir()} for d in (ref, run)]
+    assert banks[0] == banks[1], "the SkillBank saved at some step differs from the uninterrupted run's"
 
 
 @pytest.mark.heavy(56)

@@ -3,6 +3,7 @@ against hostile code, the judge loop's mechanics, and a smoke run of the tiny pr
 (tasks/reward_bench.py: checkers, items, splits, the knockout) is tested in test_tasks_reward_bench.py."""
 import json
 import random
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -508,6 +509,41 @@ def test_kill_after_a_stage_then_resume_skips_it(tiny_model_dir, tmp_path, monke
     assert "held-out: pairwise accuracy of skill_rm vs coin" in claims
 
 
+def test_python_only_judge_gets_its_own_sft_stage_and_resumes(tmp_path, monkeypatch):
+    """#49 §2, no model: main gives the plain judge with the python tool its own SFT stage (judge_sft_python_only,
+    weights and all) and its own sampler; appended judges on the plain weights; --resume reads all three back
+    without training; without python_only in --methods its SFT is not run; without SFT one judge serves all."""
+    import torch
+    trained, judges = [], []
+    def sft(backbone, tok, skills, args, dist, method):
+        trained.append(method)
+        model = torch.nn.Linear(1, 1)
+        torch.nn.init.constant_(model.weight, ["baseline", "skill_rm", "python_only"].index(method) + 1.0)
+        return model
+    monkeypatch.setattr(S, "load_policy", lambda args, dist: (torch.nn.Linear(1, 1), None))
+    monkeypatch.setattr(S, "make_sampler", lambda *a, **k: None)
+    monkeypatch.setattr(S, "make_judge", lambda policy, args, dist: torch.nn.Linear(1, 1))
+    monkeypatch.setattr(S, "make_judge_sampler", lambda model, tok, args, dist: float(model.weight.detach().flatten()[0]))
+    monkeypatch.setattr(S, "judge_sft", sft)
+    Judge = S.Judge
+    monkeypatch.setattr(S, "Judge", lambda samplers, tok, skills: judges.append(samplers) or Judge(samplers, tok, skills))
+    argv = ["--preset", "tiny", "--no-benchmark", "--no-bon", "--no-rl", "--run-dir", str(tmp_path)]
+    S.main(argv)
+    assert trained == ["baseline", "skill_rm", "python_only"]
+    assert {p.name for p in (tmp_path / "stages").iterdir()} >= {"judge_sft_python_only.json", "judge_sft_python_only.pt"}
+    want = {"baseline": 1.0, "appended": 1.0, "default": 1.0, "skill_rm": 2.0, "python_only": 3.0}
+    assert judges[-1] == want
+    trained.clear()
+    S.main(argv + ["--resume"])
+    assert trained == [] and judges[-1] == want  # each judge's own weights, read back
+    S.main(argv + ["--methods", "baseline,skill_rm"])
+    assert trained == ["baseline", "skill_rm"] and "python_only" not in judges[-1]
+    trained.clear()
+    S.main(argv + ["--judge-sft-steps", "0"])
+    assert trained == [] and set(judges[-1]) == {"baseline", "appended", "default"}  # python_only: "default"
+    assert len(set(judges[-1].values())) == 1
+
+
 def test_rl_stage_resume_trains_only_the_unfinished_variants(tmp_path, monkeypatch):
     """No model: if_rl with the initial evaluation and the skill_rm variant finished reads both back and trains
     direct alone (no anchors are generated: anchored is not left), then records it as a stage."""
@@ -614,7 +650,7 @@ def test_skill_contract_text_fallback_keeps_the_0_1_scale():
 def test_contract_examples_are_valid_json():
     for mode, K in (("pointwise", 1), ("pairwise", 2), ("selection", 4)):
         example = S.contract_text(mode, K).split("final_answer ")[1]
-        example = example[:example.index("}") + 1].replace("S}", "0.7}")
+        example = example[:example.index("}") + 1].replace("S}", "0.75}")
         assert isinstance(json.loads(example), dict), example
     body = S.load_skills(SKILLS)["instruction_following_pointwise"].body
     assert "n/m" not in body and "n/m" not in S.contract_text("pointwise", 1)
@@ -744,7 +780,8 @@ def test_run_verifier_takes_the_arguments_its_resource_declares_and_checklist_fo
     assert {"name": "run_verifier", "arguments": {"id": "text_checks"}} in calls
     assert {"name": "run_verifier", "arguments": {"id": "text_checks", "code": FreeString(400)}} in calls  # declared: [code]
     finals = [c["arguments"] for c in calls if c["name"] == "final_answer"]
-    assert {"satisfied_count": 2, "total_count": 3} in finals and {"score": 0.7} in finals  # the skill asks for a checklist
+    assert {"satisfied_count": 2, "total_count": 3} in finals and {"score": 0.625} in finals  # the skill asks for a checklist
+    assert {"score": 0.7} not in finals  # the grid is the eighths (rb.SCORE_GRID): what xgrammar writes as json_text does
     assert {"satisfied_count": 4, "total_count": 3} not in finals
     assert S.readout_pointwise({"satisfied_count": 2, "total_count": 3})[0] == pytest.approx(2 / 3)
     fair = S.JudgeTask("q", ["a", "b"], "pairwise", "skill_rm")
@@ -1074,34 +1111,139 @@ def test_sft_skill_judge_beats_the_coin_and_is_not_position_locked(tmp_path):
     assert len(sandbox) == 24 and sum(sandbox) >= 18, sandbox
 
 
-def test_judge_sft_mask_is_the_decoding_grammars_for_multiline_code(tiny_model_dir):
+@pytest.mark.parametrize("method", ["skill_rm", "python_only"])
+def test_judge_sft_mask_is_the_decoding_grammars_for_multiline_code(tiny_model_dir, method):
     """#49 §4: xgrammar compiles a maxLength string without JSON escapes, so replaying a scripted trace whose
     code holds a newline under the turn's own schema rejected the code at its first \\n, and every token after
     it counted as decided: the forced "}} and end of turn were trained in one run and masked in another.
     trace_examples replays under the grammar the sampler decodes with (xgrammar_schema): a code string with
-    newlines is all decisions, and the JSON that closes it is forced."""
+    newlines is all decisions, and the JSON that closes it is forced. python_only's traces (#49 §2: its own
+    check, python_sandbox → final_answer, no skill) are replies its turn schema decodes whole, every one."""
     from transformers import AutoTokenizer
     from plumbing import GrammarReplay, xgrammar_schema
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     grammar = GrammarReplay(tok, len(tok))
-    tasks = S.judge_sft_tasks(S.sft_items(0, 2), "skill_rm", 0)
+    tasks = S.judge_sft_tasks(S.sft_items(0, 2), method, 0)
     S.run_judges(None, tok, tasks, S.load_skills(SKILLS), judge_args(), 3)
-    checked = 0
+    checked = scores = 0
     for t in tasks:
         replies = [m["content"] for m in t.messages if m["role"] == "assistant"]
         (_, _, mask), = S.trace_examples(tok, t.messages, t.schemas, grammar)
         (_, _, unbounded), = S.trace_examples(tok, t.messages, [xgrammar_schema(s) for s in t.schemas], grammar)
         assert mask == unbounded
         for reply, schema in zip(replies, t.schemas):
+            ids = tok.encode(reply, add_special_tokens=False) + [tok.eos_token_id]
+            decided = grammar.decided(xgrammar_schema(schema), ids)
+            score = (_json_object(reply).get("arguments") or {}).get("score")
+            # the grammar took the whole reply (its end of turn forced), a pointwise score too (the eighths grid:
+            # test_xgrammar_takes_every_pointwise_score_as_the_scripted_judge_writes_it)
+            assert decided[-1] == 0, reply
+            scores += score is not None
             code = (_json_object(reply).get("arguments") or {}).get("code")
             if not isinstance(code, str) or "\n" not in code:
                 continue
-            ids = tok.encode(reply, add_special_tokens=False) + [tok.eos_token_id]
-            decided = grammar.decided(xgrammar_schema(schema), ids)
-            assert decided[-1] == 0 and decided[-2] == 0  # '"}}' and the end of turn close it: forced
+            assert decided[-2] == 0  # '"}}' closes it: forced
             assert sum(decided) >= len(tok.encode(code, add_special_tokens=False)) // 2  # the code is decided
+            assert len(code) <= judge_args().code_max_chars  # the HF sampler's bounded string takes it too
             checked += 1
     assert checked, "no scripted trace runs multi-line code: the test would check nothing"
+    assert scores or method == "skill_rm", "no pointwise score replayed"  # skill_rm's traces answer in checklist form
+    if method == "python_only":  # its own check in every trace, run, and its report followed (ties aside)
+        assert all(S.tool_counts(t) == {"python_sandbox": 1, "final_answer": 1} and t.skill is None for t in tasks)
+        assert all(t.trace[0]["observation"].startswith("stdout:\n") and "error" not in t.trace[0]["observation"]
+                   for t in tasks)
+        assert all(S.code_result_used(t) for t in tasks), [S.format_trace(t) for t in tasks if not S.code_result_used(t)]
+        assert checked == len(tasks) and S.judgment_label(tasks[0].judgment, "AB") == tasks[0].label
+
+
+def test_xgrammar_takes_every_pointwise_score_as_the_scripted_judge_writes_it(tiny_model_dir):
+    """#49 §4, found with python_only's traces: xgrammar writes an enum's numbers with 17 significant digits, so on
+    a tenths grid the score enum compiled as vLLM compiles it (GrammarReplay) took 0, 0.5 and 1 alone as json_text
+    writes them: a scripted 0.7 was rejected at its third character (the tokens after it counted as decided), and
+    a vLLM judge wrote 0.69999999999999996 where the HF sampler wrote 0.7. On the eighths grid every score is one
+    text under both decoders: the grammar takes each SCORE_GRID value whole as json_text writes it, its number
+    alternatives are exactly those texts, and the HF sampler's templates (schema_segments, final answer and
+    final_answer tool call alike) write exactly the grammar's texts."""
+    import xgrammar as xgr
+    from transformers import AutoTokenizer
+    from plumbing import GrammarReplay, schema_segments, xgrammar_schema
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    grammar, schema = GrammarReplay(tok, len(tok)), xgrammar_schema(S.final_schema("pointwise", 1))
+    taken = [s for s in rb.SCORE_GRID
+             if grammar.decided(schema, tok.encode(json_text({"score": s}), add_special_tokens=False)
+                                + [tok.eos_token_id])[-1] == 0]
+    assert taken == rb.SCORE_GRID
+    off = tok.encode('{"score":0.7}', add_special_tokens=False) + [tok.eos_token_id]
+    assert grammar.decided(schema, off)[-1] == 1  # off the grid: rejected ("0.7" is but a prefix of 0.75)
+    # vLLM's texts: the enum's alternatives as xgrammar compiles them (the root rule of the bare enum)
+    root = str(xgr.Grammar.from_json_schema(json.dumps({"enum": rb.SCORE_GRID}), any_whitespace=False))
+    vllm = re.findall(r'\("([^"]*)"\)', re.search(r"^root ::= (.*)$", root, re.M).group(1))
+    assert vllm == [json_text(s) for s in rb.SCORE_GRID] == ["0", "0.125", "0.25", "0.375", "0.5", "0.625", "0.75",
+                                                            "0.875", "1"]
+    # the HF sampler's texts: its templates for the bare final answer and for the final_answer call of a tool turn
+    segments = schema_segments(S.final_schema("pointwise", 1))
+    assert len(segments) == 1 and [tpl[0] for tpl in segments[0]] == ['{"score":%s}' % v for v in vllm]
+    t = S.JudgeTask("Answer in lowercase.", ["all lowercase"], "pointwise", "python_only")
+    turn = S.turn_schema(t, S.load_skills(SKILLS), judge_args())  # python_sandbox or final_answer
+    segments = schema_segments(turn)
+    calls = [tpl[0] for tpl in segments[0] if tpl[0].startswith('{"name":"final_answer"')]
+    assert len(segments) == 1 and calls == ['{"name":"final_answer","arguments":{"score":%s}}' % v for v in vllm]
+    assert all(grammar.decided(xgrammar_schema(turn), tok.encode(c, add_special_tokens=False) + [tok.eos_token_id])[-1]
+               == 0 for c in calls)
+
+
+def test_token_matched_gives_the_tool_judge_the_skill_judges_supervised_tokens(monkeypatch):
+    """#49 §2, no model: two example lists with different supervised tokens (mask 1) per example, the skill judge's
+    (7-103, as its traces) and the tool judge's (59-132). sft_loop's draws over the skill list (24 steps of 4 from
+    32: whole passes) train exactly T = steps · B · mean; token_matched's list for the tool judge holds T within
+    half a batch's tokens, in whole batches, and one sft_loop pass over it trains exactly that list: fewer steps
+    of longer examples. A shorter-example judge gets more steps by the same rule."""
+    import grpo
+    import torch
+    rng = random.Random(0)
+    examples = lambda lo, hi: [([1], [2] * 200, [1] * k + [0] * (200 - k)) for k in (rng.randint(lo, hi) for _ in range(32))]
+    supervised = lambda xs: sum(sum(m) for _, _, m in xs)
+    drawn = []
+    monkeypatch.setattr(grpo, "sft_update", lambda model, opt, chosen, *a, **k: drawn.extend(chosen) or {"sft_loss": 0.0})
+    train = lambda xs, batch, steps: drawn.clear() or grpo.sft_loop(torch.nn.Linear(1, 1), xs, SimpleNamespace(weight_decay=0.0),
+                                                                     S.Dist(), 1e-4, batch, steps) and supervised(drawn)
+    skill, tool, short = examples(7, 103), examples(59, 132), examples(1, 5)
+    T = train(skill, 4, 24)
+    assert T == 24 * 4 * supervised(skill) / 32  # three whole passes: the formula judge_sft uses, exactly
+    for xs, most in ((tool, 132), (short, 5)):
+        matched = S.token_matched(xs, T, 4, seed=1)
+        assert len(matched) % 4 == 0 and abs(supervised(matched) - T) <= 4 * most / 2
+        assert train(matched, 4, len(matched) // 4) == supervised(matched)  # one pass: each copy trained once
+        assert {id(e) for e in matched} <= {id(e) for e in xs}
+    assert len(S.token_matched(tool, T, 4, 1)) // 4 < 24 < len(S.token_matched(short, T, 4, 1)) // 4
+    assert S.token_matched(tool, T, 4, 1) == S.token_matched(tool, T, 4, 1)  # seeded
+    assert S.token_matched([([1], [2], [0])], T, 4) == [] and S.token_matched([], T, 4) == []  # nothing to match
+
+
+def test_judge_sft_trains_python_only_on_the_skill_judges_supervised_tokens(tiny_model_dir, tmp_path, monkeypatch):
+    """judge_sft with sft_loop recorded (no training; the tokenizer, not a model): the plain and skill judges get
+    --judge-sft-steps × --judge-sft-batch; python_only gets its own traces in whole batches holding the skill
+    judge's T = steps · B · mean supervised tokens, within half a batch's tokens."""
+    import torch
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    args = S.parse_with_preset(S.build_parser(), S.PRESETS, name="skill_rm", argv=[
+        "--preset", "tiny", "--judge-sft-items", "1", "--run-dir", str(tmp_path)])
+    calls = {}
+    monkeypatch.setattr(S, "sft_loop", lambda model, examples, args, dist, lr, batch, steps, **k:
+                        calls.setdefault(k["log_dir"].name, (examples, batch, steps)))
+    judge = torch.nn.Linear(1, 1)
+    judge.config = SimpleNamespace(vocab_size=len(tok))
+    for m in ("baseline", "skill_rm", "python_only"):
+        S.judge_sft(judge, tok, S.load_skills(SKILLS), args, S.Dist(), m)
+    supervised = lambda xs: [sum(mask) for _, _, mask in xs]
+    skill, B, steps = calls["judge_sft_skill_rm"]
+    assert (B, steps) == (4, 24) == calls["judge_sft_baseline"][1:]  # step-matched
+    T = steps * B * sum(supervised(skill)) / len(skill)
+    tool, b, n = calls["judge_sft_python_only"]
+    assert b == B and n * b == len(tool) and 0 < n < steps
+    assert abs(sum(supervised(tool)) - T) <= B * max(supervised(tool)) / 2
+    assert min(supervised(tool)) > max(supervised(calls["judge_sft_baseline"][0]))  # code is trained, not only labels
 
 
 def _json_object(text):

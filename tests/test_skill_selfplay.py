@@ -558,14 +558,26 @@ Keep it small.
 """
 
 
+def _in_grid_schema(text, p):
+    """text is an instance of p's grid_schema: every house, every attribute in order, each cell one of its values."""
+    try:
+        grid = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(grid, dict) and list(grid) == [f"House {h}" for h in range(1, p["houses"] + 1)] and all(
+        isinstance(row, dict) and list(row) == list(p["attributes"])
+        and all(row[a] in vals for a, vals in p["attributes"].items()) for row in grid.values())
+
+
 def test_smoke_tiny(tmp_path, tiny_model_dir):
     """The tiny preset, shrunk further, on the tiny random model: one iteration of zebra self-play end to end,
     then a resume with nothing left to do. The random model is SFT-primed (--proposer-sft-steps, difference 13)
     on the worked example of a one-package library, the smallest puzzle the runtime accepts; the test fails
-    unless proposals pass every gate (valid), D(t) is not empty and the solver takes its GRPO step on it. Under
-    --sampler hf the solver's answers are not schema-decoded, so a random solver scores 0 on every answer and its
-    update is the KL term alone: this smoke cannot show the loop closing (#52 §3 asks a smoke that can; it needs
-    the grid schema on the HF path, ConstrainedHFSampler, or vLLM on the tiny model)."""
+    unless proposals pass every gate (valid), D(t) is not empty and the solver takes its GRPO step on it, and
+    unless the loop closed (#52 §3: loop_failures empty, so the step had an advantage term). That needs the
+    solver's answers decoded under their grid schema, which --sampler hf does through ConstrainedHFSampler
+    (plumbing.schema_sampler): a random solver's sampled grids then differ in R_solve (0.1 for a valid structure,
+    1 for the solution), where free text scores 0 on every answer and the update is the KL term alone."""
     (tmp_path / "lib").mkdir()
     (tmp_path / "lib" / "zebra_tiny.md").write_text(TINY_ZEBRA_PACKAGE)
     run = tmp_path / "run"
@@ -600,12 +612,16 @@ def test_smoke_tiny(tmp_path, tiny_model_dir):
     assert max((primed[k].float() - base[k].float()).abs().max().item() for k in base if k in primed) > 0.05
     (step,) = [json.loads(line) for line in open(run / "solver" / "metrics.jsonl")]
     assert step["grad_norm"] > 0 and step["skipped"] == 0.0                 # the solver trained on D(t) ...
-    # results.json's loop holds this iteration. Whether the update had an advantage term (loop_failures) is not
-    # asserted here: the HF sampler ignores the grid schema, so the random solver's answers all score 0 (the run
-    # prints "the loop did not close"); test_loop_check_fails_on_… checks the check itself
-    loop = json.load(open(run / "results.json"))["loop"]
-    assert loop["pool_size"] == [row["pool_size"]] and loop["solver_pg_steps"] == [0]
+    # results.json's loop holds this iteration, and the loop closed: D(t) was not empty and the solver's step had
+    # an advantage term (a group whose rewards differ). Unconstrained answers of the random solver all score 0, so
+    # this fails without the grid schema (test_loop_check_fails_on_… checks that the check fails then)
+    results = json.load(open(run / "results.json"))
+    loop = results["loop"]
+    assert loop["pool_size"] == [row["pool_size"]] and loop["solver_pg_steps"] == [1], loop
+    assert results["loop_failures"] == [], results["loop_failures"]
     recs = [json.loads(line) for line in open(run / "records" / "iter_0.jsonl")]
+    # the solver's sampler decodes under the grid schema (the held-out replies: its own decoding, every row)
+    assert all(_in_grid_schema(t, puzzles[it["i"]][1]) for it in items for t in it["answers"])
     assert len(recs) == row["n_proposals_parsed"]
     assert sum(r["valid"] for r in recs) == row["n_accepted_skill"] + row["n_accepted_explore"]
     assert all(r["reject"] in (None,) + S.REJECT_TYPES and (r["valid"] or r["why"]) for r in recs)
@@ -858,6 +874,64 @@ def test_eq7_constant_rewards_leave_solver_unchanged(tiny_model_dir, tmp_path):
     D, (m,) = S.solver_phase(recs, 0, P, args, random.Random(0), Dist())
     assert len(D) == 2 and m["reward"] == 0.0 and m["skipped"] == 0.0 and m["n_tokens"] > 0 and m["grad_norm"] == 0.0
     assert all(torch.equal(before[k], v) for k, v in solver.state_dict().items())
+
+
+def _grid_puzzle(houses, m):
+    return {"houses": houses, "attributes": {f"A{j}": [f"v{j}{i}" for i in range(houses)] for j in range(m)}}
+
+
+def test_schema_segments_split_a_big_grid_by_houses_then_cells():
+    """The rule for big schemas (plumbing.schema_segments): up to MAX_INSTANCES instances a schema is one choice
+    over all of them (what ConstrainedHFSampler always did); a bigger object is decoded property by property, its
+    keys and punctuation fixed, the same language in templates linear in a zebra grid's cells instead of
+    (values^m)^houses; a big schema that is not an object, or an unbounded one, is left unconstrained (None)."""
+    from plumbing import MAX_INSTANCES, instance_count, instance_template, schema_instances, schema_segments
+    small = S.grid_schema(_grid_puzzle(2, 4))                     # 2^8 = 256 grids: listed whole, as before
+    assert instance_count(small) == 256 <= MAX_INSTANCES
+    assert schema_segments(small) == [[instance_template(v) for v in schema_instances(small)]]
+    mid = S.grid_schema(_grid_puzzle(3, 3))                       # 27^3 = 19,683 grids: one choice per house
+    segs = schema_segments(mid)
+    assert instance_count(mid) == 27 ** 3 and [len(s) for s in segs] == [1, 27, 27, 27]
+    assert segs[0] == [['{"House 1":']] and segs[1][0] == [json_text({"A0": "v00", "A1": "v10", "A2": "v20"}) + ',"House 2":']
+    texts = {a[0] + x[0] + y[0] + z[0] for a in segs[0] for x in segs[1] for y in segs[2] for z in segs[3]}
+    assert texts == {json_text(v) for v in schema_instances(mid)}  # the same grids, the same compact JSON
+    big = S.grid_schema(_grid_puzzle(6, 6))                       # (6^6)^6 ≈ 1e28 grids: one choice per cell
+    segs = schema_segments(big)
+    assert len(segs) == 1 + 36 and sum(map(len, segs)) == 1 + 36 * 6
+    assert segs[0] == [['{"House 1":{"A0":']] and segs[1][1] == ['"v01","A1":'] and segs[-1][0] == ['"v50"}}']
+    assert schema_segments({"enum": list(range(MAX_INSTANCES))}) == [[[str(i)] for i in range(MAX_INSTANCES)]]
+    assert schema_segments({"enum": list(range(MAX_INSTANCES + 1))}) is None     # big, and not an object
+    assert schema_segments({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}) is None
+    assert schema_segments({"enum": []}) is None                  # nothing to choose: unconstrained, no crash
+
+
+def test_constrained_hf_sampler_decodes_big_grids_cell_by_cell(tiny_model_dir):
+    """A random tiny model under a 3-house, 3-attribute grid schema (19,683 grids) and a 6 × 6 one (~1e28): every
+    reply is a grid of the schema (each cell one of its attribute's values), EOS-terminated, with per-token forced
+    flags and log-probs (a decision at every choice segment at least); at temperature 1 the draws differ, so a GRPO
+    group gets reward variance; greedy ones do not. Bounded: the 6 × 6 decode walks 6 templates per cell."""
+    import time
+    import torch
+    from plumbing import ConstrainedHFSampler, Dist, load_model, schema_segments
+    model, tok = load_model(tiny_model_dir, Dist(), trainable=False)
+    sampler = ConstrainedHFSampler(model, tok)
+    for houses, m in ((3, 3), (6, 6)):
+        p = _grid_puzzle(houses, m)
+        schema = S.grid_schema(p)
+        choices = sum(len(seg) > 1 for seg in schema_segments(schema))   # 3 (one per house), 36 (one per cell)
+        prompt = S.chat_ids(tok, [{"role": "user", "content": f"Fill the {houses}-house grid."}])
+        torch.manual_seed(0)
+        t0 = time.time()
+        sampled = sampler.generate([prompt], 6, 400, 1.0, json_schema=[schema])[0]
+        greedy = sampler.generate([prompt], 2, 400, 0.0, json_schema=[schema])[0]
+        assert time.time() - t0 < 120                      # generous: about a second on one idle core
+        for smp in sampled + greedy:
+            assert _in_grid_schema(smp.text, p), smp.text
+            assert smp.ids[-1] == tok.eos_token_id and tok.decode(smp.ids[:-1]) == smp.text
+            assert len(smp.ids) == len(smp.forced) == len(smp.logprobs) and smp.forced.count(0) >= choices
+            assert all(lp == 0.0 for lp, f in zip(smp.logprobs, smp.forced) if f)
+        assert all(lp <= 0 for smp in sampled for lp, f in zip(smp.logprobs, smp.forced) if not f)
+        assert len({smp.text for smp in sampled}) > 1 and greedy[0].text == greedy[1].text
 
 
 def _forced_bench():

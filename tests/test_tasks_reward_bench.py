@@ -330,3 +330,109 @@ def test_clusters_are_prompt_templates():
     sets = rb.bench_sets(HELDOUT, ROOT / "data/skill_rm/bench.jsonl", 2, 0)
     assert list(sets) == ["heldout", "dev"] and len(sets["heldout"]) == 10 and len(sets["dev"]) == 8
     assert list(rb.bench_sets("", ROOT / "data/skill_rm/bench.jsonl", 0, 0)) == ["dev"]
+
+
+# ----- #49 §2: the python-tool judge's own checks (its SFT traces) -----
+
+def test_python_only_check_decides_each_sft_item_as_the_hidden_checkers_do():
+    """python_check_code, the check the python_only judge's SFT traces write for an item with no skill to load: run
+    on every SFT task (seeds 0-4, 16 items per category, more than any preset uses), its per-candidate pass counts
+    are the hidden checker's (constraint_scores), its arithmetic names exactly the candidates whose last number is
+    the answer, and it fits the code bound the tests decode with (400 characters)."""
+    seen = set()
+    for seed in range(5):
+        for t in rb.judge_sft_tasks(rb.sft_items(seed, 16), "python_only", seed):
+            code = rb.python_check_code(t)
+            assert code and len(code) <= 400, code
+            out = rb.run_script(code, t.prompt, t.candidates)
+            assert "error" not in out, (code, out)
+            labels = rb.LABELS[:len(t.candidates)]
+            if t.category == "precise_if":
+                counts = [sum(rb.constraint_scores(t.meta["constraints"], c)["checks"]) for c in t.candidates]
+                k = len(t.meta["constraints"])
+                if t.mode == "pointwise":
+                    assert out.strip() == f"A: {counts[0]} of {k} pass; score {rb.grid_score(counts[0], k)}"
+                else:
+                    assert out.startswith(f"{counts} of {k} pass;")
+                    assert rb.report_winners(out, labels) == {lab for lab, n in zip(labels, counts) if n == max(counts)}
+                seen |= {c["type"] for c in t.meta["constraints"]}
+            else:
+                right = {lab for lab, c in zip(labels, t.candidates) if re.findall(r"-?\d+", c)[-1:] == [t.meta["answer"]]}
+                assert rb.report_winners(out, labels) == right and t.label in right
+    assert seen == {ty for group in rb.CONSTRAINT_GROUPS for ty in group}  # every training constraint type tested
+
+
+def test_grid_score_is_the_nearest_eighth_on_the_grid():
+    """#49 §4: every score the scripted judge gives or reports is grid_score's, a SCORE_GRID value (ends as the
+    integers xgrammar writes): the nearest eighth of satisfied / total, no total → 1; under 16 constraints a
+    response that fails one scores below 1 and one that passes one above 0."""
+    assert rb.SCORE_GRID == [0, 0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1]
+    assert all(s == float(repr(s)) == float("%.17g" % s) and repr(s) == ("%.17g" % s) for s in rb.SCORE_GRID)
+    cases = {(0, 3): 0, (1, 3): 0.375, (2, 3): 0.625, (3, 3): 1, (1, 2): 0.5, (1, 5): 0.25, (4, 5): 0.75,
+             (5, 6): 0.875, (1, 6): 0.125, (0, 0): 1}
+    for (sat, tot), want in cases.items():
+        got = rb.grid_score(sat, tot)
+        assert got == want and type(got) is type(want), (sat, tot, got)
+    for tot in range(1, 16):
+        for sat in range(tot + 1):
+            g = rb.grid_score(sat, tot)
+            assert g in rb.SCORE_GRID and abs(g - sat / tot) <= 1 / 16 and (g == 1) == (sat == tot) and (g == 0) == (sat == 0)
+    t = rb.JudgeTask("p", ["a"], "pointwise", "python_only", {"satisfied_count": 2, "total_count": 3})
+    assert rb.scripted_final(t, False) == {"score": 0.625} and rb.scripted_final(t, True) == t.label
+
+
+def test_text_checks_prints_the_grid_score():
+    """The instruction-following skill's verifier (a sandboxed script: it cannot import grid_score, it writes the same
+    line) reports each candidate's score as grid_score writes it for every (satisfied, total) of up to 7 constraints
+    and none: the text the trained judge copies into its final answer, on the final answer's grid."""
+    code = (ROOT / "data/skills/instruction_following_pointwise/verifiers/text_checks.py").read_text()
+    cons = ['Include the word "lamp".', 'Do not use the word "very".', "Do not use any commas in your response.",
+            'Start your response with the word "today".', 'End your response with the exact phrase "bye".',
+            "Answer with at most 30 words.", "Your entire response must be in lowercase."]
+
+    def response(passed):  # passes constraints 0 … passed - 1 of cons and fails the rest
+        ok = [i < passed for i in range(len(cons))]
+        words = (["today" if ok[3] else "so"] + ["lamp"] * ok[0] + ["very"] * (not ok[1]) + ["x,"] * (not ok[2])
+                 + ["word"] * 40 * (not ok[5]) + ["Xyz"] * (not ok[6]) + ["bye" if ok[4] else "end"])
+        return " ".join(words)
+    for tot in range(8):
+        out = rb.run_script(code, "Write about a lamp. " + " ".join(cons[:tot]), [response(s) for s in range(tot + 1)])
+        got = re.findall(r"^([A-H]): (\d+) of (\d+) pass; score (\S+) ;", out, re.M)
+        assert got == [("ABCDEFGH"[s], str(s), str(tot), str(rb.grid_score(s, tot))) for s in range(tot + 1)], (tot, out)
+
+
+def test_constraint_test_matches_the_checker_on_edge_cases():
+    """Each constraint_test expression against check_constraint on responses at its edges (caps, word counts at
+    the bound, bullets, quotes, a keyword inside another word, the start word in other case)."""
+    import itertools
+    cons = [{"type": "lowercase"}, {"type": "uppercase"}, {"type": "max_words", "n": 3}, {"type": "min_words", "n": 3},
+            {"type": "bullets", "n": 2}, {"type": "include_keyword", "word": "lamp"}, {"type": "exclude_word", "word": "very"},
+            {"type": "end_phrase", "phrase": "That is all."}, {"type": "quotes"}, {"type": "start_word", "word": "Today"},
+            {"type": "no_commas"}]
+    texts = ["", "  ", "123", "abc def", "ABC DEF", "one two three", "one two three four", "* a\n* b", "*\n* a\n  * b",
+             '"quoted"', '"', "lamps and a lamp", "lamps", "Very good, that is all.", "today it rains", "Today, yes",
+             "'Today' is", "x That is all.  "]
+    for c, text in itertools.product(cons, texts):
+        got = rb.run_script(f"import re\nw = lambda x: re.findall(r\"[A-Za-z0-9']+\", x)\nx = response.strip()\n"
+                            f"print({rb.constraint_test(c)})", "p", [text]).strip()
+        assert got == str(rb.check_constraint(c, text)), (c, text, got)
+    assert rb.constraint_test({"type": "title"}) is None  # a test-only type: no check written, no code run
+
+
+def test_scripted_python_only_reply_writes_its_check_then_answers():
+    """scripted_reply for python_only: python_sandbox with python_check_code first, then final_answer with the label
+    (a score where the K = 1 label is a checklist: python_only has no skill asking for one); with no check (an
+    unknown constraint, no meta) the final answer at once."""
+    import json
+    it = rb.sft_items(0, 1)[0]
+    t = rb.JudgeTask(it["prompt"], [it["chosen"]], "pointwise", "python_only", {"satisfied_count": 1, "total_count": 2},
+                     "precise_if", scripted=True, meta=it["meta"])
+    first = json.loads(rb.scripted_reply(t, False))
+    assert first == {"name": "python_sandbox", "arguments": {"code": rb.python_check_code(t)}}
+    t.trace.append({"turn": 1, "action": "", "call": first, "observation": "stdout:\nA: 1 of 2 pass; score 0.5"})
+    assert json.loads(rb.scripted_reply(t, False)) == {"name": "final_answer", "arguments": {"score": 0.5}}
+    t.label = {"satisfied_count": 2, "total_count": 2}  # all pass: the grid's 1, the text xgrammar's enum takes
+    assert rb.scripted_reply(t, False) == '{"name":"final_answer","arguments":{"score":1}}'
+    for meta in ({}, {"constraints": [{"type": "title"}]}):
+        bare = rb.JudgeTask("p", ["a", "b"], "pairwise", "python_only", "B", "precise_if", scripted=True, meta=meta)
+        assert json.loads(rb.scripted_reply(bare, False)) == {"name": "final_answer", "arguments": {"verdict": "B"}}

@@ -1,7 +1,7 @@
 # Verifier over the visible text. Run alone (run_verifier {"id": "text_checks"}) it finds the
 # checkable constraints stated in the prompt and reports, per candidate, which ones pass and the
-# checklist score = passed / found. With extra code, call its helpers on `response`, e.g.
-# print(word_count(response) <= 50, is_lower(response)).
+# checklist score = passed / found, to the nearest eighth (grid_score). With extra code, call its
+# helpers on `response`, e.g. print(word_count(response) <= 50, is_lower(response)).
 import re
 
 def words(t):
@@ -35,6 +35,10 @@ def ends_with(t, p):
 def has_comma(t):
     return "," in t
 
+def grid_score(passed, found):
+    # passed / found to the nearest eighth, the final answer's score as its grammar writes it (no constraints: 1)
+    return [0, 0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1][min(max(round(8 * passed / found), 0), 8)] if found > 0 else 1
+
 # (pattern of the constraint in the prompt, short name, check of the stripped response)
 CHECKS = [
     (r"must be in lowercase", "lowercase", lambda r, m: is_lower(r)),
@@ -59,7 +63,7 @@ def report(prompt, candidates):
         ok = [check(c.strip(), m) for name, m, check in found]
         scores.append(sum(ok) / len(ok) if ok else 1.0)
         fails = [name for (name, m, check), o in zip(found, ok) if not o]
-        print("ABCDEFGHIJ"[i] + ":", sum(ok), "of", len(ok), "pass; score", round(scores[-1], 1),
+        print("ABCDEFGHIJ"[i] + ":", sum(ok), "of", len(ok), "pass; score", grid_score(sum(ok), len(ok)),
               "; fails:", ", ".join(fails) or "none")
     if len(candidates) > 1:  # a tie is a tie: never resolved towards the first position
         best = [lab for lab, sc in zip("ABCDEFGHIJ", scores) if sc == max(scores)]
