@@ -693,11 +693,13 @@ def oracle_verifier(task):
 
 # the scripted judge's own check of an arithmetic item: recompute the sum, name the candidates whose last
 # number matches
+# the report of a math check: the value v, and the candidates whose last number is v
+MATCH_REPORT = ("print(v, 'matches:', [l for l, c in zip('ABCD', candidates) "
+                "if re.findall(r'-?\\d+', c)[-1:] == [v]])")
 MATH_CHECK_CODE = ("import re\n"
                    "e = prompt.split(':')[1].split('=')[0]\n"
                    "v = str(sum(int(t.replace(' ', '')) for t in re.findall(r'[-+]? *\\d+', e)))\n"
-                   "print(v, 'matches:', [l for l, c in zip('ABCD', candidates) "
-                   "if re.findall(r'-?\\d+', c)[-1:] == [v]])")
+                   + MATCH_REPORT)
 
 
 def constraint_test(c):
@@ -723,10 +725,7 @@ def python_check_code(task):
     where it has no check."""
     meta = task.meta or {}
     if task.category in ("math", "focus") and meta.get("expression"):
-        return ("import re\n"
-                f"v = str({meta['expression']})\n"
-                "print(v, 'matches:', [l for l, c in zip('ABCD', candidates) "
-                "if re.findall(r'-?\\d+', c)[-1:] == [v]])")
+        return f"import re\nv = str({meta['expression']})\n" + MATCH_REPORT
     tests = [constraint_test(c) for c in meta.get("constraints", [])]
     if not tests or None in tests:
         return None
@@ -758,8 +757,8 @@ def scripted_reply(task, checklist):
         return json_text(scripted_final(task, checklist))  # compact, as the turn schema decodes it
     ran = any(step["call"] and step["call"]["name"] in ("run_verifier", "python_sandbox")
               for step in task.trace)
-    if task.method == "python_only" and not ran and python_check_code(task):
-        return json_text({"name": "python_sandbox", "arguments": {"code": python_check_code(task)}})
+    if task.method == "python_only" and not ran and (code := python_check_code(task)):
+        return json_text({"name": "python_sandbox", "arguments": {"code": code}})
     if task.method == "python_only":
         return json_text({"name": "final_answer", "arguments": scripted_final(task, checklist)})
     if task.skill is None:
