@@ -678,7 +678,8 @@ def table3_headline(rows, test, args):
             entries.append(compare(f"Table 3: {ROW_NAMES[a]} vs {ROW_NAMES[b]} (per-task cross-skill score)",
                                    a, b, [pa[i] for i in ids], [pb[i] for i in ids],
                                    chance=float(np.mean([np.mean(const[i]) for i in ids])) if ids else None,
-                                   paper_effect=0.096 if (a, b) == ("ske_rl", "grpo") else None))
+                                   paper_effect=0.096 if (a, b) == ("ske_rl", "grpo") else None,
+                                   primary=(a, b) == ("ske_rl", "grpo")))
     return entries
 
 

@@ -84,8 +84,7 @@ PRESETS = {
     # after T = 2 iterations vs the base model on held-out items, paired (the table's first and last rows)
     "gpu": dict(model="Qwen/Qwen3-0.6B", sampler="auto", T=2, M=256, proposer_prompts=32, proposer_steps=2,
                 collect_prompts=128, solver_steps=4, solver_batch=32, eval_samples=2, max_new_tokens=1024,
-                proposer_max_new_tokens=1024, max_model_len=4096, induce_min=4, grad_checkpointing=True),
-}
+                proposer_max_new_tokens=1024, max_model_len=4096, induce_min=4, grad_checkpointing=True)}
 LIBRARIES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "selfplay")  # S(0) folders
 # Per-family values by preset; they fill the flags no preset or argv set (parse_args), the preset's first,
 # then the paper's (Table 5). Why the tiny ones: docs/skill_selfplay.md, "The tiny preset".
@@ -840,7 +839,8 @@ def run_results(args, history, baselines, rows):
             for ref, ref_items in refs:  # chance: the best trivial answer's mean, printed beside each entry
                 headline.append(compare(f"held-out zebra {m} accuracy, {arm}: last iteration vs {ref}",
                                         f"{arm} {last}", ref, results["final_items"][m], ref_items,
-                                        chance=float(np.mean(trivial[kind])), item_ids=ids))
+                                        chance=float(np.mean(trivial[kind])), item_ids=ids,
+                                        primary=m == "grid" and ref != "solver SFT"))
     else:
         results["bfcl"] = {name: bfcl_by_category(read_items(args.run_dir, name)) for name, _ in history}
         final = [it for it in read_items(args.run_dir, last) if it["n"]]
@@ -854,7 +854,7 @@ def run_results(args, history, baselines, rows):
                 which = "warm-up" if name == "solver SFT" else "last iteration"
                 ids = [it["id"] for it in items if it["category"] == cat and it["n"]]
                 headline.append(compare(f"BFCL {cat}, {arm}: {which} vs base", f"{arm} {name}", "base",
-                                        pick(items), pick(base), item_ids=ids))
+                                        pick(items), pick(base), item_ids=ids, primary=name == last))
     recs = [r for recs_t in read_records(args.run_dir, args.T) for r in recs_t]
     for stream in ("skill", "explore"):
         rs = [r for r in recs if r["stream"] == stream]

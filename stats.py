@@ -256,8 +256,10 @@ def _sd(x):
     return float(np.std(x, ddof=1)) if len(x) > 1 else float("nan")
 
 
-def compare(claim, a, b, a_items, b_items, chance=None, n_seeds=1, paper_effect=None, item_ids=None):
+def compare(claim, a, b, a_items, b_items, chance=None, n_seeds=1, paper_effect=None, item_ids=None,
+            primary=False):
     """Headline entry for "A vs B", paired over items (a_items[i] and b_items[i] are the same item).
+    primary: one of the paper's main claims, the rows the README shows (the rest: results/<run>/*/TABLE.md).
     mde: the paired formula of `mde` on the test's units. paper_effect: the paper's A − B in the units of
     diff (rates as fractions), or None. item_ids: one id per item (stored), or None; pooled seeds that share
     ids are tested over clusters (CI: cluster_bootstrap_ci; p: sign flip of the cluster means)."""
@@ -278,14 +280,14 @@ def compare(claim, a, b, a_items, b_items, chance=None, n_seeds=1, paper_effect=
             "n_seeds": n_seeds, "a_items": a_items, "b_items": b_items,
             "mde": _num(mde(len(units), sd=_sd(units))), "paper_effect": paper_effect,
             "unit": _unit_name(n_seeds, groups), "n_units": len(units), "item_ids": ids,
-            "note": None if len(d) else "no finite paired item (n = 0): no test, p = nan"}
+            "note": None if len(d) else "no finite paired item (n = 0): no test, p = nan", "primary": primary}
 
 
-def vs_chance(claim, a, a_items, chance, n_seeds=1, paper_effect=None, item_ids=None):
+def vs_chance(claim, a, a_items, chance, n_seeds=1, paper_effect=None, item_ids=None, primary=False):
     """Headline entry for "A vs its chance level": exact binomial p for 0/1 items (mde: one proportion vs
     p0 = chance), else a sign-flip test of a_i − chance (mde: the paired formula). Pooled seeds that share
     item ids always take the sign flip of the cluster means (the binomial assumes independent items).
-    No chance level (None) or no finite item: no test, p = nan, and `note` says why."""
+    No chance level (None) or no finite item: no test, p = nan, and `note` says why. primary: as compare's."""
     vals = np.asarray([math.nan if v is None else float(v) for v in a_items], dtype=float)
     keep = np.isfinite(vals)
     ids = _ids(item_ids, len(vals))
@@ -310,7 +312,7 @@ def vs_chance(claim, a, a_items, chance, n_seeds=1, paper_effect=None, item_ids=
             "p": p, "chance": chance, "n_items": len(x), "n_seeds": n_seeds,
             "a_items": [float(v) for v in vals], "b_items": None,
             "mde": _num(m), "paper_effect": paper_effect, "unit": _unit_name(n_seeds, groups),
-            "n_units": n_units, "item_ids": ids, "note": note}
+            "n_units": n_units, "item_ids": ids, "note": note, "primary": primary}
 
 
 def _process_start():
@@ -411,7 +413,7 @@ def aggregate(run_dirs):
             pooled[e["claim"]] = (first, a_items, b_items, ids, n + 1)
     out = []
     for claim, (e, a_items, b_items, ids, n) in pooled.items():
-        kw = dict(n_seeds=n, paper_effect=e.get("paper_effect"), item_ids=ids)
+        kw = dict(n_seeds=n, paper_effect=e.get("paper_effect"), item_ids=ids, primary=bool(e.get("primary")))
         if e.get("b_items") is None:
             out.append(vs_chance(claim, e["a"], a_items, e.get("chance"), **kw))
         else:
@@ -462,43 +464,70 @@ def aggregate_main(run_dirs, out=None):
 
 # ----- results/: the committed evidence (make evidence) and the README block made from it -----
 # results/<run>/<preset>/seed<k>/results.json is one seed's run; aggregate.json pools them (aggregate_main).
-# `python stats.py --readme` rewrites README.md between the two markers below from those files only, and
-# tests/test_readme.py fails when the README and results/ disagree.
+# `python stats.py --readme` rewrites README.md between the two markers below (the primary claims) and each
+# run's TABLE.md (every claim) from those files only; tests/test_readme.py fails when they and results/
+# disagree.
 RESULTS_BEGIN = "<!-- results-table:begin (make results-table) -->"
 RESULTS_END = "<!-- results-table:end -->"
 
 
+def _row(e, *extra):
+    lo, hi = e["ci95"]
+    cells = [*extra, f"{e['claim']} ({e['a']} vs {e['b']})", _fmt(e["mean_a"]), _fmt(e["mean_b"]),
+             _fmt(e["diff"]), f"[{_fmt(lo)}, {_fmt(hi)}]", _fmt(e["p"]), _fmt(e["chance"]), str(e["n_items"]),
+             e.get("unit", "item"), _fmt(e.get("mde")), _fmt(e.get("paper_effect"))]
+    return "| " + " | ".join(cells) + " |"
+
+
+COLUMNS = "claim (A vs B) | mean A | mean B | diff | 95 % CI | p | chance | n | unit | mde | paper |"
+
+
+def _aggregates(root):
+    return [(agg, json.loads(agg.read_text())) for agg in sorted(Path(root).glob("*/*/aggregate.json"))]
+
+
+def run_table(agg, j):
+    """results/<run>/<preset>/TABLE.md: every headline claim of one aggregate, with its seeds' provenance."""
+    run, preset = agg.parts[-3], agg.parts[-2]
+    walls = [w for w in j["wall_s"] if w is not None]
+    return "\n".join([f"# {run}, `--preset {preset}`: every headline claim ({len(j['runs'])} seeds)", "",
+                      f"Generated by `make results-table` from `aggregate.json` beside this file. Seeds: "
+                      f"{', '.join(Path(r).name for r in j['runs'])}; CPU: {', '.join(j['cpu_class'])}; "
+                      f"commits {', '.join(j['commits'])}; wall {_fmt(min(walls, default=None))}–"
+                      f"{_fmt(max(walls, default=None))} s per seed. Rates are fractions; mde: α = 0.05 "
+                      "two-sided, power 0.8, in the units of diff; paper: the paper's own A − B.", "",
+                      "| " + COLUMNS, "|---" * COLUMNS.count("|") + "|"]
+                     + [_row(e) for e in j["headline"]]) + "\n"
+
+
 def results_markdown(root="results"):
-    """One table per results/<run>/<preset>/aggregate.json: a row per headline claim with both means, the
-    difference, its CI and p, chance, n, seeds, mde beside the paper's effect, and the CPU class."""
-    out = []
-    for agg in sorted(Path(root).glob("*/*/aggregate.json")):
-        j = json.loads(agg.read_text())
-        run, preset = agg.parts[-3], agg.parts[-2]
-        walls = [w for w in j["wall_s"] if w is not None]
-        out += [f"**{run}** (`--preset {preset}`, {len(j['runs'])} seeds, seeds as the unit; "
-                f"CPU: {', '.join(j['cpu_class'])}; commits {', '.join(j['commits'])}; "
-                f"wall {_fmt(min(walls, default=None))}–{_fmt(max(walls, default=None))} s per seed)",
-                "", "| claim | mean A | mean B | diff | 95 % CI | p | chance | n | unit | mde | paper |",
-                "|---|---|---|---|---|---|---|---|---|---|---|"]
-        for e in j["headline"]:
-            lo, hi = e["ci95"]
-            out.append(f"| {e['claim']} ({e['a']} vs {e['b']}) | {_fmt(e['mean_a'])} | "
-                       f"{_fmt(e['mean_b'])} | {_fmt(e['diff'])} | [{_fmt(lo)}, {_fmt(hi)}] | "
-                       f"{_fmt(e['p'])} | {_fmt(e['chance'])} | {e['n_items']} | {e.get('unit', 'item')} | "
-                       f"{_fmt(e.get('mde'))} | {_fmt(e.get('paper_effect'))} |")
-        out.append("")
-    return "\n".join(out) if out else "No results yet: run `make evidence`.\n"
+    """The README block: one row per primary claim (compare/vs_chance's `primary`; a run that marks none
+    shows all) of every results/<run>/<preset>/aggregate.json, with both means, the difference, its CI and
+    p, chance, n, unit, seeds, mde beside the paper's effect and the CPU class; the rest in TABLE.md."""
+    aggs = _aggregates(root)
+    if not aggs:
+        return "No results yet: run `make evidence`.\n"
+    rows = []
+    for agg, j in aggs:
+        run = f"{agg.parts[-3]} ({agg.parts[-2]})"
+        prim = [e for e in j["headline"] if e.get("primary")] or j["headline"]
+        rows += [_row(e, run, str(len(j["runs"])), ", ".join(j["cpu_class"])) for e in prim]
+    links = ", ".join(f"[{a.parts[-3]}](results/{a.parts[-3]}/{a.parts[-2]}/TABLE.md)" for a, _ in aggs)
+    return "\n".join([f"Every claim, with commits and wall times: {links}.", "",
+                      "| run | seeds | CPU | " + COLUMNS, "|---" * (COLUMNS.count("|") + 3) + "|"]
+                     + rows) + "\n"
 
 
-def rewrite_readme(readme="README.md", root="results"):
-    """README.md with the block between RESULTS_BEGIN and RESULTS_END regenerated from results/."""
+def generated(readme="README.md", root="results"):
+    """{path: text} of everything `make results-table` writes: the README and each run's TABLE.md."""
     text = Path(readme).read_text()
     head, sep, rest = text.partition(RESULTS_BEGIN)
     _, sep2, tail = rest.partition(RESULTS_END)
     if not (sep and sep2):
         raise SystemExit(f"{readme}: no {RESULTS_BEGIN} ... {RESULTS_END} block")
-    return head + RESULTS_BEGIN + "\n" + results_markdown(root) + RESULTS_END + tail
+    out = {str(readme): head + RESULTS_BEGIN + "\n" + results_markdown(root) + RESULTS_END + tail}
+    out.update({str(agg.parent / "TABLE.md"): run_table(agg, j) for agg, j in _aggregates(root)})
+    return out
 
 
 def write_json_atomic(path, obj):
@@ -524,7 +553,8 @@ if __name__ == "__main__":  # make evidence / make results-table
     if a.aggregate:
         aggregate_main(a.aggregate, a.out)
     if a.readme:
-        Path("README.md").write_text(rewrite_readme())
+        for path, text in generated().items():
+            Path(path).write_text(text)
 
 
 # ----- permutation nulls and ranks (skill_entropy's SkE claims; any statistic with null draws) -----

@@ -822,7 +822,8 @@ def routing_entries(results):
                 H.append(stats.compare(f"routing accuracy vs c*, {where}, {part} templates: {METHODS[key]} "
                                        f"vs the strongest no-training router", METHODS[key],
                                        "strongest no-training router", scored[METHODS[key]][part]["hits"],
-                                       scored[best][part]["hits"], chance=chance.get(part, {}).get("acc")))
+                                       scored[best][part]["hits"], chance=chance.get(part, {}).get("acc"),
+                                       primary=where == "held-out" and part == "unseen"))
                 H[-1]["strongest"] = best  # per run; --aggregate pools each seed's strongest
     return H
 
@@ -856,7 +857,8 @@ def build_headline(results):
             H.append(stats.compare(f"success, {split}: {METHODS[a]} vs {METHODS[b]}", METHODS[a], METHODS[b],
                                    [results[a]["items"][q][1] for q in qs],
                                    [results[b]["items"][q][1] for q in qs],
-                                   paper_effect=paper.get((a, b, split))))
+                                   paper_effect=paper.get((a, b, split)),
+                                   primary=split == "all" and b != "zero-shot"))
     if A := results.get("talentrl", {}).get("A_talent_groups"):
         H.append(stats.vs_chance("RL groups with Â_talent ≠ 0 (share)", "TalentRL",
                                  [float(x != 0) for x in A], 0.0))

@@ -1094,7 +1094,8 @@ def bench_headline(res, methods, set_name, clusters=None):
                 H.append(clustered(compare(f"{tag}: {fmt} accuracy: Skill-RM vs {what}", "skill_rm",
                                            BASELINE_NAMES.get(other, other), [a[k] for k in ids],
                                            [b[k] for k in ids], chance=COIN[fmt], paper_effect=effect,
-                                           item_ids=cl(ids))))
+                                           item_ids=cl(ids), primary=set_name == "heldout"
+                                           and fmt == "pairwise" and other in ("python_only", "baseline"))))
     return H
 
 

@@ -923,7 +923,8 @@ def bench_entries(bj):
             out.append(compare(f"Skill²-Bench: {BENCH_MODES[a]} vs {BENCH_MODES[b]} per-step score "
                                f"({what}same verifiable steps)", a, b, [by[a][k] for k in ks],
                                [by[b][k] for k in ks], chance=float(np.mean(const)) if const else None,
-                               item_ids=item_ids if all(item_ids) else None))
+                               item_ids=item_ids if all(item_ids) else None,
+                               primary=(a, b) == ("same", "cross")))
     return out
 
 
@@ -971,7 +972,8 @@ def switch_report(chains, seed):
     c = [x for x in switch_items(chains, "within", "cross", const)[1] if x == x]
     entry = compare("Acc: step-2 accuracy after a within-domain vs a cross-domain skill switch (paired over "
                     "second steps; unit: seed)", "within", "cross", wi, cr,
-                    chance=float(np.mean(c)) if c else None, item_ids=[f"seed{seed}"] * len(items))
+                    chance=float(np.mean(c)) if c else None, item_ids=[f"seed{seed}"] * len(items),
+                    primary=True)
     per, fmt = defaultdict(lambda: defaultdict(list)), defaultdict(list)
     for (_, a, b), (_, s2), k, ok in zip(chains["jobs"], chains["scores"], const, valid):
         per["/".join(b)][switch_kind(a, b)].append(s2)

@@ -1,6 +1,7 @@
 """The README stays a map a newcomer can use (issue #16): short, with a table of contents, no copies of
 the scripts' differences lists, and every function its equation tables name exists in the script."""
 import importlib
+import json
 import os
 import re
 
@@ -87,32 +88,45 @@ def test_read_in_this_order_names_functions_that_exist(mod):
 
 
 def test_readme_results_block_is_generated_from_results_dir():
-    """#48 §4: the README's results block is exactly what `make results-table` makes from results/."""
+    """#48 §4: the README's results block and every results/<run>/<preset>/TABLE.md are exactly what
+    `make results-table` makes from results/."""
     import stats
-    assert stats.rewrite_readme(os.path.join(ROOT, "README.md"), os.path.join(ROOT, "results")) == README
+    for path, text in stats.generated(os.path.join(ROOT, "README.md"), os.path.join(ROOT, "results")).items():
+        assert os.path.exists(path) and open(path).read() == text, f"{path}: run `make results-table`"
 
 
 def test_results_block_follows_one_number_in_results(tmp_path):
     """Two seeds pooled into aggregate.json, then one item of one seed changed and pooled again: the generated
-    block differs, so the test above fails whenever results/ and the README disagree by one number."""
+    files differ, so the test above fails whenever results/ and the README disagree by one number. The README
+    shows the primary claims only; TABLE.md every claim."""
     import shutil
 
     import stats
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{stats.RESULTS_BEGIN}\nold\n{stats.RESULTS_END}\nrest\n")
     for k, items in ((0, [1.0, 0.0, 1.0, 1.0]), (1, [1.0, 1.0, 0.0, 1.0])):
-        entry = stats.vs_chance("toy accuracy", "policy", items, 0.5)
-        stats.write_results(tmp_path / "runs" / f"seed{k}", {}, [entry])
+        entries = [stats.vs_chance("toy accuracy", "policy", items, 0.5, primary=True),
+                   stats.vs_chance("toy side claim", "policy", items[::-1], 0.25)]
+        stats.write_results(tmp_path / "runs" / f"seed{k}", {}, entries)
     run_dirs = [str(tmp_path / "runs" / f"seed{k}") for k in (0, 1)]
     out = tmp_path / "results" / "toy" / "tiny" / "aggregate.json"
     stats.aggregate_main(run_dirs, out)
-    before = stats.results_markdown(tmp_path / "results")
-    assert "| toy accuracy (policy vs " in before and "| 8 |" in before  # 4 items × 2 seeds pooled
+    before = stats.generated(readme, tmp_path / "results")
+    block = before[str(readme)]
+    assert "| toy (tiny) | 2 |" in block and "| toy accuracy (policy vs " in block and "| 8 |" in block
+    assert "toy side claim" not in block and block.startswith("intro\n") and block.endswith("rest\n")
+    assert "toy side claim" in before[str(out.parent / "TABLE.md")]  # 4 items × 2 seeds pooled
     seed1 = tmp_path / "runs" / "seed1" / "results.json"
     seed1.write_text(seed1.read_text().replace("1.0", "0.0", 1))
     stats.aggregate_main(run_dirs, out)
-    assert stats.results_markdown(tmp_path / "results") != before
-    if os.path.isdir(os.path.join(ROOT, "results")):  # and the committed block moves with committed results
+    assert stats.generated(readme, tmp_path / "results") != before
+    if os.path.isdir(os.path.join(ROOT, "results")):  # and the committed files move with committed results
         shutil.copytree(os.path.join(ROOT, "results"), tmp_path / "committed")
-        for agg in sorted((tmp_path / "committed").glob("*/*/aggregate.json"))[:1]:
-            agg.write_text(agg.read_text().replace('"mean_a": ', '"mean_a": 1', 1))
-            assert stats.results_markdown(tmp_path / "committed") != stats.results_markdown(
-                os.path.join(ROOT, "results"))
+        for agg in sorted((tmp_path / "committed").glob("*/*/aggregate.json")):
+            j = json.loads(agg.read_text())
+            j["headline"][0]["mean_a"] = (j["headline"][0]["mean_a"] or 0) + 1
+            agg.write_text(json.dumps(j))
+            now = stats.generated(os.path.join(ROOT, "README.md"), tmp_path / "committed")
+            table = open(os.path.join(ROOT, "results", *agg.parts[-3:-1], "TABLE.md")).read()
+            readme_now, table_now = now[os.path.join(ROOT, "README.md")], now[str(agg.parent / "TABLE.md")]
+            assert readme_now != README or table_now != table

@@ -250,3 +250,13 @@ def test_all_nan_items_report_nan_p_and_n_zero():
     for x in (e, c):
         assert math.isnan(x["p"]) and x["n_items"] == 0 and "n = 0" in x["note"]
     assert "[no finite paired item (n = 0)" in stats.format_headline([e])
+
+
+def test_aggregate_keeps_which_claims_are_primary(tmp_path):
+    """The README shows a run's primary claims (results_markdown); pooling seeds must not drop the mark."""
+    for k in (0, 1):
+        stats.write_results(tmp_path / f"s{k}", {}, [stats.compare("main", "A", "B", [1, 0], [0, 0], primary=True),
+                                                     stats.vs_chance("side", "A", [1, 0], 0.5)])
+    pooled = {e["claim"]: e for e in stats.aggregate([tmp_path / "s0", tmp_path / "s1"])}
+    assert pooled["main"]["primary"] is True and pooled["side"]["primary"] is False
+    assert pooled["main"]["n_items"] == 4
