@@ -67,7 +67,8 @@ demo: install
 
 # Evidence (#48): each paper's tiny preset once per seed (seeds are the unit of evidence), kept in results/:
 # results/<run>/tiny/seed<k>/results.json (provenance inside) and results/<run>/tiny/aggregate.json, the
-# headline pooled over the seeds (stats.py --aggregate). A seed whose results.json exists is skipped; an
+# headline pooled over the seeds (stats.py --aggregate), and REPORT.txt, the paper script's own --aggregate (its
+# nulls, per-seed tables, routing check). A seed whose results.json exists is skipped; an
 # interrupted one resumes from its checkpoint (skill_rm: its finished stages) in runs/evidence/.
 # skill_selfplay's training-side puzzles follow --data-seed, so each seed draws its own. Then the README block.
 # One paper, two seeds: `make evidence PAPERS=grpo SEEDS="0 1"`. Logs: runs/evidence/<run>/seed<k>.log.
@@ -87,6 +88,8 @@ evidence: install
 	    cp $$run/results.json $$run/*.png $$out/ 2>/dev/null || cp $$run/results.json $$out/; \
 	  done; \
 	  $(BIN)/python stats.py --aggregate $$(ls -d results/$$name/tiny/seed*) --out results/$$name/tiny/aggregate.json; \
+	  [ $$s = grpo ] || $(BIN)/python $$s.py --aggregate $$(ls -d results/$$name/tiny/seed*) \
+	    > results/$$name/tiny/REPORT.txt; \
 	done
 	$(MAKE) results-table
 

@@ -495,7 +495,9 @@ def run_table(agg, j):
                       f"{', '.join(Path(r).name for r in j['runs'])}; CPU: {', '.join(j['cpu_class'])}; "
                       f"commits {', '.join(j['commits'])}; wall {_fmt(min(walls, default=None))}–"
                       f"{_fmt(max(walls, default=None))} s per seed. Rates are fractions; mde: α = 0.05 "
-                      "two-sided, power 0.8, in the units of diff; paper: the paper's own A − B.", "",
+                      "two-sided, power 0.8, in the units of diff; paper: the paper's own A − B."
+                      + (" The paper script's own `--aggregate` (nulls, per-seed tables): "
+                         "[REPORT.txt](REPORT.txt)." if (agg.parent / "REPORT.txt").exists() else ""), "",
                       "| " + COLUMNS, "|---" * COLUMNS.count("|") + "|"]
                      + [_row(e) for e in j["headline"]]) + "\n"
 
