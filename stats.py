@@ -147,7 +147,9 @@ def wilson_ci(k, n, z=1.959964):
 def mde(n, sd=None, p0=None, two_proportions=False, alpha=0.05, power=0.8):
     """Minimum detectable effect: the smallest true effect δ > 0 that a two-sided level-α test on n units
     rejects with probability `power`, by the normal approximation; z_a = z_{1−α/2} (1.96), z_b = z_power
-    (0.84). nan when n < 2 or the inputs leave it undefined.
+    (0.84). nan when n < 2 or the inputs leave it undefined, and when sd is 0 (≤ 1e-12, float rounding of
+    equal differences such as 0.5 − 0.3): n units that all agree say
+    nothing about the spread a true effect would meet, and δ = 0 would claim a test that detects anything.
       paired / one sample (sd = sample sd of the differences d_i = a_i − b_i, or of a_i − chance):
           δ = (z_a + z_b) · sd / √n
       one proportion against a chance level p0 (sd None, p0 given), p1 = p0 + δ:
@@ -160,7 +162,7 @@ def mde(n, sd=None, p0=None, two_proportions=False, alpha=0.05, power=0.8):
     if n is None or n < 2:
         return float("nan")
     if sd is not None:
-        return float((z_a + z_b) * sd / math.sqrt(n))
+        return float((z_a + z_b) * sd / math.sqrt(n)) if sd > 1e-12 else float("nan")  # 0 up to rounding
     if p0 is None or not 0 <= p0 < 1:
         return float("nan")
     v = lambda p: max(p * (1 - p), 0.0)  # Bernoulli variance

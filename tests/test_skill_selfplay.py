@@ -1301,7 +1301,8 @@ def test_aggregate_pools_seeds_and_pairs_skill_sp_with_other_arms_over_puzzles(t
     for ref, b in (("solver SFT", 0.3), ("base", 0.0)):
         (e,) = [e for e in one["headline"] if e["claim"] == f"held-out zebra cell accuracy, skill-sp: last iteration vs {ref}"]
         assert (e["mean_a"], e["mean_b"], e["diff"]) == pytest.approx((0.5, b, 0.5 - b))
-        assert e["chance"] == pytest.approx(better[1]["zebra_cell"]) and e["mde"] is not None
+        assert e["chance"] == pytest.approx(better[1]["zebra_cell"])
+        assert "mde" in e and e["mde"] is None  # every puzzle differs by 0.5 − b: no spread seen, so no mde
     entries = S.main(["--aggregate", *[d for d, _ in runs]])
     n = runs[0][1]
     (pair,) = [e for e in entries if e["claim"].startswith("held-out cell accuracy: skill-sp vs uniform_routing")]

@@ -93,6 +93,9 @@ def test_mde_hand_values_paired_and_proportion_at_zero():
     # p0 = 0: δ·√n = z_b·√(δ(1 − δ))  ⇒  δ = z_b² / (n + z_b²)
     assert stats.mde(100, p0=0.0) == pytest.approx(Z_B ** 2 / (100 + Z_B ** 2), rel=1e-5)
     assert math.isnan(stats.mde(1, sd=1.0)) and math.isnan(stats.mde(5, p0=0.99))  # p1 = 1 not detectable
+    assert math.isnan(stats.mde(6, sd=0.0))  # six equal differences: no spread seen, no mde (not "≥ 0")
+    assert stats.compare("x", "a", "b", [0.5] * 6, [0.3] * 6)["mde"] is None  # sd 1.6e-17: rounding, not spread
+    assert stats.compare("same vs cross", "a", "b", [0.0] * 6, [0.0] * 6)["mde"] is None  # stored: null
 
 
 def test_mde_paired_gives_power_080_in_simulation():
