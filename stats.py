@@ -184,6 +184,21 @@ def mde(n, sd=None, p0=None, two_proportions=False, alpha=0.05, power=0.8):
     return float(hi)
 
 
+def sign_flip_mde(units, alpha=0.05, power=0.8):
+    """mde of the sign-flip test on these units: the paired formula, but nan when the test cannot reject at
+    all: its smallest two-sided p is 2^(1−n) (every sign agrees), above α = 0.05 for n ≤ 5 units (5 seeds as
+    the unit: 0.0625), so no effect, however large, is detectable there."""
+    n = len(units)
+    return mde(n, sd=_sd(units), alpha=alpha, power=power) if 2.0 ** (1 - n) <= alpha else float("nan")
+
+
+def floor_note(n_units, alpha=0.05):
+    """The note an entry carries when its sign-flip test cannot reach α (sign_flip_mde is nan)."""
+    return (f"n = {n_units} units: the sign-flip test's smallest p is 2^(1-n) = {2.0 ** (1 - n_units):.3g} "
+            f"> {alpha}, so it cannot reject; run ≥ 6 seeds" if 1 < n_units and 2.0 ** (1 - n_units) > alpha
+            else None)
+
+
 _RATIO = re.compile(r"\s*(-?\d+(?:\.\d+)?)\s*(?:/\s*(\d+(?:\.\d+)?)|(%))?\s*")
 
 
@@ -280,9 +295,10 @@ def compare(claim, a, b, a_items, b_items, chance=None, n_seeds=1, paper_effect=
             "diff": _num(d.mean()) if len(d) else None, "ci95": [_num(v) for v in ci],
             "p": sign_flip_p(units) if len(d) else float("nan"), "chance": chance, "n_items": len(d),
             "n_seeds": n_seeds, "a_items": a_items, "b_items": b_items,
-            "mde": _num(mde(len(units), sd=_sd(units))), "paper_effect": paper_effect,
+            "mde": _num(sign_flip_mde(units)), "paper_effect": paper_effect,
             "unit": _unit_name(n_seeds, groups), "n_units": len(units), "item_ids": ids,
-            "note": None if len(d) else "no finite paired item (n = 0): no test, p = nan", "primary": primary}
+            "note": floor_note(len(units)) if len(d) else "no finite paired item (n = 0): no test, p = nan",
+            "primary": primary}
 
 
 def vs_chance(claim, a, a_items, chance, n_seeds=1, paper_effect=None, item_ids=None, primary=False):
@@ -305,7 +321,7 @@ def vs_chance(claim, a, a_items, chance, n_seeds=1, paper_effect=None, item_ids=
         if binary and groups is None:
             p, m = binomial_p(int(x.sum()), len(x), chance), mde(len(x), p0=chance)
         else:
-            p, m = sign_flip_p(units), mde(len(units), sd=_sd(units))
+            p, m, note = sign_flip_p(units), sign_flip_mde(units), floor_note(len(units))
         n_units = len(units)
     return {"claim": claim, "a": a, "b": "chance", "mean_a": _num(x.mean()) if len(x) else None,
             "mean_b": chance,

@@ -32,8 +32,8 @@ import numpy as np
 
 from grpo import chat_ids
 from plumbing import Dist, gather_objects, json_text
-from stats import (binomial_p, bootstrap_ci, cluster_bootstrap_ci, compare, mde, print_table, sign_flip_p,
-                   vs_chance, wilson_ci)
+from stats import (binomial_p, bootstrap_ci, cluster_bootstrap_ci, compare, floor_note, print_table,
+                   sign_flip_mde, sign_flip_p, vs_chance, wilson_ci)
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "skill_rm"
 
@@ -1047,7 +1047,7 @@ def clustered(e):
     items share one, as stats.aggregate does for items that recur over seeds: CI by cluster bootstrap, p by
     sign flip of the cluster means, mde on the clusters. Pooled seeds (n_seeds > 1) are stats' business."""
     ids = e.get("item_ids")
-    if not ids or e["n_seeds"] > 1 or len(set(ids)) == len(ids) or e.get("note"):
+    if not ids or e["n_seeds"] > 1 or len(set(ids)) == len(ids) or math.isnan(e["p"]):  # nan: no test
         return e
     a = np.asarray(e["a_items"], dtype=float)
     b = np.asarray(e["b_items"], dtype=float) if e["b_items"] is not None else np.full(len(a), e["chance"])
@@ -1055,9 +1055,10 @@ def clustered(e):
     d = (a - b)[keep]
     groups = np.unique(np.asarray(ids)[keep], return_inverse=True)[1]
     units = np.bincount(groups, weights=d) / np.bincount(groups)
-    sd = float(np.std(units, ddof=1)) if len(units) > 1 else float("nan")
+    m = sign_flip_mde(units)  # nan (stored null) where the sign flip over these clusters cannot reject
     return e | {"ci95": cluster_bootstrap_ci(d, groups), "p": sign_flip_p(units), "n_units": len(units),
-                "mde": mde(len(units), sd=sd), "unit": "cluster (prompt template)"}
+                "mde": m if m == m else None, "note": floor_note(len(units)),
+                "unit": "cluster (prompt template)"}
 
 
 def bench_headline(res, methods, set_name, clusters=None):

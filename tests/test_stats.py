@@ -139,8 +139,8 @@ def test_entries_carry_mde_and_paper_effect_and_the_table_prints_them():
     assert e["mde"] == pytest.approx(stats.mde(8, sd=d.std(ddof=1))) and e["paper_effect"] == 0.023
     c = stats.vs_chance("A vs coin", "A", a, 0.25)
     assert c["mde"] == pytest.approx(stats.mde(8, p0=0.25)) and c["paper_effect"] is None
-    s = stats.vs_chance("sd vs 0.4", "A", [0.5, 0.6, 0.7], 0.4)
-    assert s["mde"] == pytest.approx(stats.mde(3, sd=0.1))
+    s = stats.vs_chance("sd vs 0.4", "A", [0.5, 0.6, 0.7, 0.5, 0.6, 0.7], 0.4)
+    assert s["mde"] == pytest.approx(stats.mde(6, sd=np.std([0.5, 0.6, 0.7] * 2, ddof=1)))
     text = stats.format_headline([e, c])
     assert f"- A vs B: this run can detect |diff| ≥ {e['mde']:.3g}" in text
     assert "the paper reports +0.023" in text
@@ -263,3 +263,14 @@ def test_aggregate_keeps_which_claims_are_primary(tmp_path):
     pooled = {e["claim"]: e for e in stats.aggregate([tmp_path / "s0", tmp_path / "s1"])}
     assert pooled["main"]["primary"] is True and pooled["side"]["primary"] is False
     assert pooled["main"]["n_items"] == 4
+
+
+def test_sign_flip_mde_is_nan_where_the_test_cannot_reject():
+    """Five units (five seeds as the unit): every sign agreeing gives p = 2/32 = 0.0625 > 0.05, so no effect
+    is detectable and the mde is nan with a note saying why; six units reach p = 1/32 and get the formula."""
+    five = stats.compare("within vs cross", "w", "c", [0.4, 0.5, 0.6, 0.5, 0.45], [0.1] * 5)
+    assert five["p"] == pytest.approx(0.0625) and five["mde"] is None and "cannot reject" in five["note"]
+    six = stats.compare("within vs cross", "w", "c", [0.4, 0.5, 0.6, 0.5, 0.45, 0.55], [0.1] * 6)
+    assert six["p"] == pytest.approx(1 / 32) and six["mde"] > 0 and six["note"] is None
+    assert math.isnan(stats.sign_flip_mde(np.ones(5) * 0.3 + np.arange(5) * 0.01))
+    assert stats.vs_chance("x", "a", [0.9, 0.8, 0.7], 0.5)["mde"] is None  # 3 non-binary units: sign flip
