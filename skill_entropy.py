@@ -51,14 +51,14 @@ from plumbing import (HFSampler, barrier, check_response_budget, check_resume, c
                       table_to_json, unwrap, write_json)
 from stats import (aggregate_main, compare, format_headline, format_null, permutation_null, print_table,
                    spearman, write_results)
-from tasks.skill_bank import (CHECKS, DATA, LEVELS, add_scorer_args, aggregate_nulls, ask_stepwise, bank_keys,
-                              bench_entries, bench_eval, constant_recs, constant_scores, dependency_real,
-                              diverse_subset, gold_trace, label_bank, load_bank, make_generate, make_seed,
-                              make_task, marked_answer, match_labels, offshelf_traces, parse_proposal,
-                              parse_response, parse_verdict, print_bench, print_switching, proposer_prompt,
-                              rule_checks, same_skill_task, score_replies, score_steps, summarize,
-                              step_rows, switch_items, switch_report, task_prompt, template_task,
-                              verifier_prompt, weakest_first)
+from tasks.skill_bank import (CHECKS, DATA, LEVELS, add_scorer_args, aggregate_mechanism, aggregate_nulls,
+                              ask_stepwise, bank_keys, bench_entries, bench_eval, constant_recs,
+                              constant_scores, dependency_real, diverse_subset, gold_trace, label_bank,
+                              load_bank, make_generate, make_seed, make_task, marked_answer, match_labels,
+                              offshelf_traces, parse_proposal, parse_response, parse_verdict, print_bench,
+                              print_switching, proposer_prompt, rule_checks, same_skill_task, score_replies,
+                              score_steps, summarize, step_rows, switch_items, switch_report, task_prompt,
+                              template_task, verifier_prompt, weakest_first)
 
 
 # ----- config: flags and presets -----
@@ -953,7 +953,7 @@ def main(argv=None):
     t_start = time.time()
     args = parse_with_preset(build_parser(), PRESETS, argv=argv, name="skill_entropy")
     if args.aggregate:  # finished runs (one seed each): pooled headline table, then the SkE nulls
-        entries = aggregate_main(args.aggregate)
+        entries, _ = aggregate_main(args.aggregate), aggregate_mechanism(args.aggregate)
         return entries, aggregate_nulls(args.aggregate, NULL_SIDES, NULL_NAMES)
     if not (0 <= args.lambda_ans <= 1 and 0 <= args.lambda_ent <= 1):
         raise SystemExit("--lambda-ans/--lambda-ent must lie in [0, 1]")

@@ -195,7 +195,7 @@ def sign_flip_mde(units, alpha=0.05, power=0.8):
 def floor_note(n_units, alpha=0.05):
     """The note an entry carries when its sign-flip test cannot reach α (sign_flip_mde is nan)."""
     return (f"n = {n_units} units: the sign-flip test's smallest p is 2^(1-n) = {2.0 ** (1 - n_units):.3g} "
-            f"> {alpha}, so it cannot reject; run ≥ 6 seeds" if 1 < n_units and 2.0 ** (1 - n_units) > alpha
+            f"> {alpha}, so it cannot reject (≥ 6 units can)" if 1 < n_units and 2.0 ** (1 - n_units) > alpha
             else None)
 
 
@@ -491,7 +491,8 @@ RESULTS_END = "<!-- results-table:end -->"
 
 def _row(e, *extra):
     lo, hi = e["ci95"]
-    cells = [*extra, f"{e['claim']} ({e['a']} vs {e['b']})", _fmt(e["mean_a"]), _fmt(e["mean_b"]),
+    note = f" [{e['note']}]" if e.get("note") else ""  # e.g. why the mde is —
+    cells = [*extra, f"{e['claim']} ({e['a']} vs {e['b']}){note}", _fmt(e["mean_a"]), _fmt(e["mean_b"]),
              _fmt(e["diff"]), f"[{_fmt(lo)}, {_fmt(hi)}]", _fmt(e["p"]), _fmt(e["chance"]), str(e["n_items"]),
              e.get("unit", "item"), _fmt(e.get("mde")), _fmt(e.get("paper_effect"))]
     return "| " + " | ".join(cells) + " |"

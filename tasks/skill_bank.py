@@ -1050,6 +1050,38 @@ def diverse_subset(tasks, n):
     return chosen
 
 
+def aggregate_mechanism(run_dirs):
+    """--aggregate extra (issue #51 §4): Table 3's mechanism pooled over the runs, per RL row: the kept groups
+    whose advantages the λ_ent term changed (summed), the updates made, r_ent per GRPO step (mean over runs),
+    and the row's cross-skill score (mean ± sd over runs). Returns {row: that summary}."""
+    rows = defaultdict(list)
+    for d in run_dirs:
+        for row, r in (json.loads((Path(d) / "results.json").read_text()).get("table3") or {}).items():
+            if isinstance(r, dict):
+                rows[row].append(r)
+    out = {}
+    for row, rs in rows.items():
+        lam = [r["lam_ent"] for r in rs if isinstance(r.get("lam_ent"), dict)]
+        steps = [x.get("r_ent_by_step") or [] for x in lam]
+        width = max((len(s) for s in steps), default=0)
+        overall = [r["overall"] for r in rs if isinstance(r.get("overall"), (int, float))]
+        total = lambda key: sum(x.get(key, 0) for x in lam)
+        out[row] = dict(runs=len(rs), changed=total("changed"), kept=total("kept"), updates=total("updates"),
+                        r_ent_by_step=[float(np.mean([s[i] for s in steps if len(s) > i]))
+                                       for i in range(width)],
+                        overall=[float(np.mean(overall)), float(np.std(overall))] if overall else None)
+    if out:
+        print(f"\nTable 3's mechanism over {len(run_dirs)} runs (λ_ent: changed of kept groups; r_ent by "
+              "step):")
+        for row, m in out.items():
+            score = "—" if m["overall"] is None else f"{m['overall'][0]:.3f} ± {m['overall'][1]:.3f}"
+            steps = [round(x, 3) for x in m["r_ent_by_step"]]
+            lam = (f"λ_ent changed {m['changed']} of {m['kept']} kept groups, {m['updates']} updates, "
+                   f"r_ent by step {steps}" if m["kept"] or m["updates"] else "no RL")
+            print(f"  {row:<14} cross-skill score {score}; {lam}")
+    return out
+
+
 def aggregate_nulls(run_dirs, sides, names):
     """--aggregate extra: each SkE statistic's mean over the runs against the mean of their null draws
     (sides, names: skill_entropy's NULL_SIDES, NULL_NAMES)."""

@@ -299,7 +299,7 @@ def test_switching_contrast_takes_seeds_as_the_unit_when_pooled(tmp_path):
     (pooled,) = stats.aggregate(runs)
     assert pooled["n_seeds"] == 5 and pooled["n_items"] == 20 and pooled["n_units"] == 5
     assert pooled["diff"] == pytest.approx(0.6)
-    assert pooled["mde"] is None and "run ≥ 6 seeds" in pooled["note"]  # 5 seeds as the unit cannot reach p < 0.05
+    assert pooled["mde"] is None and "cannot reject" in pooled["note"]  # 5 seeds as the unit cannot reach p < 0.05
 
 
 def test_ske_at_null_on_every_seed():
@@ -375,3 +375,21 @@ def test_screen_writes_the_bank_screen_acc(tmp_path):
     assert out["math"]["skills"]["add"]["screen_acc"] == 0.25
     assert "screen_acc" not in out["math"]["skills"]["gone"]
     assert out["coding"]["skills"]["ints"]["screen_acc"] == 0.5
+
+
+def test_aggregate_mechanism_pools_table3_lam_ent_over_runs(tmp_path, capsys):
+    """#51 §4 in --aggregate: per RL row the λ_ent-changed and kept groups summed over seeds, r_ent per step
+    averaged, the cross-skill score as mean ± sd; a row without RL (SFT) says so; a run without table3 is skipped."""
+    import stats
+    for k, (changed, r_ent, score) in enumerate([(1, [0.2, 0.4], 0.1), (3, [0.4, 0.2], 0.3)]):
+        table3 = {"sft": {"overall": 0.1, "lam_ent": None},
+                  "ske_rl": {"overall": score, "lam_ent": {"changed": changed, "kept": 4, "updates": 2,
+                                                           "r_ent_by_step": r_ent}}}
+        stats.write_results(tmp_path / f"s{k}", {"table3": table3}, [])
+    stats.write_results(tmp_path / "s2", {}, [])
+    out = sb.aggregate_mechanism([tmp_path / f"s{k}" for k in range(3)])
+    assert out["ske_rl"]["changed"] == 4 and out["ske_rl"]["kept"] == 8 and out["ske_rl"]["updates"] == 4
+    assert out["ske_rl"]["r_ent_by_step"] == pytest.approx([0.3, 0.3])
+    assert out["ske_rl"]["overall"] == pytest.approx([0.2, 0.1]) and out["sft"]["runs"] == 2
+    text = capsys.readouterr().out
+    assert "λ_ent changed 4 of 8 kept groups" in text and "sft" in text and "no RL" in text
