@@ -952,8 +952,9 @@ def train_skill_entropy_rl(args, dist, bank, fz, acc, table, train, test):
 def main(argv=None):
     t_start = time.time()
     args = parse_with_preset(build_parser(), PRESETS, argv=argv, name="skill_entropy")
-    if args.aggregate:  # finished runs (one seed each): pooled headline table, then the SkE nulls
-        entries, _ = aggregate_main(args.aggregate), aggregate_mechanism(args.aggregate)
+    if args.aggregate:  # finished runs (one seed each): pooled headline, Table 3's mechanism, the SkE nulls
+        entries = aggregate_main(args.aggregate)
+        aggregate_mechanism(args.aggregate)
         return entries, aggregate_nulls(args.aggregate, NULL_SIDES, NULL_NAMES)
     if not (0 <= args.lambda_ans <= 1 and 0 <= args.lambda_ent <= 1):
         raise SystemExit("--lambda-ans/--lambda-ent must lie in [0, 1]")

@@ -147,9 +147,9 @@ def wilson_ci(k, n, z=1.959964):
 def mde(n, sd=None, p0=None, two_proportions=False, alpha=0.05, power=0.8):
     """Minimum detectable effect: the smallest true effect δ > 0 that a two-sided level-α test on n units
     rejects with probability `power`, by the normal approximation; z_a = z_{1−α/2} (1.96), z_b = z_power
-    (0.84). nan when n < 2 or the inputs leave it undefined, and when sd is 0 (≤ 1e-12, float rounding of
-    equal differences such as 0.5 − 0.3): n units that all agree say
-    nothing about the spread a true effect would meet, and δ = 0 would claim a test that detects anything.
+    (0.84). nan when n < 2 or the inputs leave it undefined, and when sd is 0 (≤ 1e-12, the float rounding
+    of equal differences such as 0.5 − 0.3): n units that all agree say nothing about the spread a true
+    effect would meet, and δ = 0 would claim a test that detects anything.
       paired / one sample (sd = sample sd of the differences d_i = a_i − b_i, or of a_i − chance):
           δ = (z_a + z_b) · sd / √n
       one proportion against a chance level p0 (sd None, p0 given), p1 = p0 + δ:
@@ -184,19 +184,24 @@ def mde(n, sd=None, p0=None, two_proportions=False, alpha=0.05, power=0.8):
     return float(hi)
 
 
+def sign_flip_floor(n):
+    """The smallest two-sided p of a sign-flip test on n nonzero units: 2^(1−n), every sign agreeing. Above
+    α = 0.05 for n ≤ 5 (5 seeds as the unit: 0.0625), so there no effect, however large, is detectable."""
+    return 2.0 ** (1 - n)
+
+
 def sign_flip_mde(units, alpha=0.05, power=0.8):
     """mde of the sign-flip test on these units: the paired formula, but nan when the test cannot reject at
-    all: its smallest two-sided p is 2^(1−n) (every sign agrees), above α = 0.05 for n ≤ 5 units (5 seeds as
-    the unit: 0.0625), so no effect, however large, is detectable there."""
+    all (sign_flip_floor(n) > α)."""
     n = len(units)
-    return mde(n, sd=_sd(units), alpha=alpha, power=power) if 2.0 ** (1 - n) <= alpha else float("nan")
+    return mde(n, sd=_sd(units), alpha=alpha, power=power) if sign_flip_floor(n) <= alpha else float("nan")
 
 
 def floor_note(n_units, alpha=0.05):
     """The note an entry carries when its sign-flip test cannot reach α (sign_flip_mde is nan)."""
-    return (f"n = {n_units} units: the sign-flip test's smallest p is 2^(1-n) = {2.0 ** (1 - n_units):.3g} "
-            f"> {alpha}, so it cannot reject (≥ 6 units can)" if 1 < n_units and 2.0 ** (1 - n_units) > alpha
-            else None)
+    floor = sign_flip_floor(n_units)
+    return (f"n = {n_units} units: the sign-flip test's smallest p is 2^(1-n) = {floor:.3g} > {alpha}, so "
+            "it cannot reject (≥ 6 units can)" if n_units > 1 and floor > alpha else None)
 
 
 _RATIO = re.compile(r"\s*(-?\d+(?:\.\d+)?)\s*(?:/\s*(\d+(?:\.\d+)?)|(%))?\s*")
