@@ -64,12 +64,12 @@ from tasks.search_world import (DATA, MULTI_HOP, SINGLE_HOP, SPLITS, TEMPLATES, 
 
 # ----- config: presets and flags (Table 4) -----
 PRESETS = {
-    # 2-core CPU, embedded SmolLM2-135M, a small world: a few tasks per stage (README, "Measured");
-    # rollouts on vLLM (`auto`: HF generate if vLLM cannot start) with a KV cache for 32 sequences, so that
-    # every turn of the 42 held-out episodes reuses its cached prefix (the same outputs as 8, in less time)
+    # 2-core CPU, embedded SmolLM2-135M, a small world: 4 SFT tasks per question type, no zero-shot row
+    # (SFT is FLOP-bound, README "Time"); rollouts on vLLM (`auto`: HF generate if vLLM cannot start), a KV
+    # cache for 32 sequences: every turn of the 42 held-out episodes reuses its cached prefix
     "tiny": dict(n_people=40, n_places=16, n_orgs=10, n_events=10, n_hamlets=12, n_shared=6, n_train=60,
-                 eval_n=6,
-                 sim_threshold=0.0, K=3, sft_tasks=70, sft_n=1, sft_batch=4, sft_lr=1e-4,
+                 eval_n=6, zero_shot=False,
+                 sim_threshold=0.0, K=3, sft_tasks=28, sft_n=1, sft_batch=4, sft_lr=1e-4,
                  sft_epochs=1, route_epochs=3, exec_epochs=1, sft_match=True,
                  steps=2, prompts_per_step=2, G=4, train_controls=False, lr=1e-5,
                  max_new_tokens=64, route_max_tokens=64, micro_batch=4,
