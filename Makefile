@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install bubblewrap cuda-check demo test bench clean skill-rm-seeds selfplay-compare precision-compare gpu-smoke \
+.PHONY: install bubblewrap cuda-check demo test bench clean selfplay-compare precision-compare gpu-smoke \
         evidence results-table
 
 install: $(STAMP) bubblewrap cuda-check
@@ -139,38 +139,11 @@ bench: install
 precision-compare: install
 	$(BIN)/python bench/precision_compare.py --seeds $(SEEDS)
 
-# Skill-RM vs. the LLM-judge baseline over seeds: one process per seed (run them one at a time, or
-# separately with `make skill-rm-seeds SEEDS=1`), then the headline pooled over items × seeds (stats.aggregate).
 # SEEDS (here, precision-compare and evidence): 5. A claim with seeds as the unit, tested by sign flip, cannot
 # reach p < 0.05 on 5 (smallest p 2^(1-5) = 0.0625; its mde is null, stats.sign_flip_mde); a 6th seed needs
 # skill_entropy's SEED_SLOTS raised first (seed 5 would redraw seed 0's questions), and that redraws seeds 0-4.
 SEEDS ?= 0 1 2 3 4
-skill-rm-seeds: install
-	set -e; for s in $(SEEDS); do $(BIN)/python skill_rm.py --preset tiny --seed $$s --run-dir runs/skill_rm-seed$$s; done
-	$(BIN)/python skill_rm.py --aggregate $$(ls -d runs/skill_rm-seed*)
 
 clean:
 	rm -rf runs
 
-# skill_entropy.py: Skill-Entropy RL against its controls over 3 seeds: the headline entries (Table 3 paired over
-# test tasks × seeds, single vs cross step-2 accuracy, Skill²-Bench single vs cross) pooled by --aggregate, and
-# each SkE statistic against its permutation null. One seed per process (`make ske-seed-1` runs one; every stage).
-SKE_SEEDS ?= 0 1 2
-.PHONY: ske-seeds
-ske-seed-%: install
-	$(BIN)/python skill_entropy.py --preset tiny --seed $* --run-dir runs/ske-seed$*
-ske-seeds: $(addprefix ske-seed-,$(SKE_SEEDS))
-	$(BIN)/python skill_entropy.py --aggregate $(addprefix runs/ske-seed,$(SKE_SEEDS))
-
-# TalentRL's Table 1 over seeds: one process per seed (run them one at a time on a small machine,
-# e.g. `make talentrl-seed-1`), then `make talentrl-seeds` aggregates mean ± sd (and runs what is missing).
-TALENTRL_SEEDS ?= 0 1 2
-talentrl-seed-%: install
-	mkdir -p runs/talentrl-seeds
-	set -o pipefail; $(BIN)/python talentrl.py --preset tiny --seed $* --run-dir runs/talentrl-seeds/seed$* 2>runs/talentrl-seeds/seed$*.err | tee runs/talentrl-seeds/seed$*.log
-
-talentrl-seeds: $(foreach s,$(TALENTRL_SEEDS),runs/talentrl-seeds/seed$(s)/results.json)
-	$(BIN)/python talentrl.py --aggregate $(foreach s,$(TALENTRL_SEEDS),runs/talentrl-seeds/seed$(s))
-
-runs/talentrl-seeds/seed%/results.json:
-	$(MAKE) talentrl-seed-$*

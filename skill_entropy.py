@@ -49,8 +49,8 @@ from plumbing import (HFSampler, barrier, check_response_budget, check_resume, c
                       reduce_metrics, renamed_flags, replica, resume_checkpoint, resume_finished, row_seed,
                       run_main, run_settings, save_checkpoint, setup_distributed, shared_sampler,
                       table_to_json, unwrap, write_json)
-from stats import (aggregate_main, compare, format_headline, format_null, permutation_null, print_table,
-                   spearman, write_results)
+from stats import (aggregate_main, compare, format_headline, format_null, format_power, permutation_null,
+                   print_table, spearman, write_results)
 from tasks.skill_bank import (CHECKS, DATA, LEVELS, add_scorer_args, aggregate_mechanism, aggregate_nulls,
                               ask_stepwise, bank_keys, bench_entries, bench_eval, constant_recs,
                               constant_scores, dependency_real, diverse_subset, gold_trace, label_bank,
@@ -439,7 +439,6 @@ def synthesize(bank, table, gen, args, split):
     return tasks
 
 # ----- method: Skill-Entropy RL and its Table 3 rows (§4, D.2–D.7) -----
-
 
 # Table 3 rows: init weights, (λ_ans, λ_ent) of Eq. (5), r_ent, SkE table, task stream (docs/skill_entropy.md)
 ROWS = {
@@ -953,8 +952,9 @@ def main(argv=None):
     t_start = time.time()
     args = parse_with_preset(build_parser(), PRESETS, argv=argv, name="skill_entropy")
     if args.aggregate:  # finished runs (one seed each): pooled headline, Table 3's mechanism, the SkE nulls
-        entries = aggregate_main(args.aggregate)
-        aggregate_mechanism(args.aggregate)
+        entries, n = aggregate_main(args.aggregate), build_parser().get_default("eval_n")  # gpu: the default
+        aggregate_mechanism(args.aggregate)  # then what the gpu preset can power, at the tiny runs' spread
+        print(format_power([e for e in entries if "Table 3" in e["claim"]], n / PRESETS["tiny"]["eval_n"]))
         return entries, aggregate_nulls(args.aggregate, NULL_SIDES, NULL_NAMES)
     if not (0 <= args.lambda_ans <= 1 and 0 <= args.lambda_ent <= 1):
         raise SystemExit("--lambda-ans/--lambda-ent must lie in [0, 1]")

@@ -204,6 +204,34 @@ def floor_note(n_units, alpha=0.05):
             "it cannot reject (≥ 6 units can)" if n_units > 1 and floor > alpha else None)
 
 
+def projected_mde(entry, n, alpha=0.05, power=0.8):
+    """The mde that a run of n paired items would have at this entry's observed item spread: the paired
+    formula of `mde` with sd = the sample sd of d_i = a_i − b_i over the entry's pooled items (a vs-chance
+    entry: of a_i − chance). How a bigger preset's power follows from the tiny runs' variance; it ignores
+    seed-to-seed variance, so it is a lower bound for a claim whose unit is the seed."""
+    a = np.asarray([math.nan if v is None else float(v) for v in entry.get("a_items") or []], dtype=float)
+    b = entry.get("b_items")
+    b = (np.asarray([math.nan if v is None else float(v) for v in b], dtype=float) if b is not None
+         else np.full_like(a, math.nan if entry.get("chance") is None else float(entry["chance"])))
+    d = (a - b)[np.isfinite(a - b)] if len(a) == len(b) else np.zeros(0)
+    return _num(mde(n, sd=_sd(d), alpha=alpha, power=power)) if len(d) > 1 else None
+
+
+def format_power(entries, scale, preset="gpu"):
+    """One line per primary claim of pooled `entries`: the items one seed of `preset` would pair (a tiny
+    seed's n times `scale`, the ratio of the two presets' evaluation sizes), its projected_mde at the tiny
+    runs' item spread, and the paper's effect: what the README says the gpu preset can power."""
+    out = []
+    for e in (e for e in entries if e.get("primary")):
+        n = max(round(e["n_items"] / max(e.get("n_seeds") or 1, 1) * scale), 2)
+        m, pe = projected_mde(e, n), e.get("paper_effect")
+        verdict = ("" if m is None or pe is None else
+                   "; powers the paper's effect" if abs(pe) >= m else "; cannot power the paper's effect")
+        out.append(f"--preset {preset}, one seed: {e['claim']}: n = {n}, mde {_fmt(m)} at the tiny item sd "
+                   f"(paper {_fmt(pe)}){verdict}")
+    return "\n".join(out)
+
+
 _RATIO = re.compile(r"\s*(-?\d+(?:\.\d+)?)\s*(?:/\s*(\d+(?:\.\d+)?)|(%))?\s*")
 
 

@@ -884,6 +884,7 @@ def aggregate_seeds(run_dirs):
     v = dict(pooled=routing_verdict(entries), seeds=routing_verdict(seeds))
     print(f"\nRouting on unseen templates beats the strongest no-training router: pooled "
           f"{v['pooled']['generalises']}, seeds as the unit {v['seeds']['generalises']}\n")
+    print(stats.format_power(entries, PRESETS["gpu"]["eval_n"] / PRESETS["tiny"]["eval_n"]))  # its power
     return dict(headline=entries, by_seed=seeds, rows=rows, verdict=v)
 
 

@@ -666,7 +666,7 @@ def test_aggregate_pools_headlines_and_nulls_over_seeds(tmp_path, capsys):
         r = tmp_path / f"seed{i}"
         a = rng.random(6).round(2).tolist()
         head = [stats.compare("Table 3: Skill-Entropy RL vs GRPO (r_ans) (per-task cross-skill score)", "ske_rl", "grpo",
-                              [x + 0.5 for x in a], a)]
+                              [x + 0.5 for x in a], a, paper_effect=0.096, primary=True)]
         null = dict(spread=dict(observed=2.0, null=rng.random(200).tolist(), p=0.0, band=[0, 1], side="greater"),
                     spearman=dict(observed=0.1, null=rng.uniform(-1, 1, 200).tolist(), p=0.5, band=[-1, 1], side="greater"),
                     single_minus_cross=dict(observed=None, null=[], p=None, band=[None, None], side="two-sided"))
@@ -677,6 +677,8 @@ def test_aggregate_pools_headlines_and_nulls_over_seeds(tmp_path, capsys):
     assert entries[0]["n_seeds"] == 3 and entries[0]["n_items"] == 18 and entries[0]["diff"] == pytest.approx(0.5)
     assert "Skill-Entropy RL vs GRPO" in out and "mean over 3 runs" in out
     assert "SkE at its null on every seed (no run has p < 0.05): no" in out     # spread: p = 0 in each run
+    # the gpu preset's power at the tiny item spread: 6 test tasks per seed in tiny, 300 in gpu
+    assert "--preset gpu, one seed: Table 3: Skill-Entropy RL vs GRPO (r_ans) (per-task cross-skill score): n = 300" in out
     assert nulls["spread"]["p"] == pytest.approx(1 / 201) and nulls["spread"]["observed"] == 2.0
     lo, hi = nulls["spread"]["band"]
     assert 0.1 < lo < hi < 0.9 and hi - lo < 0.8     # the mean of 3 uniforms is narrower than one's [0.025, 0.975]

@@ -274,3 +274,33 @@ def test_sign_flip_mde_is_nan_where_the_test_cannot_reject():
     assert six["p"] == pytest.approx(1 / 32) and six["mde"] > 0 and six["note"] is None
     assert math.isnan(stats.sign_flip_mde(np.ones(5) * 0.3 + np.arange(5) * 0.01))
     assert stats.vs_chance("x", "a", [0.9, 0.8, 0.7], 0.5)["mde"] is None  # 3 non-binary units: sign flip
+
+
+def test_projected_mde_is_the_paired_formula_at_the_entrys_item_spread():
+    rng = np.random.default_rng(0)
+    a, b = rng.integers(0, 2, 60).astype(float), rng.integers(0, 2, 60).astype(float)
+    e = stats.compare("A vs B", "A", "B", a, b, paper_effect=0.01, primary=True)
+    sd = float(np.std(a - b, ddof=1))
+    assert stats.projected_mde(e, 700) == pytest.approx(stats.mde(700, sd=sd))
+    assert stats.projected_mde(e, 60) == pytest.approx(e["mde"])  # at its own n it is the entry's mde
+    # four times the items halve it; a vs-chance entry uses a_i − chance
+    assert stats.projected_mde(e, 2800) == pytest.approx(stats.projected_mde(e, 700) / 2)
+    c = stats.vs_chance("A vs chance", "A", list(a) + [None], 0.3)
+    assert stats.projected_mde(c, 100) == pytest.approx(stats.mde(100, sd=float(np.std(a - 0.3, ddof=1))))
+    assert stats.projected_mde(stats.vs_chance("x", "A", [1.0, 0.0], None), 100) is None  # no chance level
+    assert stats.projected_mde(stats.compare("y", "A", "B", [1.0], [0.0]), 100) is None  # one item: no sd
+
+
+def test_format_power_scales_a_seeds_n_and_says_whether_the_paper_effect_is_reachable(tmp_path):
+    rng = np.random.default_rng(1)
+    for k in range(2):
+        a, b = rng.integers(0, 2, 42).tolist(), rng.integers(0, 2, 42).tolist()
+        H = [stats.compare("success: A vs B", "A", "B", a, b, paper_effect=0.0123, primary=True),
+             stats.compare("not primary", "A", "B", a, b, paper_effect=0.5)]
+        stats.write_results(tmp_path / f"s{k}", {}, H)
+    pooled = stats.aggregate([tmp_path / "s0", tmp_path / "s1"])
+    text = stats.format_power(pooled, 100 / 6)
+    assert "not primary" not in text and "n = 700," in text  # 84 items over 2 seeds → 42 per seed × 100/6
+    assert "cannot power the paper's effect" in text  # 0.0123 ≪ (z_a + z_b)·sd/√700 for coin flips
+    big = [dict(pooled[0], paper_effect=0.9)]
+    assert "; powers the paper's effect" in stats.format_power(big, 100 / 6)

@@ -424,7 +424,8 @@ def test_aggregate_pools_headline_items_over_seeds_and_table1_mean_sd(tmp_path, 
     def result(v, a_items, b_items):
         per = {k: {"success": {sp: x for sp in T.SPLITS}, "single_hop": x, "multi_hop": x, "overall": x}
                for k, x in zip(("skillrl-sft", "talentrl-sft", "talentrl"), v)}
-        return per, [stats.compare("success, all: TalentRL-SFT vs SkillRL-SFT", "TalentRL-SFT", "SkillRL-SFT", a_items, b_items)]
+        return per, [stats.compare("success, all: TalentRL-SFT vs SkillRL-SFT", "TalentRL-SFT", "SkillRL-SFT", a_items, b_items,
+                                   paper_effect=0.0313, primary=True)]
     seeds = [((10, 20, 15), [1, 0, 1], [0, 0, 1]), ((20, 30, 25), [1, 1, 0], [0, 1, 0]), ((30, 10, 50), [0, 1, 1], [0, 0, 0])]
     for i, (v, a, b) in enumerate(seeds):
         stats.write_results(tmp_path / f"s{i}", *result(v, a, b))
@@ -440,6 +441,8 @@ def test_aggregate_pools_headline_items_over_seeds_and_table1_mean_sd(tmp_path, 
     assert s["a_items"] == pytest.approx([2 / 3] * 3) and s["diff"] == pytest.approx((1 / 3 + 1 / 3 + 2 / 3) / 3)
     assert s["p"] == 0.25  # the exact sign flip over 3 seeds cannot go lower
     assert "Seeds as the unit" in text and out["verdict"]["seeds"]["generalises"] is False
+    # #54 §4: what one seed of the gpu preset (100 held-out questions per split, 6 in tiny) can power
+    assert "--preset gpu, one seed: success, all: TalentRL-SFT vs SkillRL-SFT: n = 50, mde" in text
 
 
 # ----- issue #28: bugs, App. C's routing rows, grounded rationales, routing accuracy -----
