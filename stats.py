@@ -209,11 +209,10 @@ def projected_mde(entry, n, alpha=0.05, power=0.8):
     formula of `mde` with sd = the sample sd of d_i = a_i − b_i over the entry's pooled items (a vs-chance
     entry: of a_i − chance). How a bigger preset's power follows from the tiny runs' variance; it ignores
     seed-to-seed variance, so it is a lower bound for a claim whose unit is the seed."""
-    a = np.asarray([math.nan if v is None else float(v) for v in entry.get("a_items") or []], dtype=float)
-    b = entry.get("b_items")
-    b = (np.asarray([math.nan if v is None else float(v) for v in b], dtype=float) if b is not None
-         else np.full_like(a, math.nan if entry.get("chance") is None else float(entry["chance"])))
-    d = (a - b)[np.isfinite(a - b)] if len(a) == len(b) else np.zeros(0)
+    num = lambda xs: [math.nan if v is None else float(v) for v in xs]  # items read back from JSON: null
+    a, b, c = num(entry.get("a_items") or []), entry.get("b_items"), entry.get("chance")
+    b = num(b) if b is not None else num([c] * len(a))
+    d = _paired_diffs(a, b) if len(a) == len(b) else []
     return _num(mde(n, sd=_sd(d), alpha=alpha, power=power)) if len(d) > 1 else None
 
 
