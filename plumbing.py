@@ -1987,7 +1987,7 @@ RESUME_SAFE = (
     "baselines", "lambda_sweep", "arms",  # which rows or arms a run holds: a new one trains from the start
     "plots",                            # what it draws
     # memory: how a step is computed, not what (the same gradient in other chunks; a GPU of another size)
-    "micro_batch", "grad_checkpointing", "vllm_kv_gib", "vllm_kv_seqs",
+    "micro_batch", "grad_checkpointing", "vllm_kv_gib", "vllm_kv_seqs", "judge_chunk",
 )
 
 
@@ -2991,6 +2991,45 @@ def make_judge_sampler(judge, tok, args, dist):
         if isinstance(s, VLLMSampler):
             return s
     return ConstrainedHFSampler(judge, tok, batch=args.judge_batch)
+
+
+# ----- plumbing for skill_rm: per-stage resume (#49 §5) -----
+
+class Stages:
+    """A run's finished stages: <run-dir>/stages/<name>.json keeps a stage's result and the run's settings
+    (run_settings), written atomically as the stage ends; --resume reads a finished stage back instead of
+    running it, so a kill loses at most the stage in progress (skill_rm.warmed_judge: its weights too).
+    Without --resume the folder is emptied first."""
+
+    def __init__(self, args, dist):
+        self.dir, self.resume, self.dist = Path(args.run_dir) / "stages", args.resume, dist
+        self.settings = json.loads(json.dumps(run_settings(args), default=str))
+        if not self.resume and dist.is_main and self.dir.is_dir():
+            shutil.rmtree(self.dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        changed = {}  # --resume: one line naming each flag a finished stage ran with otherwise
+        for path in sorted(self.dir.glob("*.json")) if self.resume else ():
+            was = json.loads(path.read_text())["settings"]  # written by a rename: whole or absent
+            changed |= settings_changes(was, self.settings)
+        if changed:
+            raise SystemExit(f"nanoskill: --resume with other settings than {self.dir}'s finished stages "
+                             f"ran with: {', '.join(changed.values())} (saved → now); resume with the saved "
+                             "values, or start a new --run-dir")
+
+    def load(self, name):
+        """The saved result of a finished stage under --resume, else None."""
+        path = self.dir / f"{name}.json"
+        if not (self.resume and path.exists()):
+            return None
+        print(f"resume: stage {name} finished before, read from {path}", flush=True)
+        return json.loads(path.read_text())["result"]
+
+    def save(self, name, result):
+        """Record a finished stage (rank 0 writes); returns result."""
+        if self.dist.is_main:
+            write_json(self.dir / f"{name}.json", {"settings": self.settings, "result": result})
+        kill_point(f"stage:{name}")  # test hook: a kill right after a stage ended (the resume must skip it)
+        return result
 
 
 # ----- plumbing for skill_entropy: the frozen models of a run, each loaded on first use -----

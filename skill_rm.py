@@ -41,10 +41,8 @@ Differences from the paper (the 8 that matter most; the full list of 11 is in do
 import argparse
 import copy
 import itertools
-import json
 import random
 import re
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,13 +51,12 @@ import torch
 
 from grpo import add_grpo_args, chat_ids, grpo_update, parse_with_preset, sft_loop, sample_group_rollouts
 from grpo import seed_everything
-from plumbing import (TOOL_NAMES, Dist, GrammarReplay, SkillError, VLLMSampler, cpu_snapshot, preflight,
-                      first_json_object, load_model, load_policy, log_metrics, make_judge,
+from plumbing import (TOOL_NAMES, Dist, GrammarReplay, SkillError, Stages, VLLMSampler, cpu_snapshot,
+                      preflight, first_json_object, load_model, load_policy, log_metrics, make_judge,
                       make_judge_sampler, make_optimizer, make_sampler, on_ranks, parse_label,
                       parse_text_rating, parse_text_verdict, parse_tool_call, per_rank, plot_curves,
-                      read_skill_folder, reduce_metrics, renamed_flags, restore_snapshot, run_settings,
-                      settings_changes, setup_distributed, run_main, unwrap, write_json, xgrammar_schema,
-                      kill_point)
+                      read_skill_folder, reduce_metrics, renamed_flags, restore_snapshot, setup_distributed,
+                      run_main, unwrap, xgrammar_schema)
 from sandbox import run_sandboxed
 from stats import (aggregate_main, compare, format_headline, parse_number, print_table, vs_chance,
                    write_results)
@@ -116,6 +113,8 @@ def build_parser():
     g.add_argument("--code-max-chars", type=int, default=1000,
                    help="longest code string of python_sandbox / run_verifier under --constrained")
     g.add_argument("--judge-batch", type=int, default=16, help="judge prompts per generate call (memory)")
+    g.add_argument("--judge-chunk", type=int, default=32,
+                   help="tasks taken through all turns together (in vLLM's prefix cache); 0 = all at once")
     g.add_argument("--judge-max-model-len", type=int, default=8192, help="vLLM context of the judge")
     g.add_argument("--show-trace", type=int, default=0, help="print this many judge traces")
     g = p.add_argument_group("judge SFT warm-up (not in the paper; needed at 135M)")
@@ -389,9 +388,10 @@ def text_judgment(text, mode, labels):
 
 
 def run_judges(sampler, tok, tasks, skills, args, max_turns):
-    """Every task's judge to completion, batched turn by turn (NOTES §2): plain methods one turn; tool methods
-    `max_turns` turns, `args.retries` retries after no valid call, then a forced final_answer. `sampler`: one
-    model or {method: sampler, "default": ...}; scripted tasks (oracle, SFT traces): rb.scripted_reply."""
+    """Every task's judge to completion, batched turn by turn (NOTES §2, judge_turns): plain methods one turn;
+    tool methods `max_turns` turns, `args.retries` retries after no valid call, then a forced final_answer.
+    `sampler`: one model or {method: sampler, "default": ...}; scripted tasks (oracle, SFT traces):
+    rb.scripted_reply."""
     for t in tasks:
         K = len(t.candidates)
         if t.method in ("baseline", "appended"):
@@ -403,6 +403,18 @@ def run_judges(sampler, tok, tasks, skills, args, max_turns):
         t.messages = [{"role": "system", "content": system},
                       {"role": "user", "content": format_candidates(t.prompt, t.candidates)}]
         t.retries_left = args.retries
+    # chunks of one method's tasks, each through all its turns before the next: a chunk's conversations stay
+    # in vLLM's prefix cache from turn to turn (all at once, every turn prefilled each conversation again)
+    n, by_method = args.judge_chunk or len(tasks) or 1, sorted(tasks, key=lambda t: t.method)
+    for i in range(0, len(tasks), n):
+        judge_turns(sampler, tok, by_method[i:i + n], skills, args, max_turns)
+    for t in tasks:  # a task still open here ran out of turns without a final answer
+        t.done = True
+    return tasks
+
+
+def judge_turns(sampler, tok, tasks, skills, args, max_turns):
+    """run_judges' bounded loop over `tasks`: each turn, one batched generate per judge model."""
     for turn in range(max_turns + 1):
         active = [t for t in tasks if not t.done]
         if not active:
@@ -434,9 +446,6 @@ def run_judges(sampler, tok, tasks, skills, args, max_turns):
             replies.update({id(t): o[0].text for t, o in zip(group, outs)})
         for t in active:
             judge_step(t, replies[id(t)], skills, args, LABELS[:len(t.candidates)])
-    for t in tasks:  # a task still open here ran out of turns without a final answer
-        t.done = True
-    return tasks
 
 
 def judge_on_ranks(sampler, tok, tasks, skills, args, max_turns, dist=None):
@@ -614,6 +623,21 @@ def judge_sft(judge, tok, skills, args, dist, method):
     sft_loop(model, examples, args, dist, args.judge_sft_lr, batch, steps, seed=args.seed,
              log_dir=Path(args.run_dir) / f"judge_sft_{method}", micro_batch=args.judge_sft_micro_batch)
     return model.to(torch.bfloat16).eval().requires_grad_(False)
+
+
+def warmed_judge(stages, backbone, tok, skills, args, dist, method):
+    """The SFT-warmed judge of `method` (judge_sft), or its weights from a finished stage (plumbing.Stages)."""
+    name, weights = f"judge_sft_{method}", stages.dir / f"judge_sft_{method}.pt"
+    if stages.load(name) is not None and weights.exists():
+        model = copy.deepcopy(unwrap(backbone)).to(torch.bfloat16)
+        model.load_state_dict(torch.load(weights, map_location="cpu"))
+        return model.eval().requires_grad_(False)
+    model = judge_sft(backbone, tok, skills, args, dist, method)
+    if dist.is_main:  # every rank holds the same replica (judge_sft): rank 0 saves it
+        torch.save(unwrap(model).state_dict(), weights.with_suffix(".tmp"))
+        weights.with_suffix(".tmp").replace(weights)
+    stages.save(name, {"weights": weights.name})
+    return model
 
 
 # ----- method: instruction-following GRPO with the Skill-RM reward (App. D) -----
@@ -859,59 +883,6 @@ def build_headline(by_set, bon, rl, methods, clusters=None):
                              r["per_prompt"], rl["initial"]["per_prompt"]))
     return H
 
-# ----- plumbing: per-stage resume (#49 §5) -----
-
-class Stages:
-    """A run's finished stages: <run-dir>/stages/<name>.json keeps a stage's result and the run's settings
-    (run_settings), written atomically as the stage ends; --resume reads a finished stage back instead of
-    running it, so a kill loses at most the stage in progress (judge SFT: its weights, <name>.pt, too).
-    Without --resume the folder is emptied first."""
-
-    def __init__(self, args, dist):
-        self.dir, self.resume, self.dist = Path(args.run_dir) / "stages", args.resume, dist
-        self.settings = json.loads(json.dumps(run_settings(args), default=str))
-        if not self.resume and dist.is_main and self.dir.is_dir():
-            shutil.rmtree(self.dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        changed = {}  # --resume: one line naming each flag a finished stage ran with otherwise
-        for path in sorted(self.dir.glob("*.json")) if self.resume else ():
-            was = json.loads(path.read_text())["settings"]  # written by a rename: whole or absent
-            changed |= settings_changes(was, self.settings)
-        if changed:
-            raise SystemExit(f"nanoskill: --resume with other settings than {self.dir}'s finished stages "
-                             f"ran with: {', '.join(changed.values())} (saved → now); resume with the saved "
-                             "values, or start a new --run-dir")
-
-    def load(self, name):
-        """The saved result of a finished stage under --resume, else None."""
-        path = self.dir / f"{name}.json"
-        if not (self.resume and path.exists()):
-            return None
-        print(f"resume: stage {name} finished before, read from {path}", flush=True)
-        return json.loads(path.read_text())["result"]
-
-    def save(self, name, result):
-        """Record a finished stage (rank 0 writes); returns result."""
-        if self.dist.is_main:
-            write_json(self.dir / f"{name}.json", {"settings": self.settings, "result": result})
-        kill_point(f"stage:{name}")  # test hook: a kill right after a stage ended (the resume must skip it)
-        return result
-
-    def judge(self, backbone, tok, skills, args, dist, method):
-        """The SFT-warmed judge of `method` (judge_sft), or its weights from a finished stage."""
-        name, weights = f"judge_sft_{method}", self.dir / f"judge_sft_{method}.pt"
-        if self.load(name) is not None and weights.exists():
-            model = copy.deepcopy(unwrap(backbone)).to(torch.bfloat16)
-            model.load_state_dict(torch.load(weights, map_location="cpu"))
-            return model.eval().requires_grad_(False)
-        model = judge_sft(backbone, tok, skills, args, dist, method)
-        if dist.is_main:  # every rank holds the same replica (judge_sft): rank 0 saves it
-            torch.save(unwrap(model).state_dict(), weights.with_suffix(".tmp"))
-            weights.with_suffix(".tmp").replace(weights)
-        self.save(name, {"weights": weights.name})
-        return model
-
-
 # ----- main -----
 
 def main(argv=None):
@@ -947,8 +918,8 @@ def main(argv=None):
     backbone = make_judge(policy, args, dist)
     if args.judge_sft_steps > 0:  # python_only's SFT only when it is judged
         own = ["baseline", "skill_rm"] + ["python_only"] * ("python_only" in methods)
-        judges = {m: make_judge_sampler(stages.judge(backbone, tok, skills, args, dist, m), tok, args, dist)
-                  for m in own}
+        judges = {m: make_judge_sampler(warmed_judge(stages, backbone, tok, skills, args, dist, m), tok, args,
+                                        dist) for m in own}
     else:  # one untrained judge for every method
         judges = {"baseline": make_judge_sampler(backbone, tok, args, dist)}
     judge = Judge({"default": judges["baseline"], "appended": judges["baseline"], **judges}, tok, skills)

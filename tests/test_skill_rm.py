@@ -6,6 +6,7 @@ import random
 import re
 import shutil
 import sys
+import zlib
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -26,7 +27,7 @@ SKILLS = ROOT / "data" / "skills"
 
 def judge_args(**kw):
     a = dict(max_resources=4, resource_chars=8000, sandbox_timeout=3.0, sandbox_mem_mb=256, retries=1,
-             judge_max_new_tokens=32, judge_temperature=0.0, constrained=True, code_max_chars=400)
+             judge_max_new_tokens=32, judge_temperature=0.0, constrained=True, code_max_chars=400, judge_chunk=0)
     a.update(kw)
     return SimpleNamespace(**a)
 
@@ -287,6 +288,52 @@ def test_judge_loop_progressive_disclosure_then_final():
     assert t.trace[2]["observation"].startswith("stdout:\n4")
     assert "final judgment" in S.format_trace(t)
     assert "python_sandbox" not in t.messages[0]["content"]  # the first prompt names only use_skill and final_answer
+
+
+class TurnTok:
+    """Prompt ids [number of messages, crc of the system and candidates messages]: a task and its turn."""
+
+    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=True, **template_kwargs):
+        return [len(messages), zlib.crc32((messages[0]["content"] + messages[1]["content"]).encode())]
+
+
+class StatelessJudge:
+    """Replies from the prompt alone (use_skill, then a sandbox run, then a verdict that depends on the
+    task), and records the prompts of every generate call."""
+
+    def __init__(self):
+        self.calls = []
+
+    def generate(self, prompts, n, max_new_tokens, temperature, top_p=1.0, stop=None, json_schema=None):
+        self.calls.append({task for _, task in prompts})
+        steps = ['{"name": "use_skill", "arguments": {"name": "reward_judge_fair"}}',
+                 '{"name": "python_sandbox", "arguments": {"code": "print(len(candidates))"}}']
+        final = lambda task: '{"name": "final_answer", "arguments": {"verdict": "%s"}}' % "AB"[task % 2]
+        return [[SimpleNamespace(ids=[1], text=steps[(m - 2) // 2] if m < 6 else final(task))]
+                for m, task in prompts]
+
+
+def test_judge_chunks_give_the_same_judgments_and_finish_a_chunk_before_the_next():
+    """--judge-chunk: each chunk of one method's tasks goes through all its turns before the next chunk
+    starts (so its conversations stay in vLLM's prefix cache), and the judgments equal all-at-once ones."""
+    skills = S.load_skills(SKILLS)
+    items = [(f"What is {k}+{k}?", [str(2 * k), str(2 * k + 1)]) for k in range(5)]
+    runs = {}
+    for chunk in (0, 3):
+        tasks = [S.JudgeTask(p, c, "pairwise", m) for m in ("skill_rm", "python_only") for p, c in items]
+        judge = StatelessJudge()
+        S.run_judges(judge, TurnTok(), tasks, skills, judge_args(judge_chunk=chunk), max_turns=3)
+        runs[chunk] = [(t.judgment, [st["observation"] for st in t.trace]) for t in tasks], judge.calls
+    assert runs[3][0] == runs[0][0]
+    assert {j["verdict"] for j, _ in runs[0][0]} == {"A", "B"}  # the replies follow the task
+    assert max(map(len, runs[0][1])) == 10 and max(map(len, runs[3][1])) == 3
+    chunk, finished = set(), set()  # a finished chunk's task asked again: its prefix would be gone
+    for asked in runs[3][1]:
+        if not asked <= chunk:  # the next chunk begins (within one, the open tasks only shrink)
+            finished, chunk = finished | chunk, set()
+        assert not asked & finished
+        chunk |= asked
+    assert len(finished | chunk) == 10
 
 
 def test_judge_loop_retry_then_forced_final():
