@@ -626,7 +626,7 @@ def judge_sft(judge, tok, skills, args, dist, method):
 
 
 def warmed_judge(stages, backbone, tok, skills, args, dist, method):
-    """The SFT-warmed judge of `method` (judge_sft), or its weights from a finished stage (plumbing.Stages)."""
+    """The SFT-warmed judge of `method` (judge_sft), or its weights from a finished stage (`Stages`)."""
     name, weights = f"judge_sft_{method}", stages.dir / f"judge_sft_{method}.pt"
     if stages.load(name) is not None and weights.exists():
         model = copy.deepcopy(unwrap(backbone)).to(torch.bfloat16)
