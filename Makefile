@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install bubblewrap cuda-check demo test bench clean selfplay-compare precision-compare gpu-smoke \
+.PHONY: install bubblewrap cuda-check demo test bench clean precision-compare gpu-smoke \
         evidence results-table
 
 install: $(STAMP) bubblewrap cuda-check
@@ -70,21 +70,28 @@ demo: install
 # headline pooled over the seeds (stats.py --aggregate), and REPORT.txt, the paper script's own --aggregate (its
 # nulls, per-seed tables, routing check). A seed whose results.json exists is skipped; an
 # interrupted one resumes from its checkpoint (skill_rm: its finished stages) in runs/evidence/.
-# skill_selfplay's training-side puzzles follow --data-seed, so each seed draws its own. Then the README block.
-# One paper, two seeds: `make evidence PAPERS=grpo SEEDS="0 1"`. Logs: runs/evidence/<run>/seed<k>.log.
+# skill_selfplay's training-side puzzles and BFCL items follow --data-seed, so each seed draws its own; on tool
+# calls each seed first runs unguided self-play (the paper's Table 2 baseline; seed<k>/unguided.json), then
+# Skill-SP --versus it, paired over the same items (zebra leaves unguided out, as the paper does). Then the
+# README block. One paper, two seeds: `make evidence PAPERS=grpo SEEDS="0 1"`. Logs: runs/evidence/<run>/*.log.
 PAPERS ?= grpo skill_entropy skill_rm skill_selfplay:tool skill_selfplay:zebra talentrl
 evidence: install
-	set -eo pipefail; for r in $(PAPERS); do \
+	set -eo pipefail; \
+	go() { r=$$1; shift; [ ! -e $$r/results.json ] || return 0; res=""; [ ! -d $$r ] || res=--resume; \
+	  mkdir -p $$r; echo "== $$* --seed $$k $$res"; \
+	  $(BIN)/python "$$@" --seed $$k $$res --run-dir $$r > $$r.log 2>&1 || { tail -n 20 $$r.log; exit 1; }; }; \
+	for r in $(PAPERS); do \
 	  s=$${r%%:*}; fam=$${r#*:}; name=$$s; extra=""; \
 	  if [ "$$fam" != "$$r" ]; then name=$$s-$$fam; extra="--family $$fam"; fi; \
 	  for k in $(SEEDS); do \
 	    out=results/$$name/tiny/seed$$k; run=runs/evidence/$$name/seed$$k; \
 	    [ ! -e $$out/results.json ] || continue; \
-	    resume=""; [ ! -d $$run ] || resume=--resume; \
-	    [ $$s != skill_selfplay ] || extra="$$extra --data-seed $$k"; \
-	    mkdir -p $$run $$out; echo "== $$s.py --preset tiny $$extra --seed $$k $$resume"; \
-	    $(BIN)/python $$s.py --preset tiny $$extra --seed $$k $$resume --run-dir $$run \
-	      > $$run.log 2>&1 || { tail -n 20 $$run.log; exit 1; }; \
+	    mkdir -p $$out; ds=""; vs=""; [ $$s != skill_selfplay ] || ds="--data-seed $$k"; \
+	    if [ $$name = skill_selfplay-tool ]; then \
+	      go $$run-unguided $$s.py --preset tiny $$extra $$ds --unguided --no-plots; \
+	      cp $$run-unguided/results.json $$out/unguided.json; vs="--versus $$run-unguided"; \
+	    fi; \
+	    go $$run $$s.py --preset tiny $$extra $$ds $$vs; \
 	    cp $$run/results.json $$run/*.png $$out/ 2>/dev/null || cp $$run/results.json $$out/; \
 	  done; \
 	  $(BIN)/python stats.py --aggregate $$(ls -d results/$$name/tiny/seed*) --out results/$$name/tiny/aggregate.json; \
@@ -96,19 +103,6 @@ evidence: install
 # The README's results block (between its results-table markers) from results/ alone.
 results-table: install
 	$(BIN)/python stats.py --readme
-
-# Skill-SP against unguided self-play (the no-library ablation) on tool calls at tiny scale (the paper's Table 2;
-# zebra leaves unguided out, as the paper does), one run per seed and arm (each its own process), then the pooled
-# headline (skill_selfplay.py --aggregate: Skill-SP vs unguided and vs base, paired over all 808 BFCL simple items
-# x seeds, CI, p and mde). One seed: `make selfplay-compare COMPARE_SEEDS=0`; it reads every folder in runs/compare.
-COMPARE_SEEDS ?= 0 1 2 3 4
-selfplay-compare: install
-	set -e; for s in $(COMPARE_SEEDS); do for arm in skill unguided; do \
-	  flag=""; if [ $$arm = unguided ]; then flag=--unguided; fi; \
-	  $(BIN)/python skill_selfplay.py --family tool --preset tiny --seed $$s --data-seed $$s --no-plots $$flag \
-	    --run-dir runs/compare/tool-$$arm-s$$s; \
-	done; done
-	$(BIN)/python skill_selfplay.py --aggregate $$(ls -d runs/compare/tool-*-s*)
 
 # The CUDA path in < 8 min where only torch and transformers are installed (no vLLM, network or model cache):
 # gpu/smoke.py, one PASS/FAIL/SKIP line per check (README 'GPU'); `python gpu/smoke.py --cpu` is its dry run.

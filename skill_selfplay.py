@@ -55,7 +55,7 @@ from plumbing import (LOOP_KEYS, DealtSampler, HFSampler, check_context, check_k
                       load_policy, log_metrics, loop_failures, make_optimizer, make_sampler, plot_loop,
                       plot_run, preflight, read_items, read_library, read_records, resume_or_start, run_main,
                       save_generations, save_iteration, schema_sampler, solver_signal, usable_value)
-from stats import aggregate as aggregate_headlines, compare, format_headline, print_table, vs_chance
+from stats import aggregate_main, compare, format_headline, print_table, read_results, vs_chance
 from stats import write_results
 from tasks.tool_calls import (BFCL_CATEGORIES, TOOL_TASK_SCHEMA, TOOL_TASK_SPEC, TOOL_VALIDATOR_KEYS,
                               bfcl_by_category, call_budget, call_key, derive_tool_validator, evaluate_bfcl,
@@ -89,11 +89,12 @@ LIBRARIES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "se
 # Per-family values by preset; they fill the flags no preset or argv set (parse_args), the preset's first,
 # then the paper's (Table 5). Why the tiny ones: docs/skill_selfplay.md, "The tiny preset".
 _PAPER_BOTH = dict(K=10, proposer_max_new_tokens=8192, proposer_sft_steps=0, proposer_sft_batch=0,
-                   solver_sft_steps=0)
+                   solver_sft_steps=0, eval_n=0)
 BY_FAMILY = {
     "paper": {"tool": dict(_PAPER_BOTH, M=8000, proposer_steps=5, solver_steps=15, induce_min=20),
               "zebra": dict(_PAPER_BOTH, M=1920, proposer_steps=3, solver_steps=10, induce_min=10)},
-    "tiny": {"tool": dict(library=os.path.join(LIBRARIES, "tool_tiny"), K=8, proposer_max_new_tokens=448),
+    "tiny": {"tool": dict(library=os.path.join(LIBRARIES, "tool_tiny"), K=8, proposer_max_new_tokens=448,
+                          eval_n=25),
              "zebra": dict(K=4, proposer_max_new_tokens=320)},
 }
 ARMS = ("unguided", "skill_only", "uniform_routing", "frozen_skills", "frozen_proposer",
@@ -111,8 +112,12 @@ def build_parser():
     g.add_argument("--family", choices=["tool", "zebra"], default="tool", help="task family (§4.1)")
     g.add_argument("--library", default=None,
                    help="initial library S(0) folder; default data/selfplay/<family> (tiny tool: tool_tiny)")
-    g.add_argument("--data-seed", type=int, default=0, help="seed of the training-side puzzle compiler")
+    g.add_argument("--data-seed", type=int, default=0,
+                   help="seed of the training-side puzzles and of --eval-n's draw")
     g.add_argument("--eval-seed", type=int, default=1234, help="seed of held-out zebra puzzles")
+    g.add_argument("--versus", default=None, metavar="RUN_DIR",
+                   help="another arm's finished run (same family, data seed): the headline adds their paired "
+                        "comparison on the held-out items (make evidence: Skill-SP vs unguided)")
     g = p.add_argument_group("self-play loop (Table 5)")
     g.add_argument("--T", type=int, default=5, help="self-play iterations T; paper 5")
     g.add_argument("--K", type=int, default=None,
@@ -173,7 +178,8 @@ def build_parser():
     g.add_argument("--frozen-feedback-solver", action=on_off, default=False,
                    help="probes by the solver as it enters self-play, frozen, not π_solve^(t)")
     g = p.add_argument_group("evaluation (Table 5: avg@8, temperature 1.0; its top-k 40 is not applied)")
-    g.add_argument("--eval-n", type=int, default=0, help="held-out items per BFCL category (0 = all 808)")
+    g.add_argument("--eval-n", type=int, default=None,
+                   help="held-out items per BFCL category, drawn with --data-seed (0 = all 808; tiny: 25)")
     g.add_argument("--eval-samples", type=int, default=8, help="samples per held-out item (avg@k); paper 8")
     g.add_argument("--eval-temperature", type=float, default=1.0,
                    help="held-out sampling temperature; paper 1.0 (0 = greedy)")
@@ -201,7 +207,17 @@ def parse_args(argv=None):
     if args.G is not None:  # grpo's one group size: each player has its own here
         raise SystemExit("skill_selfplay: --G is unused; give --proposer-G (paper 4), --solver-G (paper 5)")
     check_context(args, args.max_new_tokens, args.proposer_max_new_tokens)  # the controller: HF generate
+    if args.versus and not args.aggregate:
+        read_versus(args)  # checked before the run, not after it
     return args
+
+
+def read_versus(args):
+    """--versus: the other arm's results.json (same family and data seed), else one line saying why not."""
+    r, want = read_results(f"{args.versus}/results.json", "--versus"), [args.family, args.data_seed]
+    if not isinstance(r.get("final_items"), dict) or [r.get("family"), r.get("data_seed")] != want:
+        raise SystemExit(f"--versus {args.versus}: no finished run of family {want[0]}, data seed {want[1]}")
+    return r
 
 
 def arm_name(args):
@@ -819,7 +835,7 @@ def print_main_table(history, family, baselines=()):
 
 def run_results(args, history, baselines, rows):
     """(results, headline) of a finished run, every comparison paired over held-out items; results' "loop":
-    the loop per iteration (LOOP_KEYS), "final_items"/"final_ids": the last row's items --aggregate pairs."""
+    the loop per iteration (LOOP_KEYS), "final_items"/"final_ids": the last row's items (for --versus)."""
     arm, last = arm_name(args), history[-1][0]
     loop = {k: [r.get(k) for r in rows] for k in LOOP_KEYS}
     results = {"family": args.family, "arm": arm, "seed": args.seed, "data_seed": args.data_seed,
@@ -845,16 +861,23 @@ def run_results(args, history, baselines, rows):
         results["bfcl"] = {name: bfcl_by_category(read_items(args.run_dir, name)) for name, _ in history}
         final = [it for it in read_items(args.run_dir, last) if it["n"]]
         results["final_items"] = {"BFCL simple": [it["hits"] / it["n"] for it in final]}
-        results["final_ids"] = [it["id"] for it in final]  # BFCL's own item ids
-        base = read_items(args.run_dir, "base")
+        results["final_ids"], base = [it["id"] for it in final], read_items(args.run_dir, "base")
         for name in [h for h, _ in history[1:] if h in ("solver SFT", last)]:
-            items = read_items(args.run_dir, name)
-            for cat in BFCL_CATEGORIES:
-                pick = lambda its: [it["hits"] / it["n"] for it in its if it["category"] == cat and it["n"]]
-                which = "warm-up" if name == "solver SFT" else "last iteration"
-                ids = [it["id"] for it in items if it["category"] == cat and it["n"]]
+            items, which = read_items(args.run_dir, name), "last iteration" if name == last else "warm-up"
+            for cat in ["simple"] + BFCL_CATEGORIES:  # all items (the headline), then each category
+                keep = lambda its: [it for it in its if it["n"] and cat in ("simple", it["category"])]
+                acc = lambda its: [it["hits"] / it["n"] for it in keep(its)]
                 headline.append(compare(f"BFCL {cat}, {arm}: {which} vs base", f"{arm} {name}", "base",
-                                        pick(items), pick(base), item_ids=ids, primary=name == last))
+                                        acc(items), acc(base), item_ids=[it["id"] for it in keep(items)],
+                                        primary=name == last and cat == "simple"))
+    if args.versus:  # the other arm on the same items: the paper's comparison, paired per item (Table 2)
+        other, ids = read_versus(args), results["final_ids"]
+        if other.get("final_ids") != ids:
+            print(f"--versus {args.versus}: other held-out items than this run's; not paired")
+        for m in results["final_items"] if other.get("final_ids") == ids else ():
+            headline.append(compare(f"held-out {m} accuracy: {arm} vs {other.get('arm')} (paired over items)",
+                                    arm, str(other.get("arm")), results["final_items"][m],
+                                    other["final_items"][m], item_ids=ids, primary=True))
     recs = [r for recs_t in read_records(args.run_dir, args.T) for r in recs_t]
     for stream in ("skill", "explore"):
         rs = [r for r in recs if r["stream"] == stream]
@@ -869,28 +892,6 @@ def run_results(args, history, baselines, rows):
             headline.append(vs_chance(f"v_solve of valid proposals, {stream} stream, {arm} (vs the frontier "
                                       f"midpoint 1/2 of Eq. 2)", arm, vs, 0.5))
     return results, headline
-
-
-def aggregate_runs(run_dirs):
-    """--aggregate RUN_DIR...: the pooled headline, plus Skill-SP against every other arm, paired over
-    held-out items × seeds (clustered by item). Zebra leaves unguided out, as the paper does: with no runtime
-    clue completion its proposals are almost never valid, so its curriculum is empty by construction."""
-    entries, by = aggregate_headlines(run_dirs), {}
-    for d in run_dirs:
-        with open(os.path.join(d, "results.json")) as f:
-            r = json.load(f)
-        if "final_items" in r and (r["family"], r["arm"]) != ("zebra", "unguided"):
-            by[(r["arm"], r["seed"])] = r
-    for arm in sorted({a for a, _ in by} - {"skill-sp"}):
-        seeds = sorted(s for a, s in by if a == arm and ("skill-sp", s) in by)
-        for m in by[(arm, seeds[0])]["final_items"] if seeds else ():
-            pool = lambda a: [v for s in seeds for v in by[(a, s)]["final_items"][m]]
-            ids = [i for s in seeds for i in by[("skill-sp", s)]["final_ids"]]
-            entries.append(compare(f"held-out {m} accuracy: skill-sp vs {arm} (paired over items × seeds)",
-                                   "skill-sp", arm, pool("skill-sp"), pool(arm),
-                                   n_seeds=len(seeds), item_ids=ids))
-    print(format_headline(entries))
-    return entries
 
 
 # ----- main -----
@@ -917,7 +918,7 @@ def main(argv=None):
     """Algorithm 2: T iterations of proposer GRPO, curriculum and solver GRPO, library evolution."""
     args = parse_args(argv)
     if args.aggregate:  # pool finished runs (one per seed and arm) and exit
-        return aggregate_runs(args.aggregate)
+        return aggregate_main(args.aggregate)
     check_resume(args)  # --resume with the run's own settings, or one line naming the changed flags
     dist = setup_distributed()  # python: rank 0 of 1; torchrun: gloo on CPU, NCCL on GPUs
     frozen = int(args.frozen_feedback_solver)  # the probes' frozen solver (below), with its own engine
@@ -952,8 +953,7 @@ def main(argv=None):
     if not extra:
         warm_up(P, pkgs, history, args, dist)
     # --frozen-feedback-solver: the probes use the solver as it enters self-play (after its warm-up), frozen,
-    # with the solver's own decoding (only that they stop following π_solve^(t) differs from the method); kept
-    # in <run-dir>/feedback_solver, saved before the first checkpoint, and read back by a resume
+    # with its decoding; kept in <run-dir>/feedback_solver (saved before the first checkpoint, read on resume)
     fd = os.path.join(args.run_dir, "feedback_solver")
     P.probe_sampler = schema_sampler(make_sampler(args, frozen_snapshot(solver, fd, extra is not None, dist),
                                                   tok, dist)) if frozen else P.s_sampler

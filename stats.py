@@ -428,17 +428,19 @@ def write_results(run_dir, results, headline):
                              {**results, "headline": headline, "provenance": provenance()})
 
 
-def _read_results(path):
-    """A run's results.json, or SystemExit with one line naming the file when it is missing or unreadable."""
+def read_results(path, flag="--aggregate"):
+    """A run's results.json, or SystemExit with one line naming the flag and the file when it is missing or
+    unreadable."""
+    path = Path(path)
     if not path.exists():
-        raise SystemExit(f"--aggregate: {path} does not exist (did that run finish?)")
+        raise SystemExit(f"{flag}: {path} does not exist (did that run finish?)")
     try:
         res = json.loads(path.read_text())
     except (ValueError, UnicodeDecodeError) as err:  # json.JSONDecodeError is a ValueError
-        raise SystemExit(f"--aggregate: {path} is not valid JSON ({err}); rerun that seed or leave it "
+        raise SystemExit(f"{flag}: {path} is not valid JSON ({err}); rerun that seed or leave it "
                          "out") from None
     if not isinstance(res, dict) or not isinstance(res.get("headline", []), list):
-        raise SystemExit(f"--aggregate: {path} holds no results object with a headline list")
+        raise SystemExit(f"{flag}: {path} holds no results object with a headline list")
     return res
 
 
@@ -453,7 +455,7 @@ def aggregate(run_dirs):
                              f"{run_dirs[real.index(r)]}); list each run once")
     pooled = {}  # claim -> (first entry, a_items, b_items, item_ids or None, n_seeds)
     for d in run_dirs:
-        for e in _read_results(Path(d) / "results.json").get("headline", []):
+        for e in read_results(Path(d) / "results.json").get("headline", []):
             first, a_items, b_items, ids, n = pooled.get(e["claim"], (e, [], [], [], 0))
             a_new = e.get("a_items") or []
             e_ids = e.get("item_ids")
@@ -503,7 +505,7 @@ def aggregate_main(run_dirs, out=None):
     entries = aggregate(run_dirs)
     print(format_headline(entries))
     if out:
-        provs = [_read_results(Path(d) / "results.json").get("provenance") or {} for d in run_dirs]
+        provs = [read_results(Path(d) / "results.json").get("provenance") or {} for d in run_dirs]
         device = lambda p: p.get("device") if isinstance(p.get("device"), dict) else {}
         write_json_atomic(out, {"runs": [str(d) for d in run_dirs], "headline": entries,
                                 "commits": sorted({str((p.get("git") or {}).get("commit")) for p in provs}),
@@ -702,7 +704,7 @@ def aggregate_by_seed(run_dirs):
     items × seeds, treating the questions of one seed as independent; this does not."""
     per = {}
     for d in run_dirs:
-        for e in _read_results(Path(d) / "results.json").get("headline", []):
+        for e in read_results(Path(d) / "results.json").get("headline", []):
             if e.get("b_items") is not None and e.get("mean_a") is not None and e.get("mean_b") is not None:
                 per.setdefault(e["claim"], []).append(e)
     return [dict(compare(claim, es[0]["a"], es[0]["b"], [e["mean_a"] for e in es], [e["mean_b"] for e in es],

@@ -19,6 +19,7 @@ import copy
 import json
 import math
 import os
+import random
 import re
 import sys
 
@@ -354,14 +355,18 @@ def bfcl_data_dir():
     return os.path.join(spec.submodule_search_locations[0], "data")
 
 
-def load_bfcl(category, n=0):
-    """[(entry, ground_truth)] for a BFCL category; n > 0 keeps the first n."""
+def load_bfcl(category, n=0, seed=None):
+    """[(entry, ground_truth)] for a BFCL category; n > 0 keeps n of them: the first n, or with a seed n drawn
+    at random in file order (so two runs with one seed score the same items, and seeds draw other items)."""
     d = bfcl_data_dir()
     with open(os.path.join(d, f"BFCL_v4_{category}.json")) as f:
         entries = [json.loads(line) for line in f if line.strip()]
     with open(os.path.join(d, "possible_answer", f"BFCL_v4_{category}.json")) as f:
         answers = {a["id"]: a["ground_truth"] for a in map(json.loads, filter(str.strip, f))}
     items = [(e, answers[e["id"]]) for e in entries if e["id"] in answers]
+    if n and seed is not None and n < len(items):
+        keep = sorted(random.Random(f"bfcl-{category}-{seed}").sample(range(len(items)), n))
+        return [items[i] for i in keep]
     return items[:n] if n else items
 
 
@@ -483,7 +488,7 @@ def evaluate_bfcl(sampler, prompt_of, budget_of, args, dist, prefix="", stop=Non
     Returns (res, items)."""
     res, items = {}, []
     for cat in BFCL_CATEGORIES:
-        data = load_bfcl(cat, args.eval_n)
+        data = load_bfcl(cat, args.eval_n, args.data_seed)  # --eval-n items per category, drawn per data seed
         mine = list(range(dist.rank, len(data), dist.world))
         prompts = [prompt_of(bfcl_messages(data[i][0], cat)) for i in mine]
         budget = budget_of([bfcl_gold_call(gt) for _, gt in data]) if data else args.max_new_tokens

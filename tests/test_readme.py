@@ -4,6 +4,7 @@ import importlib
 import json
 import os
 import re
+import shutil
 
 import pytest
 
@@ -130,3 +131,40 @@ def test_results_block_follows_one_number_in_results(tmp_path):
             table = open(os.path.join(ROOT, "results", *agg.parts[-3:-1], "TABLE.md")).read()
             readme_now, table_now = now[os.path.join(ROOT, "README.md")], now[str(agg.parent / "TABLE.md")]
             assert readme_now != README or table_now != table
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make")
+def test_make_evidence_runs_each_seed_once_and_tool_calls_versus_unguided(tmp_path):
+    """`make evidence` (#48 §3, #52) with a stand-in interpreter that records its arguments and leaves a
+    results.json in --run-dir (the Makefile's own loop is what runs): per seed, tool calls run unguided first and
+    then Skill-SP --versus it, both with the seed's --data-seed; zebra runs Skill-SP alone; a finished seed is
+    skipped, an interrupted one resumes, and each run pools its seeds."""
+    import subprocess
+    (tmp_path / "bin").mkdir()
+    fake = tmp_path / "bin" / "python"
+    fake.write_text('#!/bin/bash\necho "$@" >> calls.log\nprev=""\nfor a in "$@"; do\n'
+                    '  if [ "$prev" = --run-dir ]; then mkdir -p "$a"; echo \'{"headline": []}\' > "$a/results.json"; fi\n'
+                    '  prev=$a\ndone\n')
+    fake.chmod(0o755)
+    make = ["make", "-s", "-f", os.path.join(ROOT, "Makefile"), "-C", str(tmp_path), f"BIN={tmp_path / 'bin'}",
+            "-o", "install", "-o", "results-table", "evidence", "PAPERS=skill_selfplay:tool skill_selfplay:zebra"]
+    out = subprocess.run(make + ["SEEDS=0 1"], capture_output=True, text=True)
+    calls = (tmp_path / "calls.log").read_text().splitlines()
+    runs = [c for c in calls if "--run-dir" in c]
+    tool = "skill_selfplay.py --preset tiny --family tool --data-seed {k}"
+    assert runs[:2] == [tool.format(k=0) + " --unguided --no-plots --seed 0 --run-dir "
+                        "runs/evidence/skill_selfplay-tool/seed0-unguided",
+                        tool.format(k=0) + " --versus runs/evidence/skill_selfplay-tool/seed0-unguided --seed 0 "
+                        "--run-dir runs/evidence/skill_selfplay-tool/seed0"], out.stderr
+    assert len(runs) == 6 and runs[4].endswith("--family zebra --data-seed 0 --seed 0 --run-dir "
+                                               "runs/evidence/skill_selfplay-zebra/seed0")
+    assert (tmp_path / "results/skill_selfplay-tool/tiny/seed1/unguided.json").exists()
+    assert "stats.py --aggregate results/skill_selfplay-tool/tiny/seed0 results/skill_selfplay-tool/tiny/seed1 " \
+           "--out results/skill_selfplay-tool/tiny/aggregate.json" in calls
+    (tmp_path / "calls.log").unlink()
+    (tmp_path / "results/skill_selfplay-tool/tiny/seed1/results.json").unlink()
+    (tmp_path / "runs/evidence/skill_selfplay-tool/seed1/results.json").unlink()
+    subprocess.run(make + ["SEEDS=0 1"], capture_output=True, text=True)
+    runs = [c for c in (tmp_path / "calls.log").read_text().splitlines() if "--run-dir" in c]
+    assert runs == [tool.format(k=1) + " --versus runs/evidence/skill_selfplay-tool/seed1-unguided --seed 1 "
+                    "--resume --run-dir runs/evidence/skill_selfplay-tool/seed1"]

@@ -1010,7 +1010,8 @@ def test_flags_take_any_argparse_spelling():
     assert (tool.proposer_sft_steps, tool.solver_sft_steps, tool.proposer_max_new_tokens, tool.K) == (10, 12, 448, 8)
     assert tool.library.endswith(os.path.join("selfplay", "tool_tiny")) and zebra.library is None and zebra.K == 4
     assert (zebra.proposer_sft_steps, zebra.proposer_sft_batch, zebra.solver_sft_steps) == (10, 6, 12)
-    assert (zebra.proposer_max_new_tokens, zebra.zebra_eval_scales, tool.eval_n) == (320, "two", 0)  # all BFCL
+    assert (zebra.proposer_max_new_tokens, zebra.zebra_eval_scales, tool.eval_n) == (320, "two", 25)  # per category
+    assert [S.parse_args(["--family", "tool", "--preset", p]).eval_n for p in ("paper", "gpu")] == [0, 0]  # 808
     assert S.parse_args(["--family=zebra", "--preset=tiny", "--proposer-sft-steps=0"]).proposer_sft_steps == 0
     assert S.parse_args(["--family", "tool", "--preset", "tiny", "--solver-sft-steps=0"]).solver_sft_steps == 0
     paper = S.parse_args(["--family", "tool", "--preset", "paper"])
@@ -1256,12 +1257,13 @@ def test_proposer_rewards_are_R_minus_rho_and_minus_one(tmp_path):
     assert [ro.reward for ro in rollouts] == pytest.approx([0.5, -1.0, 0.5, -1.0])
 
 
-def _finished_run(root, arm_flags, seed, cells, recs, sft=None):
+def _finished_run(root, arm_flags, seed, cells, recs, sft=None, versus=None):
     """A run folder as main leaves it (eval rows, records; a "solver SFT" row with cell accuracy `sft` if given),
-    its results.json written by run_results."""
+    its results.json written by run_results; `versus`: another arm's run folder (--versus)."""
     import stats
-    args = S.parse_args(["--family", "zebra", "--preset", "tiny", "--T", "1", "--seed", str(seed),
-                         "--run-dir", str(root / f"{'-'.join(arm_flags) or 'skill'}-s{seed}"), *arm_flags])
+    args = S.parse_args(["--family", "zebra", "--preset", "tiny", "--T", "1", "--seed", str(seed), "--data-seed",
+                         str(seed), "--run-dir", str(root / f"{'-'.join(arm_flags) or 'skill'}-s{seed}"), *arm_flags]
+                        + (["--versus", versus] if versus else []))
     from plumbing import Dist
     baselines = S.trivial_baselines(args, Dist())
     n = len(S.zebra_heldout(args)[0])
@@ -1278,18 +1280,16 @@ def _finished_run(root, arm_flags, seed, cells, recs, sft=None):
     return args.run_dir, n
 
 
-def test_aggregate_pools_seeds_and_pairs_skill_sp_with_other_arms_over_puzzles(tmp_path, capsys):
+def test_aggregate_pools_seeds_and_versus_pairs_skill_sp_with_another_arm_over_puzzles(tmp_path, capsys):
     """results.json per run (the last iteration vs base, vs the warm-up and vs the best trivial answer, whose mean
-    rides along as chance; valid rate and v_solve by stream), then --aggregate: each claim pooled over seeds with
-    puzzles as clusters, Skill-SP vs another arm paired over puzzles × seeds, and no zebra pair with unguided (the
-    paper leaves that arm out of zebra: its exploration-only curriculum is empty by construction)."""
+    rides along as chance; valid rate and v_solve by stream; with --versus, Skill-SP vs that arm of the same data
+    seed, paired over puzzles), then --aggregate: each claim pooled over seeds with puzzles as clusters."""
     v = lambda stream, ok, vs: {"stream": stream, "valid": ok, "v_solve": vs}
-    runs = [_finished_run(tmp_path, [], 0, 0.5, [v("skill", True, 0.5), v("explore", False, 0.0)], sft=0.3),
-            _finished_run(tmp_path, [], 1, 0.4, [v("skill", True, 0.25)], sft=0.3),
-            _finished_run(tmp_path, ["--uniform-routing"], 0, 0.2, [v("skill", True, 0.5)], sft=0.3),
-            _finished_run(tmp_path, ["--uniform-routing"], 1, 0.1, [v("skill", True, 0.5)], sft=0.3),
-            _finished_run(tmp_path, ["--unguided"], 0, 0.2, [v("explore", False, 0.0)], sft=0.3),
-            _finished_run(tmp_path, ["--unguided"], 1, 0.1, [v("explore", False, 0.0)], sft=0.3)]
+    other = [_finished_run(tmp_path, ["--uniform-routing"], 0, 0.2, [v("skill", True, 0.5)], sft=0.3)[0],
+             _finished_run(tmp_path, ["--uniform-routing"], 1, 0.1, [v("skill", True, 0.5)], sft=0.3)[0]]
+    runs = [_finished_run(tmp_path, [], 0, 0.5, [v("skill", True, 0.5), v("explore", False, 0.0)], sft=0.3,
+                          versus=other[0]),
+            _finished_run(tmp_path, [], 1, 0.4, [v("skill", True, 0.25)], sft=0.3, versus=other[1])]
     one = json.load(open(os.path.join(runs[0][0], "results.json")))
     explore = next(e for e in one["headline"] if e["claim"].startswith("valid-proposal rate, explore"))
     assert "by construction" in explore["claim"] and explore["mean_a"] == 0.0 and explore["n_items"] == 1
@@ -1303,12 +1303,13 @@ def test_aggregate_pools_seeds_and_pairs_skill_sp_with_other_arms_over_puzzles(t
         assert (e["mean_a"], e["mean_b"], e["diff"]) == pytest.approx((0.5, b, 0.5 - b))
         assert e["chance"] == pytest.approx(better[1]["zebra_cell"])
         assert "mde" in e and e["mde"] is None  # every puzzle differs by 0.5 − b: no spread seen, so no mde
+    (pair,) = [e for e in one["headline"] if e["claim"].startswith("held-out cell accuracy: skill-sp vs uniform_routing")]
+    assert pair["primary"] and pair["diff"] == pytest.approx(0.5 - 0.2) and pair["b"] == "uniform_routing"
     entries = S.main(["--aggregate", *[d for d, _ in runs]])
     n = runs[0][1]
     (pair,) = [e for e in entries if e["claim"].startswith("held-out cell accuracy: skill-sp vs uniform_routing")]
     assert pair["n_items"] == 2 * n and pair["n_seeds"] == 2 and pair["unit"] == "item (clustered over seeds)"
     assert pair["n_units"] == n and pair["diff"] == pytest.approx(((0.5 - 0.2) + (0.4 - 0.1)) / 2)
-    assert not [e for e in entries if "vs unguided" in e["claim"]]
     (pooled,) = [e for e in entries if e["claim"] == "held-out zebra cell accuracy, skill-sp: last iteration vs base"]
     assert pooled["n_seeds"] == 2 and pooled["n_units"] == n                 # clustered by puzzle, not puzzle × seed
     vskill = next(e for e in entries if e["claim"].startswith("v_solve of valid proposals, skill stream, skill-sp"))
@@ -1316,23 +1317,46 @@ def test_aggregate_pools_seeds_and_pairs_skill_sp_with_other_arms_over_puzzles(t
     assert "skill-sp vs uniform_routing" in capsys.readouterr().out
 
 
-def test_aggregate_pairs_skill_sp_with_unguided_over_bfcl_items(tmp_path):
-    """Tool family: Skill-SP vs unguided on every scored BFCL item, paired by BFCL's item ids over seeds."""
+def _finished_tool_run(root, flags, seed, hits, ids):
+    """A tool run folder as main leaves it (base and iter 1 rows over the BFCL items `ids`, iter 1 hitting `hits`),
+    its results.json written by run_results."""
     import stats
-    per_arm = {"skill-sp": [1, 1, 0, 1], "unguided": [0, 1, 0, 0]}
-    dirs = []
-    for arm, hits in per_arm.items():
-        for seed in (0, 1):
-            d = tmp_path / f"{arm}-{seed}"
-            d.mkdir()
-            results = {"family": "tool", "arm": arm, "seed": seed, "final_ids": ["py_0", "py_1", "java_0", "js_0"],
-                       "final_items": {"BFCL simple": [float(h) for h in hits]}}
-            stats.write_results(str(d), results, [])
-            dirs.append(str(d))
-    (pair,) = [e for e in S.aggregate_runs(dirs) if "vs unguided" in e["claim"]]
-    assert pair["claim"].startswith("held-out BFCL simple accuracy") and pair["n_items"] == 8
-    assert pair["diff"] == pytest.approx(0.5) and pair["n_units"] == 4
-    assert pair["mde"] is None and "cannot reject" in pair["note"]  # 4 units: the sign flip's p ≥ 1/8
+    from plumbing import Dist
+    args = S.parse_args(["--family", "tool", "--preset", "tiny", "--T", "1", "--seed", str(seed), "--data-seed",
+                         str(seed), "--run-dir", str(root / f"tool{'-'.join(flags)}-s{seed}"), *flags])
+    for row, h in (("base", [0] * len(ids)), ("iter 1", hits)):
+        S.save_generations(args, row, [{"category": "simple_python" if i.startswith("py") else "simple_java", "id": i,
+                                        "hits": k, "n": 1} for i, k in zip(ids, h)], Dist())
+    results, headline = S.run_results(args, [("base", {}), ("iter 1", {})], [], [{}])
+    stats.write_results(args.run_dir, results, headline)
+    return args.run_dir, headline
+
+
+def test_versus_pairs_skill_sp_with_unguided_over_bfcl_items_and_refuses_other_runs(tmp_path):
+    """Tool family (make evidence): Skill-SP with --versus the unguided run of its data seed, paired on BFCL's item
+    ids; pooled over seeds by stats.aggregate. --versus refuses, before the run, a folder with no finished run or
+    a run of another data seed; a run on other items is not paired (a line says so)."""
+    import stats
+    pairs, ids = [], {0: ["py_0", "py_1", "java_0"], 1: ["py_1", "py_2", "java_1"]}  # per-seed draws share py_1
+    for seed in (0, 1):
+        unguided, _ = _finished_tool_run(tmp_path, ["--unguided"], seed, [0, 1, 0], ids[seed])
+        d, headline = _finished_tool_run(tmp_path, ["--versus", unguided], seed, [1, 1, 0], ids[seed])
+        (pair,) = [e for e in headline if e["claim"].startswith("held-out BFCL simple accuracy: skill-sp vs unguided")]
+        assert pair["primary"] and (pair["mean_a"], pair["mean_b"]) == pytest.approx((2 / 3, 1 / 3))
+        (base,) = [e for e in headline if e["claim"] == "BFCL simple, skill-sp: last iteration vs base"]
+        assert base["primary"] and base["n_items"] == 3
+        assert not [e for e in headline if e["primary"] and e["claim"].startswith("BFCL simple_")]  # by category
+        pairs.append(d)
+    (pooled,) = [e for e in stats.aggregate(pairs) if "vs unguided" in e["claim"]]
+    assert pooled["n_items"] == 6 and pooled["n_seeds"] == 2 and pooled["n_units"] == 5  # py_1 is one cluster
+    assert pooled["diff"] == pytest.approx(1 / 3)
+    with pytest.raises(SystemExit, match="no finished run of family tool, data seed 1"):
+        S.parse_args(["--family", "tool", "--data-seed", "1", "--versus", str(tmp_path / "tool--unguided-s0")])
+    with pytest.raises(SystemExit, match="does not exist"):
+        S.parse_args(["--family", "tool", "--versus", str(tmp_path / "nowhere")])
+    _, headline = _finished_tool_run(tmp_path / "x", ["--versus", str(tmp_path / "tool--unguided-s0")], 0, [1, 1],
+                                     ["py_0", "py_1"])
+    assert not [e for e in headline if "vs unguided" in e["claim"]]
 
 
 def test_prime_proposer_targets_are_the_worked_examples(monkeypatch):

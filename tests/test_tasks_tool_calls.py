@@ -88,6 +88,18 @@ def test_parse_tool_calls_survives_hostile_nesting():
 
 # ----- the answer budget: BFCL's reference calls -----
 
+def test_bfcl_draw_is_fixed_per_seed_and_differs_across_seeds():
+    """--eval-n with a data seed: n items of the category, the same for two runs of one seed (Skill-SP and
+    unguided pair over them), other items for another seed, in file order; without a seed the first n."""
+    full = [e["id"] for e, _ in T.load_bfcl("simple_java")]
+    draw = lambda seed: [e["id"] for e, _ in T.load_bfcl("simple_java", 25, seed)]
+    assert draw(0) == draw(0) and len(draw(0)) == len(set(draw(0))) == 25
+    assert set(draw(0)) <= set(full) and draw(0) == sorted(draw(0), key=full.index)
+    assert len(set(draw(0)) & set(draw(1))) < 15  # ~6 shared by chance of 25 in 100
+    assert [e["id"] for e, _ in T.load_bfcl("simple_java", 25)] == full[:25]
+    assert len(T.load_bfcl("simple_javascript", 80, 3)) == 50  # n beyond the category keeps it all
+
+
 def test_bfcl_reference_calls_pass_bfcls_checker_and_fit_the_call_budget():
     """bfcl_gold_call builds a reference call from BFCL's accepted values; on simple_python BFCL's own checker
     accepts it (a real answer, not a guess at its length). call_budget fits every reference call of all 808 simple
