@@ -139,7 +139,7 @@ def test_make_evidence_runs_each_seed_once_and_tool_calls_versus_unguided(tmp_pa
     results.json in --run-dir (the Makefile's own loop is what runs): per seed, tool calls run unguided first and
     then Skill-SP --versus it, both with the seed's --data-seed; zebra runs Skill-SP alone; a finished seed is
     skipped, an interrupted one resumes, and each run pools its seeds."""
-    import subprocess
+    from conftest import run_group
     (tmp_path / "bin").mkdir()
     fake = tmp_path / "bin" / "python"
     fake.write_text('#!/bin/bash\necho "$@" >> calls.log\nprev=""\nfor a in "$@"; do\n'
@@ -148,7 +148,7 @@ def test_make_evidence_runs_each_seed_once_and_tool_calls_versus_unguided(tmp_pa
     fake.chmod(0o755)
     make = ["make", "-s", "-f", os.path.join(ROOT, "Makefile"), "-C", str(tmp_path), f"BIN={tmp_path / 'bin'}",
             "-o", "install", "-o", "results-table", "evidence", "PAPERS=skill_selfplay:tool skill_selfplay:zebra"]
-    out = subprocess.run(make + ["SEEDS=0 1"], capture_output=True, text=True)
+    out = run_group(make + ["SEEDS=0 1"], capture_output=True, text=True, timeout=60)
     calls = (tmp_path / "calls.log").read_text().splitlines()
     runs = [c for c in calls if "--run-dir" in c]
     tool = "skill_selfplay.py --preset tiny --family tool --data-seed {k}"
@@ -164,7 +164,7 @@ def test_make_evidence_runs_each_seed_once_and_tool_calls_versus_unguided(tmp_pa
     (tmp_path / "calls.log").unlink()
     (tmp_path / "results/skill_selfplay-tool/tiny/seed1/results.json").unlink()
     (tmp_path / "runs/evidence/skill_selfplay-tool/seed1/results.json").unlink()
-    subprocess.run(make + ["SEEDS=0 1"], capture_output=True, text=True)
+    run_group(make + ["SEEDS=0 1"], capture_output=True, text=True, timeout=60)
     runs = [c for c in (tmp_path / "calls.log").read_text().splitlines() if "--run-dir" in c]
     assert runs == [tool.format(k=1) + " --versus runs/evidence/skill_selfplay-tool/seed1-unguided --seed 1 "
                     "--resume --run-dir runs/evidence/skill_selfplay-tool/seed1"]
