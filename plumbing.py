@@ -2523,6 +2523,13 @@ def save_generations(args, name, items, dist):
         f.writelines(json.dumps(it) + "\n" for it in items)
 
 
+def same_row(args, row, name, dist):
+    """A table row (name, result) under a new name, without decoding again: its result and its per-item lines
+    copied. For a policy that has not changed since that row, under greedy decoding (the same outputs)."""
+    save_generations(args, name, read_items(args.run_dir, row[0]), dist)
+    return dict(row[1])
+
+
 def read_items(run_dir, row):
     """The per-item lines of a table row (save_generations); [] when that row was not saved."""
     path = os.path.join(run_dir, "eval", re.sub(r"\W+", "_", row) + ".jsonl")

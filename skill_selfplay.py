@@ -54,7 +54,7 @@ from plumbing import (LOOP_KEYS, DealtSampler, HFSampler, check_context, check_k
                       controller_fields, frozen_snapshot, iteration_metrics, json_text, load_model,
                       load_policy, log_metrics, loop_failures, make_optimizer, make_sampler, plot_loop,
                       plot_run, preflight, read_items, read_library, read_records, resume_or_start, run_main,
-                      save_generations, save_iteration, schema_sampler, solver_signal, usable_value)
+                      save_generations, save_iteration, same_row, schema_sampler, solver_signal, usable_value)
 from stats import aggregate_main, compare, format_headline, print_table, read_results, vs_chance
 from stats import write_results
 from tasks.tool_calls import (BFCL_CATEGORIES, TOOL_TASK_SCHEMA, TOOL_TASK_SPEC, TOOL_VALIDATOR_KEYS,
@@ -94,8 +94,7 @@ BY_FAMILY = {
     "paper": {"tool": dict(_PAPER_BOTH, M=8000, proposer_steps=5, solver_steps=15, induce_min=20),
               "zebra": dict(_PAPER_BOTH, M=1920, proposer_steps=3, solver_steps=10, induce_min=10)},
     "tiny": {"tool": dict(library=os.path.join(LIBRARIES, "tool_tiny"), K=8, proposer_max_new_tokens=448,
-                          eval_n=25),
-             "zebra": dict(K=4, proposer_max_new_tokens=320)},
+                          eval_n=25), "zebra": dict(K=4, proposer_max_new_tokens=320)},
 }
 ARMS = ("unguided", "skill_only", "uniform_routing", "frozen_skills", "frozen_proposer",
         "frozen_feedback_solver")
@@ -974,9 +973,10 @@ def main(argv=None):
         t0 = time.time()
         pkgs, stats, changes = evolve_library(t, pkgs, stats, recs, P.controller, tok, args, dist)
         times["time_evolve"] = time.time() - t0
-        # 4. Held-out evaluation of π_solve^(t+1) (Tables 1-2)
+        # 4. Held-out evaluation of π_solve^(t+1) (Tables 1-2); greedy and no solver step: the last row again
         t0 = time.time()
-        res = evaluate(P.s_sampler, tok, args, dist, f"iter {t + 1}")
+        res = (evaluate(P.s_sampler, tok, args, dist, f"iter {t + 1}") if steps or args.eval_temperature
+               else same_row(args, history[-1], f"iter {t + 1}", dist))
         history.append((f"iter {t + 1}", res))
         times["time_eval"] = time.time() - t0
         rows.append({**iteration_metrics(recs, D, pkgs, stats, changes, t + 1), **solver_signal(steps),

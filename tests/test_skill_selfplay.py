@@ -1476,6 +1476,37 @@ def test_every_table_row_uses_one_sampler_schema_temperature_and_budget(tiny_mod
     assert sorted(os.listdir(tmp_path / "eval")) == ["base.jsonl", "solver_SFT.jsonl"]
 
 
+@pytest.mark.parametrize("temperature", ["0", "0.5"])
+def test_an_iteration_without_a_solver_step_copies_the_last_row_under_greedy_decoding(
+        temperature, tiny_model_dir, tmp_path, monkeypatch):
+    """#48's cut: D(t) empty (--M 0), so π_solve is the warm-up's; greedy held-out decoding would give the warm-up
+    row again, so "iter 1" is that row and its items, copied, with no generate call. Sampled decoding (T > 0)
+    draws other answers, so there the row is decoded again."""
+    import plumbing
+    calls, real = [], plumbing.HFSampler.generate
+
+    def recording(self, prompts, n, max_new_tokens, temperature, top_p=1.0, stop=None, json_schema=None):
+        if json_schema is not None or stop:  # the held-out rows (the proposer decodes with neither on HF)
+            calls.append(len(prompts))
+        return real(self, prompts, n, max_new_tokens, temperature, top_p, stop, json_schema)
+    monkeypatch.setattr(plumbing.HFSampler, "generate", recording)
+    out = S.main(["--family", "tool", "--preset", "tiny", "--model", tiny_model_dir, "--T", "1", "--M", "0",
+                  "--eval-n", "1", "--eval-temperature", temperature, "--proposer-sft-steps", "0",
+                  "--solver-sft-steps", "1", "--solver-sft-batch", "2", "--max-new-tokens", "4",
+                  "--proposer-prompts", "1", "--proposer-G", "2", "--proposer-max-new-tokens", "8",
+                  "--collect-prompts", "0", "--K", "1", "--controller-max-new-tokens", "4",
+                  "--sampler", "hf", "--no-plots", "--run-dir", str(tmp_path)])
+    (_, base), (_, warm), (name, last) = out["history"]
+    assert name == "iter 1" and out["rows"][0]["solver_pg_steps"] == 0
+    n = len(S.BFCL_CATEGORIES)
+    if temperature == "0":
+        assert last == warm and len(calls) == 2 * n, calls
+        assert S.read_items(tmp_path, "iter 1") == S.read_items(tmp_path, "solver SFT") != []
+    else:
+        assert len(calls) == 3 * n, calls
+        assert len(S.read_items(tmp_path, "iter 1")) == len(S.read_items(tmp_path, "solver SFT"))
+
+
 def _zebra_gold(args):
     """Gold grids in play: the held-out set's and every S(0) worked example's."""
     puzzles, _ = S.zebra_heldout(args)
