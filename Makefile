@@ -123,11 +123,13 @@ XDIST := $(if $(filter-out 0,$(TEST_WORKERS)),OMP_NUM_THREADS=1 MKL_NUM_THREADS=
 test: install
 	$(XDIST) $(BIN)/python -m pytest -q -o tmp_path_retention_policy=failed --durations=30 tests
 
+# Speed, ratios side by side in one run: results/bench/<script>-<CPU class>.json, then the README's bench block.
+# BENCH_FLAGS narrows bench_step (e.g. "--precisions fp32 --lengths 32" where bf16 is not native).
 bench: install
 	@$(BIN)/python -c "import plumbing; print('machine:', plumbing.choose_precision('auto', plumbing.bf16_capability())[1])"
-	$(BIN)/python -m pip install -q trl
-	$(BIN)/python bench/bench_sampler.py
-	$(BIN)/python bench/bench_step.py
+	$(BIN)/python bench/bench_sampler.py --out results/bench
+	$(BIN)/python bench/bench_step.py $(BENCH_FLAGS) --out results/bench
+	$(BIN)/python stats.py --readme
 
 # fp32 and bf16 alike (issue #22): grpo.py --preset tiny at both precisions over SEEDS, mean ± sd of held-out accuracy.
 precision-compare: install

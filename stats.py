@@ -573,14 +573,54 @@ def results_markdown(root="results"):
                      + rows) + "\n"
 
 
-def generated(readme="README.md", root="results"):
-    """{path: text} of everything `make results-table` writes: the README and each run's TABLE.md."""
-    text = Path(readme).read_text()
-    head, sep, rest = text.partition(RESULTS_BEGIN)
-    _, sep2, tail = rest.partition(RESULTS_END)
+# bench/ scripts given --out write results/bench/<script>-<CPU class>.json (write_bench): their own table,
+# the command and the provenance; the README's bench block (between the markers below) is made from them.
+BENCH_BEGIN = "<!-- bench-table:begin (make results-table) -->"
+BENCH_END = "<!-- bench-table:end -->"
+
+
+def write_bench(out_dir, script, columns, rows, note=""):
+    """results/bench/<script>-<CPU class>.json: a bench script's table (columns, rows of cells as printed),
+    a note on its set-up, and provenance() (commit, command, CPU class, versions, wall seconds)."""
+    prov = provenance()
+    cls = re.sub(r"\W+", "-", str((prov.get("device") or {}).get("class") or "unknown")).strip("-")
+    return write_json_atomic(Path(out_dir) / f"{script}-{cls}.json",
+                             {"script": script, "columns": list(columns), "rows": [list(r) for r in rows],
+                              "note": note, "date": time.strftime("%Y-%m-%d"), "provenance": prov})
+
+
+def bench_markdown(root="results"):
+    """The README's bench block: one table per results/bench/*.json, under a line naming its script, CPU
+    class, commit, date and command."""
+    parts = []
+    for path in sorted(Path(root).glob("bench/*.json")):
+        j = json.loads(path.read_text())
+        prov = j.get("provenance") or {}
+        cmd = " ".join(["python"] + str(prov.get("command")).split()[1:])  # not the interpreter's path
+        parts += [f"`{cmd}` ({(prov.get('device') or {}).get('class')}, {j.get('date')}, commit "
+                  f"{(prov.get('git') or {}).get('commit')}; [{path.name}](results/bench/{path.name})). "
+                  f"{j.get('note', '')}", "", "| " + " | ".join(j["columns"]) + " |",
+                  "|---" * len(j["columns"]) + "|"]
+        parts += ["| " + " | ".join(map(str, r)) + " |" for r in j["rows"]]
+        parts.append("")
+    return "\n".join(parts) if parts else "No bench results yet: run `make bench`.\n"
+
+
+def _fill(text, begin, end, block, name):
+    head, sep, rest = text.partition(begin)
+    _, sep2, tail = rest.partition(end)
     if not (sep and sep2):
-        raise SystemExit(f"{readme}: no {RESULTS_BEGIN} ... {RESULTS_END} block")
-    out = {str(readme): head + RESULTS_BEGIN + "\n" + results_markdown(root) + RESULTS_END + tail}
+        raise SystemExit(f"{name}: no {begin} ... {end} block")
+    return head + begin + "\n" + block + end + tail
+
+
+def generated(readme="README.md", root="results"):
+    """{path: text} of everything `make results-table` writes: the README (its results and bench blocks)
+    and each run's TABLE.md."""
+    text = _fill(Path(readme).read_text(), RESULTS_BEGIN, RESULTS_END, results_markdown(root), readme)
+    if BENCH_BEGIN in text:
+        text = _fill(text, BENCH_BEGIN, BENCH_END, bench_markdown(root), readme)
+    out = {str(readme): text}
     out.update({str(agg.parent / "TABLE.md"): run_table(agg, j) for agg, j in _aggregates(root)})
     return out
 

@@ -4,6 +4,7 @@ grpo.py's update phase against a bare forward+backward — every ratio printed s
     .venv/bin/python -m pip install trl      # `make bench` does this
     .venv/bin/python bench/bench_step.py [--lengths 32 128] [--prompts 4] [--G 4] [--steps 3]
     .venv/bin/python bench/bench_step.py --only vllm --max-new-tokens 128    # one configuration, one JSON line
+    .venv/bin/python bench/bench_step.py --out results/bench   # + the table as JSON: the README's bench block
 
 Same model, prompts (the toy addition task), G, completion length, temperature,
 reward, β, AdamW learning rate and loss aggregation (token mean = TRL "dapo"), one
@@ -46,6 +47,7 @@ p.add_argument("--lengths", type=int, nargs="+", default=[32, 128], help="comple
 p.add_argument("--trainers", nargs="+", default=["trl", "hf", "vllm"], choices=["trl", "hf", "vllm"], help="which lines to run")
 p.add_argument("--only", choices=["trl", "hf", "vllm"], help="child mode: run this trainer at --max-new-tokens, print one RESULT line")
 p.add_argument("--precisions", nargs="+", default=["bf16", "fp32"], choices=["bf16", "fp32"], help="precisions to run every trainer at")
+p.add_argument("--out", help="also write the table to OUT/bench_step-<CPU class>.json (stats.write_bench; `make bench`: results/bench)")
 p.set_defaults(G=4, temperature=0.7, lr=1e-5, beta=0.04)
 args = p.parse_args()
 args.micro_batch = args.prompts * args.G
@@ -212,3 +214,17 @@ for prec in args.precisions:
                   f"{vl['pad_in_order']:.0%} of positions in rollout order, {vl['pad_sorted']:.0%} sorted by length")
             print(f"{prec}, {n} new tokens, one batch, {args.reps} interleaved pairs (medians): update {vl['update_rep']:.2f} s, "
                   f"bare {vl['bare_rep']:.2f} s, bare/update {ratio(vl['bare_rep'], vl['update_rep'])}")
+if args.out:  # the README's bench block is generated from this file (stats.bench_markdown)
+    import stats
+    rows = [[prec, n, cell(prec, n, "trl").strip(), cell(prec, n, "hf").strip(),
+             ratio(get(prec, n, "trl"), get(prec, n, "hf")).strip(), cell(prec, n, "vllm").strip(),
+             ratio(get(prec, n, "trl"), get(prec, n, "vllm")).strip(), cell(prec, n, "vllm", "update").strip(),
+             cell(prec, n, "vllm", "bare").strip(),
+             ratio(get(prec, n, "vllm", "bare_rep"), get(prec, n, "vllm", "update_rep")).strip()]
+            for prec in args.precisions for n in args.lengths]
+    path = stats.write_bench(args.out, "bench_step", ["precision", "new tokens", "TRL s/step", "ours HF s/step",
+                             "HF vs TRL", "ours vLLM s/step", "vLLM vs TRL", "update s", "bare s",
+                             "bare / update (interleaved medians)"], rows,
+                             f"{args.prompts} prompts × G = {args.G}, T = {args.temperature}, β = {args.beta}, "
+                             f"token-mean loss, {args.steps} timed steps after one warm-up; {why}.")
+    print(f"wrote {path}")

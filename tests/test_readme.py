@@ -133,6 +133,26 @@ def test_results_block_follows_one_number_in_results(tmp_path):
             assert readme_now != README or table_now != table
 
 
+def test_bench_block_is_generated_from_results_bench_and_follows_one_number(tmp_path):
+    """#48 §4 for speed: the README's bench block is made from results/bench/*.json (bench scripts' --out, via
+    stats.write_bench), names the command, CPU class and commit, and changes when one cell there changes."""
+    import stats
+    assert stats.BENCH_BEGIN in README and stats.BENCH_END in README  # the real README has the block
+    readme = tmp_path / "README.md"
+    readme.write_text(f"a\n{stats.RESULTS_BEGIN}\n{stats.RESULTS_END}\nb\n{stats.BENCH_BEGIN}\nold\n{stats.BENCH_END}\nc\n")
+    path = stats.write_bench(tmp_path / "results" / "bench", "bench_toy", ["new tokens", "ours s/step"],
+                             [[32, "1.50"]], "toy set-up.")
+    assert path.parent == tmp_path / "results" / "bench" and path.name.startswith("bench_toy-")
+    text = stats.generated(readme, tmp_path / "results")[str(readme)]
+    assert "| new tokens | ours s/step |\n|---|---|\n| 32 | 1.50 |" in text and "toy set-up." in text
+    assert "old" not in text and text.startswith("a\n") and text.endswith("c\n")
+    j = json.loads(path.read_text())
+    assert j["provenance"]["command"] and f"commit {j['provenance']['git']['commit']}" in text
+    j["rows"][0][1] = "1.51"
+    path.write_text(json.dumps(j))
+    assert "| 32 | 1.51 |" in stats.generated(readme, tmp_path / "results")[str(readme)]
+
+
 @pytest.mark.skipif(shutil.which("make") is None, reason="no make")
 def test_make_evidence_runs_each_seed_once_and_tool_calls_versus_unguided(tmp_path):
     """`make evidence` (#48 §3, #52) with a stand-in interpreter that records its arguments and leaves a
