@@ -73,14 +73,15 @@ demo: install
 # skill_selfplay's training-side puzzles and BFCL items follow --data-seed, so each seed draws its own; on tool
 # calls each seed first runs unguided self-play (the paper's Table 2 baseline; seed<k>/unguided.json), then
 # Skill-SP --versus it, paired over the same items (zebra leaves unguided out, as the paper does). Then the
-# README block. One paper, two seeds: `make evidence PAPERS=grpo SEEDS="0 1"`. Logs: runs/evidence/<run>/*.log.
+# README block. One paper, two seeds: `make evidence PAPERS=grpo SEEDS="0 1"` (PAPERS=skill_selfplay: both
+# families; skill_selfplay:tool, one). Logs: runs/evidence/<run>/*.log.
 PAPERS ?= grpo skill_entropy skill_rm skill_selfplay:tool skill_selfplay:zebra talentrl
 evidence: install
 	set -eo pipefail; \
 	go() { r=$$1; shift; [ ! -e $$r/results.json ] || return 0; res=""; [ ! -d $$r ] || res=--resume; \
 	  mkdir -p $$r; echo "== $$* --seed $$k $$res"; \
 	  $(BIN)/python "$$@" --seed $$k $$res --run-dir $$r > $$r.log 2>&1 || { tail -n 20 $$r.log; exit 1; }; }; \
-	for r in $(PAPERS); do \
+	for r in $(patsubst skill_selfplay,skill_selfplay:tool skill_selfplay:zebra,$(PAPERS)); do \
 	  s=$${r%%:*}; fam=$${r#*:}; name=$$s; extra=""; \
 	  if [ "$$fam" != "$$r" ]; then name=$$s-$$fam; extra="--family $$fam"; fi; \
 	  for k in $(SEEDS); do \
