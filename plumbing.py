@@ -1991,15 +1991,24 @@ RESUME_SAFE = (
 )
 
 
+def in_checkout(v):
+    """A path inside this checkout (a flag's default such as data/skill_rm/bench.jsonl, made absolute) as the
+    path relative to it, so a run folder copied to another clone resumes there; any other value as it is."""
+    root = os.path.dirname(os.path.abspath(__file__))
+    return os.path.relpath(v, root) if isinstance(v, str) and v.startswith(root + os.sep) else v
+
+
 def run_settings(args):
-    """The settings a checkpoint records (its extra's "settings"): every parsed flag but RESUME_SAFE's."""
-    return {k: v for k, v in sorted(vars(args).items()) if k not in RESUME_SAFE}
+    """The settings a checkpoint records (its extra's "settings"): every parsed flag but RESUME_SAFE's, paths
+    inside the checkout relative to it (in_checkout)."""
+    return {k: in_checkout(v) for k, v in sorted(vars(args).items()) if k not in RESUME_SAFE}
 
 
 def settings_changes(saved, now):
-    """{flag: "--flag saved → now"} for each flag both settings know whose value differs (check_resume)."""
+    """{flag: "--flag saved → now"} for each flag both settings know whose value differs (check_resume); a
+    checkpoint that recorded an absolute path inside this checkout matches the relative one."""
     return {k: f"--{k.replace('_', '-')} {saved[k]!r} → {now[k]!r}"
-            for k in sorted(saved.keys() & now.keys()) if saved[k] != now[k]}
+            for k in sorted(saved.keys() & now.keys()) if in_checkout(saved[k]) != in_checkout(now[k])}
 
 
 def check_resume(args):

@@ -447,6 +447,28 @@ def test_skill_rm_resume_with_another_setting_stops_naming_the_flags(tmp_path):
     assert "--seed 3 → 4" in msg and re.search(r"--lr [\d.e-]+ → 0\.25", msg) and "--steps" not in msg, msg
 
 
+def test_a_run_folder_resumes_in_another_clone(tmp_path):
+    """Flag defaults that are paths inside the checkout (skill_rm's --bench, --heldout, --skills-dir) are recorded
+    relative to it (plumbing.in_checkout): a run folder copied from another clone, or a checkpoint that recorded
+    this clone's absolute path, resumes here; a path that differs (another data file) still stops it."""
+    argv = ["--preset", "tiny", "--model", str(tmp_path / "no-model"), "--run-dir", str(tmp_path)]
+    args = _parse("skill_rm", argv)
+    assert os.path.isabs(args.bench) and plumbing.run_settings(args)["bench"] == os.path.join("data", "skill_rm",
+                                                                                              "bench.jsonl")
+    stages = tmp_path / "stages"
+    stages.mkdir()
+    for recorded in ({**vars(args), "bench": "/another/clone/data/skill_rm/bench.jsonl"},  # refused below
+                     plumbing.run_settings(args),                                   # another clone's folder
+                     {k: v for k, v in vars(args).items() if k not in plumbing.RESUME_SAFE}):  # absolute here
+        settings = json.loads(json.dumps(recorded, default=str))
+        (stages / "benchmark.json").write_text(json.dumps({"settings": settings, "result": {}}))
+        if recorded.get("bench", "").startswith("/another"):
+            with pytest.raises(SystemExit, match="--bench '/another/clone/data/skill_rm/bench.jsonl' → "):
+                plumbing.Stages(_parse("skill_rm", argv + ["--resume"]), plumbing.Dist())
+        else:
+            plumbing.Stages(_parse("skill_rm", argv + ["--resume"]), plumbing.Dist())
+
+
 # each script that resumes: a checkpoint folder of its run (one of several when staged), its longer-run flag
 RESUMING = {"grpo": ("", "--steps"), "talentrl": ("talentrl-sft", "--steps"),
             "skill_entropy": ("sft", "--steps"), "skill_selfplay": ("", "--T")}
