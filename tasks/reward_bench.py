@@ -1125,7 +1125,7 @@ def print_benchmark_table(res, methods, formats, title=""):
                                                    "consist": pct("consistent")}
         extra = ["order_A", "order_B", "consist"] if fmt == "pairwise" else []
         chance = ("a three-way coin per order (A, B, Tie: 1/3 each) wins a pair 1/3 of the time, the most "
-                  "any tie rate gives; its consist is 2/9, the headline's chance for consist is 1/2, the most "
+                  "any tie rate gives; its consist is 2/9, the headline's chance for consist 1/2, the most "
                   "any coin gives (two-way)" if fmt == "pairwise" else "a uniform pick of 4")
         print_table(f"{title}{fmt} accuracy (%) per category  (chance {100 * COIN[fmt]:.0f} %: {chance})",
                     rows,
