@@ -606,7 +606,9 @@ def bench_markdown(root="results"):
     return "\n".join(parts) if parts else "No bench results yet: run `make bench`.\n"
 
 
-def _fill(text, begin, end, block, name):
+def fill_block(text, begin, end, block, name):
+    """text with what stands between its begin and end markers replaced by block (a generated README block;
+    tests/roles.py's layout table too); SystemExit naming the file when a marker is missing."""
     head, sep, rest = text.partition(begin)
     _, sep2, tail = rest.partition(end)
     if not (sep and sep2):
@@ -617,9 +619,9 @@ def _fill(text, begin, end, block, name):
 def generated(readme="README.md", root="results"):
     """{path: text} of everything `make results-table` writes: the README (its results and bench blocks)
     and each run's TABLE.md."""
-    text = _fill(Path(readme).read_text(), RESULTS_BEGIN, RESULTS_END, results_markdown(root), readme)
+    text = fill_block(Path(readme).read_text(), RESULTS_BEGIN, RESULTS_END, results_markdown(root), readme)
     if BENCH_BEGIN in text:
-        text = _fill(text, BENCH_BEGIN, BENCH_END, bench_markdown(root), readme)
+        text = fill_block(text, BENCH_BEGIN, BENCH_END, bench_markdown(root), readme)
     out = {str(readme): text}
     out.update({str(agg.parent / "TABLE.md"): run_table(agg, j) for agg, j in _aggregates(root)})
     return out

@@ -1,7 +1,7 @@
 """One full GRPO step (generate + score + update): grpo.py against Hugging Face TRL's GRPOTrainer, and
 grpo.py's update phase against a bare forward+backward — every ratio printed side by side in one run.
 
-    .venv/bin/python -m pip install trl      # `make bench` does this
+    .venv/bin/python -m pip install trl      # in requirements.txt: `make install` does this
     .venv/bin/python bench/bench_step.py [--lengths 32 128] [--prompts 4] [--G 4] [--steps 3]
     .venv/bin/python bench/bench_step.py --only vllm --max-new-tokens 128    # one configuration, one JSON line
     .venv/bin/python bench/bench_step.py --out results/bench   # + the table as JSON: the README's bench block

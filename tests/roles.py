@@ -55,10 +55,8 @@ def readme_block():
 
 if __name__ == "__main__":
     if "--readme" in sys.argv:
+        sys.path.insert(0, str(ROOT))
+        from stats import fill_block
         readme = ROOT / "README.md"
-        text = readme.read_text()
-        if BEGIN not in text:
-            sys.exit(f"README.md has no {BEGIN!r} marker")
-        start, end = text.index(BEGIN), text.index(END) + len(END)
-        readme.write_text(text[:start] + readme_block() + text[end:])
+        readme.write_text(fill_block(readme.read_text(), BEGIN, END, table() + "\n", "README.md"))
     print(table())
