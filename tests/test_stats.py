@@ -193,6 +193,28 @@ def test_aggregate_without_item_ids_pools_as_item_x_seed(tmp_path):
     assert {e["unit"] for e in pooled} == {"item×seed"} and pooled[0]["item_ids"] is None
 
 
+def test_provenance_dirty_counts_code_not_results(tmp_path):
+    """A results/ file that `make evidence` rewrote mid-run leaves the record clean; a changed code file does
+    not (seeds 2-4 of skill_selfplay-tool, 12-07, were marked dirty by the zebra aggregate alone)."""
+    from conftest import run_group
+
+    def git(*cmd):
+        run_group(["git", "-c", "user.email=t@t", "-c", "user.name=t", *cmd], cwd=tmp_path, check=True,
+                  capture_output=True, timeout=60)
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "aggregate.json").write_text("{}")
+    (tmp_path / "grpo.py").write_text("x = 1\n")
+    git("init", "-q")
+    git("add", "-A")
+    git("commit", "-qm", "c")
+    assert stats.git_dirty(tmp_path) is False
+    (tmp_path / "results" / "aggregate.json").write_text('{"n": 5}')
+    (tmp_path / "new.py").write_text("untracked\n")
+    assert stats.git_dirty(tmp_path) is False
+    (tmp_path / "grpo.py").write_text("x = 2\n")
+    assert stats.git_dirty(tmp_path) is True
+
+
 def test_write_results_records_provenance(tmp_path):
     import sys
     import time
