@@ -461,24 +461,34 @@ def aggregate(run_dirs):
         if r in real[:i]:
             raise SystemExit(f"--aggregate: {run_dirs[i]} is listed twice (same directory as "
                              f"{run_dirs[real.index(r)]}); list each run once")
-    pooled = {}  # claim -> (first entry, a_items, b_items, item_ids or None, n_seeds)
+    pooled = {}  # claim -> (first entry, a_items, b_items, item_ids or None, each seed's own diff)
     for d in run_dirs:
         for e in read_results(Path(d) / "results.json").get("headline", []):
-            first, a_items, b_items, ids, n = pooled.get(e["claim"], (e, [], [], [], 0))
+            first, a_items, b_items, ids, diffs = pooled.get(e["claim"], (e, [], [], [], []))
             a_new = e.get("a_items") or []
             e_ids = e.get("item_ids")
             ids = ids + e_ids if ids is not None and e_ids is not None and len(e_ids) == len(a_new) else None
             a_items += a_new
             b_items += e.get("b_items") or []
-            pooled[e["claim"]] = (first, a_items, b_items, ids, n + 1)
+            pooled[e["claim"]] = (first, a_items, b_items, ids, diffs + [e.get("diff")])
     out = []
-    for claim, (e, a_items, b_items, ids, n) in pooled.items():
-        kw = dict(n_seeds=n, paper_effect=e.get("paper_effect"), item_ids=ids, primary=bool(e.get("primary")))
+    for claim, (e, a_items, b_items, ids, diffs) in pooled.items():
+        kw = dict(n_seeds=len(diffs), paper_effect=e.get("paper_effect"), item_ids=ids,
+                  primary=bool(e.get("primary")))
         if e.get("b_items") is None:
             out.append(vs_chance(claim, e["a"], a_items, e.get("chance"), **kw))
         else:
             out.append(compare(claim, e["a"], e["b"], a_items, b_items, chance=e.get("chance"), **kw))
+        out[-1]["seed_diffs"] = [parse_number(x) for x in diffs]  # the run-to-run spread, beside the CI
     return out
+
+
+def seed_spread(e):
+    """An aggregate entry's run-to-run spread: "sd s (min … max)" of its seeds' own diffs, or — (one seed)."""
+    d = np.asarray([x for x in map(parse_number, e.get("seed_diffs") or []) if x is not None], dtype=float)
+    if len(d) < 2:
+        return "—"
+    return f"sd {_fmt(float(d.std(ddof=1)))} ({_fmt(float(d.min()))} … {_fmt(float(d.max()))})"
 
 
 def _fmt(x):
@@ -489,13 +499,13 @@ def _fmt(x):
 
 def format_headline(entries):
     """The headline table, one row per claim (values as stored: rates are fractions, not percent)."""
-    rows = ["| claim | A | B | mean A | mean B | diff | 95 % CI | p | chance | n (items × seeds) | seeds |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| claim | A | B | mean A | mean B | diff | 95 % CI | diff per seed | p | chance "
+            "| n (items × seeds) | seeds |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for e in entries:
         lo, hi = e["ci95"]
         rows.append(f"| {e['claim']} | {e['a']} | {e['b']} | {_fmt(e['mean_a'])} | {_fmt(e['mean_b'])} | "
-                    f"{_fmt(e['diff'])} | [{_fmt(lo)}, {_fmt(hi)}] | {_fmt(e['p'])} | {_fmt(e['chance'])} | "
-                    f"{e['n_items']} | {e['n_seeds']} |")
+                    f"{_fmt(e['diff'])} | [{_fmt(lo)}, {_fmt(hi)}] | {seed_spread(e)} | {_fmt(e['p'])} | "
+                    f"{_fmt(e['chance'])} | {e['n_items']} | {e['n_seeds']} |")
     rows.append("\nWhat each n can see (mde: α = 0.05 two-sided, power 0.8; units of diff) beside the paper:")
     for e in entries:
         pe = e.get("paper_effect")

@@ -79,6 +79,18 @@ def test_aggregate_pools_items_over_seeds(tmp_path):
     assert "| A vs B | A | B |" in table and "| 6 | 2 |" in table
 
 
+def test_aggregate_prints_the_run_to_run_spread_beside_the_ci(tmp_path):
+    # seed diffs: 1/3 − 0 = 0.333, 1 − 0 = 1, 0 − 0 = 0 → sd √(21/81) = 0.509 (ddof 1), range 0 … 1
+    for seed, a in enumerate([[1, 0, 0], [1, 1, 1], [0, 0, 0]]):
+        stats.write_results(tmp_path / f"s{seed}", {}, [stats.compare("A vs B", "A", "B", a, [0, 0, 0])])
+    (e,) = stats.aggregate([tmp_path / f"s{k}" for k in range(3)])
+    assert e["seed_diffs"] == pytest.approx([1 / 3, 1, 0])
+    assert stats.seed_spread(e) == "sd 0.509 (0 … 1)"
+    assert "| [" in stats.format_headline([e]) and "| sd 0.509 (0 … 1) |" in stats.format_headline([e])
+    assert stats.seed_spread({**e, "seed_diffs": [0.2]}) == "—"  # one seed has no spread
+    assert stats.seed_spread({**e, "seed_diffs": [None, "x", 0.1]}) == "—"  # hostile values are skipped
+
+
 def test_aggregate_names_a_missing_run(tmp_path):
     with pytest.raises(SystemExit, match="results.json does not exist"):
         stats.aggregate([tmp_path / "nope"])
