@@ -86,7 +86,8 @@ def test_aggregate_prints_the_run_to_run_spread_beside_the_ci(tmp_path):
     (e,) = stats.aggregate([tmp_path / f"s{k}" for k in range(3)])
     assert e["seed_diffs"] == pytest.approx([1 / 3, 1, 0])
     assert stats.seed_spread(e) == "sd 0.509 (0 … 1)"
-    assert "| [" in stats.format_headline([e]) and "| sd 0.509 (0 … 1) |" in stats.format_headline([e])
+    lo, hi = (stats._fmt(x) for x in e["ci95"])
+    assert f"| [{lo}, {hi}] | sd 0.509 (0 … 1) |" in stats.format_headline([e])  # the column right after the CI
     assert stats.seed_spread({**e, "seed_diffs": [0.2]}) == "—"  # one seed has no spread
     assert stats.seed_spread({**e, "seed_diffs": [None, "x", 0.1]}) == "—"  # hostile values are skipped
 
