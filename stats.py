@@ -509,7 +509,7 @@ def format_headline(entries):
     rows.append("\nWhat each n can see (mde: α = 0.05 two-sided, power 0.8; units of diff) beside the paper:")
     for e in entries:
         pe = e.get("paper_effect")
-        paper = "the paper states no effect size" if pe is None else f"the paper reports {pe:+.3g}"
+        paper = "no paper effect recorded for this claim" if pe is None else f"the paper reports {pe:+.3g}"
         unit = f"unit: {e.get('unit', 'item')}, n = {e.get('n_units', e['n_items'])}"
         note = f" [{e['note']}]" if e.get("note") else ""
         rows.append(f"- {e['claim']}: this run can detect |diff| ≥ {_fmt(e.get('mde'))} ({unit}); "

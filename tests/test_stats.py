@@ -158,7 +158,7 @@ def test_entries_carry_mde_and_paper_effect_and_the_table_prints_them():
     assert f"- A vs B: this run can detect |diff| ≥ {e['mde']:.3g}" in text
     assert "the paper reports +0.023" in text
     assert f"- A vs coin: this run can detect |diff| ≥ {c['mde']:.3g}" in text
-    assert "the paper states no effect size" in text
+    assert "no paper effect recorded for this claim" in text
 
 
 def test_item_ids_leave_a_single_run_entry_unchanged():
