@@ -485,10 +485,10 @@ def aggregate(run_dirs):
 
 def seed_spread(e):
     """An aggregate entry's run-to-run spread: "sd s (min … max)" of its seeds' own diffs, or — (one seed)."""
-    d = np.asarray([x for x in map(parse_number, e.get("seed_diffs") or []) if x is not None], dtype=float)
+    d = _clean(map(parse_number, e.get("seed_diffs") or []))
     if len(d) < 2:
         return "—"
-    return f"sd {_fmt(float(d.std(ddof=1)))} ({_fmt(float(d.min()))} … {_fmt(float(d.max()))})"
+    return f"sd {_fmt(_sd(d))} ({_fmt(float(d.min()))} … {_fmt(float(d.max()))})"
 
 
 def _fmt(x):
