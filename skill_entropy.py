@@ -77,14 +77,14 @@ GPU_SKILLS = ("math/arithmetic_operations,math/multiplication,math/linear_equati
               "instruction_following/format_compliance,instruction_following/keyword_inclusion")
 
 PRESETS = {
-    # a 2-core CPU: three domains × the bank's first two screened skills, 2 GRPO steps per Table 3 row;
-    # 160 new tokens fit a length-4 gold trace, 6 SFT epochs teach the D.2 format (docs/skill_entropy.md)
+    # the teaching run (#48), 2-core CPU: 3 domains × 2 skills, 3 questions per Acc cell, 2 GRPO steps per
+    # row, 1 refill draw; 160 new tokens fit a 4-step trace; format bonus: --baselines (docs/skill_entropy.md)
     "tiny": dict(domains="math,logic,information_extraction", skills_per_domain=2, direct_pairs=6,
-                 acc_samples=6, n_train=10, n_sft=4, eval_n=6, train_len="3,4", test_len="2,4",
+                 acc_samples=3, n_train=10, n_sft=4, eval_n=6, train_len="3,4", test_len="2,4",
                  llm_proposer_tasks=2, regenerations=1, max_new_tokens=160, acc_max_new_tokens=32,
-                 micro_batch=4, vllm_kv_seqs=32, propose_max_new_tokens=128, label_seeds=1, sft_epochs=6,
+                 micro_batch=4, vllm_kv_seqs=32, propose_max_new_tokens=128, label_seeds=1, sft_epochs=3,
                  sft_lr=1e-4, steps=2, prompts_per_step=2, G=4, lr=2e-5, n_label=2, sampler="auto",
-                 baselines="sft,grpo,format_only,shuffled_ske,ske_rl"),
+                 refill_max_draws=1, baselines="sft,grpo,shuffled_ske,ske_rl"),
     # the flag defaults (the paper's values) on GPUs, its main model (§4.2): 4096 new tokens + a long prompt
     "paper": dict(model="Qwen/Qwen3-4B-Instruct-2507", sampler="vllm", max_model_len=8192, null_perms=200),
     # one GPU of ≥ 80 GB, at most 1 h per seed (estimated, not run), Qwen3-1.7B: Skill-Entropy RL vs GRPO
