@@ -125,11 +125,13 @@ test: install
 	$(XDIST) $(BIN)/python -m pytest -q -o tmp_path_retention_policy=failed --durations=30 tests
 
 # Speed, ratios side by side in one run: results/bench/<script>-<CPU class>.json, then the README's bench block.
-# BENCH_FLAGS narrows bench_step (e.g. "--precisions fp32 --lengths 32" where bf16 is not native).
+# BENCH_FLAGS narrows bench_step (e.g. "--precisions fp32 --lengths 32" where bf16 is not native). class_ratio
+# times one old commit's tiny runs beside their recorded times on the other CPU class (~12 min; TABLE.md's estimate).
 bench: install
 	@$(BIN)/python -c "import plumbing; print('machine:', plumbing.choose_precision('auto', plumbing.bf16_capability())[1])"
 	$(BIN)/python bench/bench_sampler.py --out results/bench
 	$(BIN)/python bench/bench_step.py $(BENCH_FLAGS) --out results/bench
+	$(BIN)/python bench/class_ratio.py --out results/bench
 	$(BIN)/python stats.py --readme
 
 # fp32 and bf16 alike (issue #22): grpo.py --preset tiny at both precisions over SEEDS, mean ± sd of held-out accuracy.

@@ -339,3 +339,62 @@ def test_format_power_scales_a_seeds_n_and_says_whether_the_paper_effect_is_reac
     assert "cannot power the paper's effect" in text  # 0.0123 ≪ (z_a + z_b)·sd/√700 for coin flips
     big = [dict(pooled[0], paper_effect=0.9)]
     assert "; powers the paper's effect" in stats.format_power(big, 100 / 6)
+
+
+def test_table_estimates_the_other_cpu_class_from_the_measured_class_ratio(tmp_path):
+    """#48 "state an estimate, and label it as one": TABLE.md divides the seeds' wall seconds by the class ratios
+    in results/bench/class_ratio-*.json (bench/class_ratio.py), fastest ÷ highest to slowest ÷ lowest, and says
+    it is not measured; no ratio from the run's class, or a broken file, gives no estimate and no error."""
+    bench = tmp_path / "results" / "bench"
+    bench.mkdir(parents=True)
+    prov = {"device": {"class": "no native bf16"}}
+    rows = [["grpo", 173.0, 168.0, 1.03], ["skill_entropy", 497.0, 400.0, 1.24], ["bad", 1, 0, "nan"]]
+    (bench / "class_ratio-no-native-bf16.json").write_text(json.dumps(
+        {"script": "class_ratio", "columns": ["run", "a", "b", "ratio"], "rows": rows, "provenance": prov,
+         "other_class": "avx512_bf16"}))
+    (bench / "class_ratio-broken.json").write_text("{not json")
+    (bench / "class_ratio-odd.json").write_text(json.dumps({"rows": [[1, 2, 3, 2.0]], "provenance": None,
+                                                            "other_class": ["x"]}))
+    ratios = stats.class_ratios(tmp_path / "results")
+    assert ratios == {("no native bf16", "avx512_bf16"): (1.03, 1.24, "class_ratio-no-native-bf16.json")}
+    j = {"runs": ["seed0", "seed1"], "headline": [], "commits": ["abc"], "cpu_class": ["no native bf16"],
+         "wall_s": [434.6, 620.0, None]}
+    line = stats.time_estimate(j, ratios)
+    # 434.6 / 1.24 = 350.5, 620 / 1.03 = 601.9
+    assert "Estimated on avx512_bf16, not measured there: 350–602 s per seed (wall ÷ 1.03–1.24" in line
+    assert "../../bench/class_ratio-no-native-bf16.json" in line
+    table = stats.run_table(tmp_path / "results" / "toy" / "tiny" / "aggregate.json", j, ratios)
+    assert "wall 435–620 s per seed. Estimated on avx512_bf16" in table
+    for other in ({**j, "cpu_class": ["avx512_bf16"]}, {**j, "wall_s": [None]}, {**j, "wall_s": "x"}):
+        assert stats.time_estimate(other, ratios) == ""
+    assert stats.time_estimate(j, {}) == "" and "Estimated" not in stats.run_table(
+        tmp_path / "results" / "toy" / "tiny" / "aggregate.json", j)
+
+
+def test_class_ratio_bench_times_a_commit_and_writes_the_ratio_stats_reads(tmp_path):
+    """bench/class_ratio.py end to end on a throwaway repository whose one 'run' sleeps 1 s: it exports the
+    commit, times `python <run>.py --preset tiny`, divides by the recorded figure and writes what
+    stats.class_ratios reads; on the recorded class itself it writes nothing."""
+    import subprocess
+    import sys
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "toy.py").write_text("import sys, time\nassert sys.argv[1:3] == ['--preset', 'tiny']\ntime.sleep(1)\n")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
+    for cmd in (["init", "-q"], ["add", "toy.py"], ["commit", "-q", "-m", "toy"]):
+        subprocess.run(git + cmd, check=True)
+    script = str(stats.Path(stats.__file__).parent / "bench" / "class_ratio.py")
+    cls = stats.provenance()["device"]["class"]
+    base = [sys.executable, script, "--repo", str(repo), "--commit", "HEAD", "--runs", "toy", "--recorded",
+            "toy=0.5", "--out", str(tmp_path / "results" / "bench")]
+    out = subprocess.run(base + ["--recorded-class", "other class"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    (path,) = (tmp_path / "results" / "bench").glob("class_ratio-*.json")
+    j = json.loads(path.read_text())
+    assert j["other_class"] == "other class" and j["rows"][0][0] == "toy" and 1.0 <= j["rows"][0][1] < 30
+    assert j["rows"][0][3] >= 2.0 and abs(j["rows"][0][3] - j["rows"][0][1] / 0.5) < 0.15  # rows are rounded
+    assert stats.class_ratios(tmp_path / "results") == {(cls, "other class"): (j["rows"][0][3],) * 2 + (path.name,)}
+    path.unlink()
+    out = subprocess.run(base + ["--recorded-class", cls], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "nothing to estimate" in out.stdout
+    assert not list((tmp_path / "results" / "bench").glob("*.json"))
