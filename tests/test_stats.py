@@ -375,19 +375,20 @@ def test_class_ratio_bench_times_a_commit_and_writes_the_ratio_stats_reads(tmp_p
     """bench/class_ratio.py end to end on a throwaway repository whose one 'run' sleeps 1 s: it exports the
     commit, times `python <run>.py --preset tiny`, divides by the recorded figure and writes what
     stats.class_ratios reads; on the recorded class itself it writes nothing."""
-    import subprocess
     import sys
+
+    from conftest import run_group
     repo = tmp_path / "repo"
     repo.mkdir()
     (repo / "toy.py").write_text("import sys, time\nassert sys.argv[1:3] == ['--preset', 'tiny']\ntime.sleep(1)\n")
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
     for cmd in (["init", "-q"], ["add", "toy.py"], ["commit", "-q", "-m", "toy"]):
-        subprocess.run(git + cmd, check=True)
+        run_group(git + cmd, check=True, timeout=60)
     script = str(stats.Path(stats.__file__).parent / "bench" / "class_ratio.py")
     cls = stats.provenance()["device"]["class"]
     base = [sys.executable, script, "--repo", str(repo), "--commit", "HEAD", "--runs", "toy", "--recorded",
             "toy=0.5", "--out", str(tmp_path / "results" / "bench")]
-    out = subprocess.run(base + ["--recorded-class", "other class"], capture_output=True, text=True, timeout=120)
+    out = run_group(base + ["--recorded-class", "other class"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     (path,) = (tmp_path / "results" / "bench").glob("class_ratio-*.json")
     j = json.loads(path.read_text())
@@ -395,6 +396,6 @@ def test_class_ratio_bench_times_a_commit_and_writes_the_ratio_stats_reads(tmp_p
     assert j["rows"][0][3] >= 2.0 and abs(j["rows"][0][3] - j["rows"][0][1] / 0.5) < 0.15  # rows are rounded
     assert stats.class_ratios(tmp_path / "results") == {(cls, "other class"): (j["rows"][0][3],) * 2 + (path.name,)}
     path.unlink()
-    out = subprocess.run(base + ["--recorded-class", cls], capture_output=True, text=True, timeout=120)
+    out = run_group(base + ["--recorded-class", cls], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "nothing to estimate" in out.stdout
     assert not list((tmp_path / "results" / "bench").glob("*.json"))
