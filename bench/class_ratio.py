@@ -30,6 +30,9 @@ p.add_argument("--repo", default=str(ROOT), help="the git repository that holds 
 p.add_argument("--out", help="also write OUT/class_ratio-<CPU class>.json (results/bench)")
 args = p.parse_args()
 recorded = {k: float(v) for k, v in (x.split("=") for x in args.recorded.split(","))}
+missing = [r for r in args.runs.split(",") if r not in recorded]
+if missing:  # before any run, not after minutes of one
+    sys.exit(f"class_ratio: no --recorded time for {', '.join(missing)}")
 cls = (stats.provenance().get("device") or {}).get("class")
 if cls == args.recorded_class:  # a class's ratio to itself would label a measurement as an estimate
     print(f"class_ratio: this machine is {cls}, the recorded class: nothing to estimate (pass --recorded, "
