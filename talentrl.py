@@ -64,15 +64,16 @@ from tasks.search_world import (DATA, MULTI_HOP, SINGLE_HOP, SPLITS, TEMPLATES, 
 
 # ----- config: presets and flags (Table 4) -----
 PRESETS = {
-    # 2-core CPU, embedded SmolLM2-135M, a small world: 4 SFT tasks per question type, no zero-shot row
-    # (SFT is FLOP-bound, README "Time"); rollouts on vLLM (`auto`: HF generate if vLLM cannot start), a KV
-    # cache for 32 sequences: every turn of the 42 held-out episodes reuses its cached prefix
+    # 2-core CPU, embedded SmolLM2-135M, a small world, TalentRL alone (the SkillRL baseline: --arms skillrl
+    # talentrl), within #48's 5-minute budget (SFT and RL are FLOP-bound, README "Time"): 12 SFT tasks, K 2,
+    # 3 actions per episode, 1 RL step of 2 tasks × G 3, 2 held-out questions per split; rollouts on vLLM
+    # (`auto`: HF generate if vLLM cannot start), a KV cache for 32 sequences (each turn reuses its prefix)
     "tiny": dict(n_people=40, n_places=16, n_orgs=10, n_events=10, n_hamlets=12, n_shared=6, n_train=60,
-                 eval_n=6, zero_shot=False,
-                 sim_threshold=0.0, K=3, sft_tasks=28, sft_n=1, sft_batch=4, sft_lr=1e-4,
-                 sft_epochs=1, route_epochs=3, exec_epochs=1, sft_match=True,
-                 steps=2, prompts_per_step=2, G=4, train_controls=False, lr=1e-5,
-                 max_new_tokens=64, route_max_tokens=64, micro_batch=4,
+                 eval_n=2, zero_shot=False, arms=["talentrl"], max_steps=3,
+                 sim_threshold=0.0, K=2, k_reduced=1, sft_tasks=12, sft_n=1, sft_batch=4, sft_lr=1e-4,
+                 sft_epochs=1, exec_epochs=1, sft_match=True,
+                 steps=1, prompts_per_step=2, G=3, train_controls=False, lr=1e-5,
+                 max_new_tokens=48, route_max_tokens=64, micro_batch=4,
                  evolve_every=0, val_tasks=4, evolve_max_tokens=48, sampler="auto", vllm_kv_seqs=32),
     # Table 4 (the flag defaults) on GPUs, rollouts on vLLM, its primary backbone Qwen2.5-7B-Instruct
     "paper": dict(model="Qwen/Qwen2.5-7B-Instruct", sampler="vllm", max_model_len=8192),  # Table 4: 8,192
@@ -169,8 +170,8 @@ def build_parser():
     g.add_argument("--train-controls", action=argparse.BooleanOptionalAction, default=True,
                    help="keep the matched controls in the loss batch with zero advantage (Eq. 14)")
     g.add_argument("--arms", nargs="*", default=["skillrl", "talentrl"], choices=["skillrl", "talentrl"],
-                   help="RL runs: TalentRL from TalentRL-SFT, the SkillRL baseline from SkillRL-SFT (Table "
-                        "2)")
+                   help="methods: TalentRL (RL from TalentRL-SFT), the SkillRL baseline (SkillRL-SFT, Table "
+                        "1, then RL from it, Table 2)")
     g = p.add_argument_group("SkillBank evolution (SkillRL, NOTES §4)")
     g.add_argument("--evolve-every", type=int, default=10,
                    help="validate and evolve the bank every N RL steps (0: never; paper scale: 10)")
@@ -192,6 +193,8 @@ def check_args(args):
     """Refuse settings whose training would be silently wrong."""
     if args.sft_match and args.talent_sft_init != "pi0":  # TalentRL-SFT would also get SkillRL-SFT's steps
         raise SystemExit("talentrl: --sft-match compares two SFT runs from π_0; set --talent-sft-init pi0")
+    if args.talent_sft_init == "skillrl-sft" and "skillrl" not in args.arms:
+        raise SystemExit("talentrl: --talent-sft-init skillrl-sft needs SkillRL-SFT: add skillrl to --arms")
     rt = args.route_temperature
     if rt is not None and rt != args.temperature and "talentrl" in args.arms and args.steps > 0:
         # Eq. (15)'s ratio needs log π at the temperature the token was sampled at; grpo_update uses one
@@ -206,8 +209,7 @@ ROUTE_RE = re.compile(r"^\s*<think>(.+?)</think>\s*<talent>\s*([A-Za-z0-9_]+)\s*
 
 
 def parse_route(text, talent_ids):
-    """Strict parse of the routing response; None (fall back to no talent) when
-    the format is broken or the id is not in the catalog."""
+    """Strict parse of the routing response; None (no talent) for a broken format or an unknown id."""
     m = ROUTE_RE.match(text or "")
     if m is None or not m.group(1).strip() or m.group(2) not in talent_ids:
         return None
@@ -227,8 +229,7 @@ def retrieve_skills(sims, assoc, K, recall, threshold, lam):
 
 
 def talent_utilities(R_talent, R_ref):
-    """Eq. (8) per rollout and its mean over the n repeats.
-    R_talent: (T, n) returns per talent; R_ref: (n,) reference returns."""
+    """Eq. (8) per rollout and its mean over the n repeats; R_talent: (T, n), R_ref: (n,) returns."""
     # Eq. (8): u_{c,r}(x) = R(τ_{c,r}) − R(τ_{∅,r})
     u = R_talent - R_ref[None, :]  # (T, n)
     return u, u.mean(dim=1)  # (T, n), (T,): ū_c(x) = 1/n Σ_r u_{c,r}(x)
@@ -240,8 +241,7 @@ def dead_zone(z, eta):
 
 
 def routing_advantage(R_a, R_controls, weights, alpha, kappa, eta):
-    """R_controls: (3,) returns of the no-skill, reduced-context and no-prior
-    controls (ℓ = skill, budget, talent); weights: (3,) summing to 1."""
+    """R_controls: (3,) returns of the no-skill, reduced-context, no-prior controls; weights (3,), sum 1."""
     # Eq. (12): δ_ℓ = D_η(R_a − R_ℓ),  ℓ ∈ {skill, budget, talent}
     delta = dead_zone(R_a - R_controls, eta)  # (3,)
     # Eq. (13): Â_talent = clip(α Σ_ℓ w_ℓ δ_ℓ, −κ, κ)
@@ -272,8 +272,7 @@ def routing_prompt(task, talents):
 
 
 def execution_context(task, talent, skills, route_given):
-    """The execution context of Eq. (7): guidance g_c and skills 𝒮_K(x, c). With
-    `route_given` it follows the routing turn in the same conversation."""
+    """Eq. (7)'s context: guidance g_c, skills 𝒮_K(x, c); route_given: it follows the routing turn."""
     lines = []
     if talent is not None:
         lines.append(f"Talent guidance: {talent['guidance']}")
@@ -313,8 +312,7 @@ def skills_for(W, task, talent, k, prior):
 
 
 def condition_prompt(W, tok, task, cond, route_ids=None):
-    """Prompt ids for execution under a condition:
-    cond = dict(talent=id|None, k=skills given, prior=bonus on, guidance=on)."""
+    """Execution prompt ids under cond = dict(talent=id|None, k=skills given, prior=bonus on, guidance=on)."""
     talent = W.by_id.get(cond.get("talent")) if cond.get("talent") else None
     skills = skills_for(W, task, talent, cond["k"], cond.get("prior", True)) if cond["k"] > 0 else []
     guided = talent if cond.get("guidance", True) else None
@@ -453,8 +451,7 @@ def load_teacher(args, dist, sampler, tok):
 
 
 def phase1_data(sampler, tok, W, tasks, args, dist):
-    """Alg. 1 l.4-12 with each rank on its share of the tasks; the rows and labels of every rank are
-    gathered in rank order, so that every rank holds the same SFT rows."""
+    """Alg. 1 l.4-12, each rank on its share of the tasks; every rank gets all ranks' rows, in rank order."""
     sampler, ttok = load_teacher(args, dist, sampler, tok)
     rows, st = build_sft_data(sampler, tok, W, tasks[dist.rank::dist.world], args, ttok)
     parts = gather_objects([(rows, st["labels"])], dist)  # one entry per rank
@@ -474,8 +471,7 @@ def sft_sets(rows, talent_sft_init, sft_epochs, route_epochs, exec_epochs, match
 
 
 def run_sft(model, examples, args, dist, seed):
-    """Alg. 1 l.13: one shuffled pass over `examples` (the same list on every rank) in batches of --sft-batch
-    (grpo.sft_loop; under DDP each rank takes its share of a batch)."""
+    """Alg. 1 l.13: one shuffled pass over `examples`, batches of --sft-batch (grpo.sft_loop; DDP shares)."""
     # Eq. (9): L_sft = −Σ_{t ∈ ℐ_asst} log π_θ(y_t | ξ, y_<t); grpo.sft_update divides by the
     # number of response tokens in the batch (token mean; context and observations masked)
     m = sft_loop(model, examples, args, dist, args.sft_lr, args.sft_batch, epochs=1, seed=seed)
@@ -609,8 +605,7 @@ def talentrl_rollouts(sampler, tok, W, tasks, args, first_group):
 
 
 def skillrl_rollouts(sampler, tok, W, tasks, args, first_group):
-    """The SkillRL baseline: G rollouts per task with similarity-retrieved skills,
-    group-relative advantages on every token (grpo.py fills them)."""
+    """The SkillRL baseline: G rollouts per task, similarity skills, group advantages (grpo.py fills them)."""
     res = run_episodes(sampler, tok, W, [t for t in tasks for _ in range(args.G)],
                        [dict(talent=None, k=args.K)] * (len(tasks) * args.G), args, args.temperature)
     rs = [Rollout(r["prompt_ids"], r["ids"], r["mask"], reward=r["R"], group=first_group + k // args.G)
@@ -775,8 +770,7 @@ def report(run_dir, results, headline, dist):
 
 
 def route_greedy(sampler, tok, W, tasks, args, dist):
-    """{question: greedily routed talent id, or "none" for an invalid route} for tasks (dicts with a
-    question), each rank routing its share; the routing turn alone, no execution."""
+    """{question: greedy talent id, "none" if invalid}: the routing turn alone, each rank its share."""
     mine = tasks[dist.rank::dist.world]
     rp = [chat_ids(tok, [{"role": "user", "content": routing_prompt(t, W.talents)}]) for t in mine]
     check_fits(rp, args.route_max_tokens, args, "routing prompt")
@@ -885,6 +879,11 @@ def aggregate_seeds(run_dirs):
     print(f"\nRouting on unseen templates beats the strongest no-training router: pooled "
           f"{v['pooled']['generalises']}, seeds as the unit {v['seeds']['generalises']}\n")
     print(stats.format_power(entries, PRESETS["gpu"]["eval_n"] / PRESETS["tiny"]["eval_n"]))  # its power
+    em = [e for r in runs for _, e in r.get("talentrl", {}).get("items", {}).values()]
+    if em and not any("skillrl" in r for r in runs):  # the SkillRL baseline: --arms skillrl talentrl
+        m = stats.mde(len(em), p0=float(np.mean(em)), two_proportions=True)  # pairing lowers it
+        print(f"TalentRL vs SkillRL (Table 2), not in these runs (--arms skillrl talentrl): n = {len(em)}, "
+              f"TalentRL's success {np.mean(em):.3f}, two independent proportions' mde {m:.3f}; paper 0.0123")
     return dict(headline=entries, by_seed=seeds, rows=rows, verdict=v)
 
 
@@ -956,11 +955,12 @@ def main(argv=None):
         f"type {st['chosen_by_qtype']}; held-out c* for {len(held)}/{len(test)}", phase="phase I")
     sets = sft_sets(rows, args.talent_sft_init, args.sft_epochs, args.route_epochs, args.exec_epochs,
                     args.sft_match)
-    # l.13, Eq. (9): SkillRL-SFT from π_0 on the original rows alone (Table 1's baseline)
-    results["skillrl-sft"] = phase1_sft(model, sampler, tok, pi_0, sets["skillrl-sft"],
-                                        run_dir / "skillrl-sft", args, dist)
-    say(evaluate_as("skillrl-sft", False), phase="SkillRL-SFT")
-    skillrl_sft = cpu_snapshot(model)
+    skillrl_sft = None  # l.13, Eq. (9): SkillRL-SFT from π_0 on the original rows alone (Table 1's baseline)
+    if "skillrl" in args.arms:
+        results["skillrl-sft"] = phase1_sft(model, sampler, tok, pi_0, sets["skillrl-sft"],
+                                            run_dir / "skillrl-sft", args, dist)
+        say(evaluate_as("skillrl-sft", False), phase="SkillRL-SFT")
+        skillrl_sft = cpu_snapshot(model)
     # l.13, Eq. (9): TalentRL-SFT from π_0, or from SkillRL-SFT with --talent-sft-init skillrl-sft
     init = skillrl_sft if args.talent_sft_init == "skillrl-sft" else pi_0
     results["talentrl-sft"] = phase1_sft(model, sampler, tok, init, sets["talentrl-sft"],
