@@ -831,13 +831,35 @@ def test_talentrl_sft_results_are_the_same_after_a_resume(tiny_world, monkeypatc
     assert again == dict(fresh, resumed=True)
 
 
+# ----- smoke: the tiny preset itself, one process, as `make demo` and `make evidence` run it -----
+@pytest.mark.heavy(400)
+def test_smoke_tiny_preset_one_process(tmp_path):
+    """#48's teaching run end to end on the embedded model, unshrunk, on the preset's own sampler (vLLM where it
+    starts). Fails when the run shows no signal: no valid route, no held-out answer right, no routing claim."""
+    out = run_group([sys.executable, "talentrl.py", "--preset", "tiny", "--run-dir", str(tmp_path)], cwd=ROOT,
+                    capture_output=True, text=True, timeout=1800, env=dict(os.environ, TOKENIZERS_PARALLELISM="false"))
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert "skillrl-sft" not in res and "skillrl" not in res  # the baseline is --arms skillrl talentrl's
+    assert res["talentrl-sft"]["route_valid"] > 0 and res["talentrl"]["route_valid"] > 0
+    assert max(res["talentrl-sft"]["success"].values()) > 0 or max(res["talentrl"]["success"].values()) > 0
+    assert len(res["talentrl"]["A_talent_groups"]) == 2  # 1 RL step of 2 tasks: one Â_talent per group
+    claims = {e["claim"]: e for e in res["headline"]}
+    for c in ("routing accuracy vs c*, held-out, all templates: TalentRL vs the strongest no-training router",
+              "success, all: TalentRL vs TalentRL-SFT", "RL groups with Â_talent ≠ 0 (share)"):
+        assert c in claims and "mde" in claims[c], c
+    assert set(res["phase_seconds"]) == {"load", "phase I", "TalentRL-SFT", "talentrl RL"}
+    assert "Table 1" in out.stdout and "Figure 2a" in out.stdout and (tmp_path / "talent_selection.png").exists()
+    assert (tmp_path / "talentrl" / "ckpt" / "state.pt").exists()
+
+
 # ----- smoke: tiny end to end on two gloo ranks, then a resume that recomputes every row -----
 # 28 SFT tasks (4 per question type), 1 epoch of original rows, 3 of talent-selection rows at 5e-4, no execution
 # rows, no zero-shot row, 2 test questions per split, 2 actions per episode
 SMOKE = ["--preset", "tiny", "--eval-n", "2", "--n-train", "60", "--sft-tasks", "28", "--sft-epochs", "1", "--route-epochs", "3",
          "--exec-epochs", "0", "--no-zero-shot", "--sft-lr", "5e-4", "--max-steps", "2", "--topk-docs", "2", "--K", "2",
          "--k-reduced", "1", "--steps", "1", "--prompts-per-step", "2", "--G", "2", "--evolve-every", "1", "--val-tasks", "2",
-         "--evolve-max-tokens", "16", "--max-new-tokens", "48", "--sampler", "hf"]
+         "--evolve-max-tokens", "16", "--max-new-tokens", "48", "--sampler", "hf", "--arms", "skillrl", "talentrl"]
 
 
 def _run(cmd, tmp_path):
@@ -873,7 +895,7 @@ def test_smoke_tiny_two_rank_gloo_and_resume(tmp_path):
     claims = [e["claim"] for e in res["headline"]]
     assert "routing accuracy vs c*, held-out, all templates: TalentRL vs the strongest no-training router" in claims
     assert "success, all: TalentRL vs TalentRL-SFT" in claims and "RL groups with Â_talent ≠ 0 (share)" in claims
-    assert "success, all: TalentRL vs SkillRL" in claims and "verdict" in res["routing"]  # both arms in tiny
+    assert "success, all: TalentRL vs SkillRL" in claims and "verdict" in res["routing"]  # both arms (SMOKE: --arms)
     assert res["skillrl-sft"]["sft_steps"] == res["talentrl-sft"]["sft_steps"]  # --sft-match
     assert set(res["phase_seconds"]) >= {"load", "phase I", "SkillRL-SFT", "TalentRL-SFT", "talentrl RL",
                                          "skillrl RL"}
