@@ -64,12 +64,11 @@ from tasks.search_world import (DATA, MULTI_HOP, SINGLE_HOP, SPLITS, TEMPLATES, 
 
 # ----- config: presets and flags (Table 4) -----
 PRESETS = {
-    # 2-core CPU, embedded SmolLM2-135M, a small world, TalentRL alone (the SkillRL baseline: --arms skillrl
-    # talentrl), within #48's 5-minute budget (SFT and RL are FLOP-bound, README "Time"): 12 SFT tasks, K 2,
-    # 3 actions per episode, 1 RL step of 2 tasks × G 3, 2 held-out questions per split; rollouts on vLLM
-    # (`auto`: HF generate if vLLM cannot start), a KV cache for 32 sequences (each turn reuses its prefix)
+    # 2-core CPU, embedded SmolLM2-135M, small world, TalentRL alone (+ SkillRL: --arms skillrl talentrl),
+    # in #48's 5-minute budget (FLOP-bound, README "Time"): 12 SFT tasks, K 2, 3 actions, 1 RL step of 2 tasks
+    # × G 3, 2 held-out questions per split (6 routed alone); vLLM rollouts (`auto`: HF if it cannot start)
     "tiny": dict(n_people=40, n_places=16, n_orgs=10, n_events=10, n_hamlets=12, n_shared=6, n_train=60,
-                 eval_n=2, zero_shot=False, arms=["talentrl"], max_steps=3,
+                 eval_n=2, route_eval_n=6, zero_shot=False, arms=["talentrl"], max_steps=3,
                  sim_threshold=0.0, K=2, k_reduced=1, sft_tasks=12, sft_n=1, sft_batch=4, sft_lr=1e-4,
                  sft_epochs=1, exec_epochs=1, sft_match=True,
                  steps=1, prompts_per_step=2, G=3, train_controls=False, lr=1e-5,
@@ -104,6 +103,8 @@ def build_parser():
                    "hotpotqa's, phase I from all seven (paper scale: 3000)")
     g.add_argument("--eval-n", type=int, default=500,
                    help="held-out test questions per split (7 splits) (paper scale: 500)")
+    g.add_argument("--route-eval-n", type=int, default=0, help="held-out questions per split routed alone, "
+                   "scored against c*, if above --eval-n (paper: none, it reports no routing accuracy)")
     g.add_argument("--topk-docs", type=int, default=3, help="passages per search (Search-R1: 3)")
     g.add_argument("--max-steps", type=int, default=4, help="maximum interaction steps (Table 4: 4)")
     g.add_argument("--invalid-penalty", type=float, default=0.0,
@@ -500,8 +501,7 @@ Policy = namedtuple("Policy", "model sampler tok")  # π_θ, the engine that rol
 
 def phase2_rl(routed, pi, W, rl_tasks, arm_dir, args, dist):
     """Alg. 1 l.14-23 from the SFT weights in pi.model: TalentRL (routed) or SkillRL's GRPO with similarity
-    skills (the baseline); both evolve the SkillBank. Returns Â_talent of every group of every step (all
-    ranks; TalentRL only)."""
+    skills (the baseline); both evolve the SkillBank. Returns Â_talent of all groups and steps (TalentRL)."""
     model, sampler, tok = pi
     # l.14: π_ref ← π_θ (the SFT checkpoint), frozen
     ref = frozen_copy(model, getattr(torch, args.dtype))  # --dtype (bf16): not an fp32 replica under FSDP
@@ -559,8 +559,7 @@ def phase2_rl(routed, pi, W, rl_tasks, arm_dir, args, dist):
 
 
 def talentrl_rollouts(sampler, tok, W, tasks, args, first_group):
-    """Alg. 1 l.18-22 for a batch of tasks: anchor, three matched controls and
-    G−1 ordinary rollouts per task; per-token advantages by Eq. (10)-(14)."""
+    """Alg. 1 l.18-22: per task an anchor, three matched controls, G−1 ordinary rollouts; Eq. (10)-(14)."""
     G = args.G
     # routing responses of the anchor (route 0) and the G−1 ordinary rollouts of each task, in one batch
     rp = [chat_ids(tok, [{"role": "user", "content": routing_prompt(t, W.talents)}]) for t in tasks]
@@ -692,8 +691,6 @@ def evaluate(sampler, tok, W, tasks, routed, args, dist):
     out = {"success": {}, "f1": {}, "talents": {}, "n": {},
            "items": {o["question"]: (o["split"], o["em"]) for o in outcomes},  # per question: paired tests
            "truncated": sum(o["truncated"] for o in outcomes)}
-    if routed:
-        out["routes"] = {o["question"]: o["talent"] for o in outcomes}
     for name in SPLITS:
         rs = [o for o in outcomes if o["split"] == name]
         n = float(len(rs))
@@ -918,6 +915,8 @@ def main(argv=None):
 
     def evaluate_as(key, routed):  # Table 1-2's row `key` on the held-out questions, saved at once
         results[key] = {**results.get(key, {}), **evaluate(sampler, tok, W, test, routed, args, dist)[0]}
+        if routed:  # routing vs c*: the greedy routing turn of every --route-eval-n question (Eq. 4)
+            results[key]["routes"] = route_greedy(sampler, tok, W, route_test, args, dist)
         save_results(run_dir, results, dist)
         r = results[key]
         return (f"{key}: success {r['overall']:.1f}% (single-hop {r['single_hop']:.1f}, "
@@ -930,7 +929,8 @@ def main(argv=None):
     train = [q for s in SPLITS for q in W.questions[s]["train"]]
     random.Random(args.seed).shuffle(train)
     sft_tasks, rl_tasks = split_pools(train, args.sft_tasks, args.unseen_templates)
-    test = [q for s in SPLITS for q in W.questions[s]["test"]]
+    test = [q for s in SPLITS for q in W.questions[s]["test"][:args.eval_n]]
+    route_test = [q for s in SPLITS for q in W.questions[s]["test"]]  # max(--eval-n, --route-eval-n) each
     model, tok = load_policy(args, dist)
     sampler = make_sampler(args, model, tok, dist)
     pi_0 = cpu_snapshot(model)  # snapshots on the CPU: no GPU memory per copy
@@ -944,7 +944,7 @@ def main(argv=None):
     rows, results["sft_data"] = phase1_data(sampler, tok, W, sft_tasks, args, dist)
     st = results["sft_data"]
     # c* of the held-out questions by the same teacher and Eq. (8): the labels routing is scored against
-    held = phase1_data(sampler, tok, W, test, args, dist)[1]["labels"]
+    held = phase1_data(sampler, tok, W, route_test, args, dist)[1]["labels"]
     # the routers that need no training, built from the SFT tasks' c* alone, route the same questions
     routers = no_training_routers(st["labels"], W.description_similarity, [t["talent_id"] for t in W.talents])
     results["routing"] = dict(train=st["labels"], held_out=held, unseen=args.unseen_templates,
@@ -952,7 +952,7 @@ def main(argv=None):
                                              for name, r in routers.items()}
                                          for k, labels in (("train", st["labels"]), ("held_out", held))})
     say(f"kept {st['kept']}/{len(sft_tasks)} tasks (ū_c* > 0), {st['original_rows']} original rows; c* per "
-        f"type {st['chosen_by_qtype']}; held-out c* for {len(held)}/{len(test)}", phase="phase I")
+        f"type {st['chosen_by_qtype']}; held-out c* for {len(held)}/{len(route_test)}", phase="phase I")
     sets = sft_sets(rows, args.talent_sft_init, args.sft_epochs, args.route_epochs, args.exec_epochs,
                     args.sft_match)
     skillrl_sft = None  # l.13, Eq. (9): SkillRL-SFT from π_0 on the original rows alone (Table 1's baseline)

@@ -316,6 +316,16 @@ def test_sft_and_rl_pools_are_disjoint_or_a_clear_error():
         assert args.sft_tasks < args.n_train * len(T.TRAIN_SPLITS), preset
 
 
+def test_routing_is_scored_on_route_eval_n_held_out_questions_per_split(embedder):
+    parse = lambda *a: T.parse_with_preset(T.build_parser(), T.PRESETS, argv=["--preset", "tiny", *a])
+    args = parse()
+    assert (args.eval_n, args.route_eval_n) == (2, 6)  # success on 2 per split, routing vs c* on 6
+    W = T.World(args, embedder)
+    assert all(len(W.questions[s]["test"]) == 6 for s in T.SPLITS)  # main: the first 2 of each are `test`
+    small = T.World(parse("--route-eval-n", "0"), embedder)  # routing on the evaluated questions alone
+    assert all(len(small.questions[s]["test"]) == 2 for s in T.SPLITS)
+
+
 def test_phase1_draws_every_question_type_the_evaluation_uses(tiny_world):
     args, W = tiny_world
     train = [q for s in T.SPLITS for q in W.questions[s]["train"]]
@@ -832,7 +842,7 @@ def test_talentrl_sft_results_are_the_same_after_a_resume(tiny_world, monkeypatc
 
 
 # ----- smoke: the tiny preset itself, one process, as `make demo` and `make evidence` run it -----
-@pytest.mark.heavy(400)
+@pytest.mark.heavy(470)
 def test_smoke_tiny_preset_one_process(tmp_path):
     """#48's teaching run end to end on the embedded model, unshrunk, on the preset's own sampler (vLLM where it
     starts). Fails when the run shows no signal: no valid route, no held-out answer right, no routing claim."""
@@ -844,6 +854,7 @@ def test_smoke_tiny_preset_one_process(tmp_path):
     assert res["talentrl-sft"]["route_valid"] > 0 and res["talentrl"]["route_valid"] > 0
     assert max(res["talentrl-sft"]["success"].values()) > 0 or max(res["talentrl"]["success"].values()) > 0
     assert len(res["talentrl"]["A_talent_groups"]) == 2  # 1 RL step of 2 tasks: one Â_talent per group
+    assert len(res["talentrl-sft"]["routes"]) == len(res["talentrl"]["routes"]) == 6 * 7  # --route-eval-n 6
     claims = {e["claim"]: e for e in res["headline"]}
     for c in ("routing accuracy vs c*, held-out, all templates: TalentRL vs the strongest no-training router",
               "success, all: TalentRL vs TalentRL-SFT", "RL groups with Â_talent ≠ 0 (share)"):
