@@ -65,13 +65,13 @@ from tasks.search_world import (DATA, MULTI_HOP, SINGLE_HOP, SPLITS, TEMPLATES, 
 # ----- config: presets and flags (Table 4) -----
 PRESETS = {
     # 2-core CPU, embedded SmolLM2-135M, small world, TalentRL alone (+ SkillRL: --arms skillrl talentrl),
-    # in #48's 5-minute budget (FLOP-bound, README "Time"): 12 SFT tasks, K 2, 3 actions, 1 RL step of 2 tasks
-    # × G 3, 2 held-out questions per split (6 routed alone); vLLM rollouts (`auto`: HF if it cannot start)
+    # in #48's 5-minute budget (FLOP-bound, README "Time"): 11 SFT tasks, K 2, 3 actions, 1 RL step of 2 tasks
+    # × G 2, 2 held-out questions per split (6 routed alone); vLLM rollouts (`auto`: HF if it cannot start)
     "tiny": dict(n_people=40, n_places=16, n_orgs=10, n_events=10, n_hamlets=12, n_shared=6, n_train=60,
                  eval_n=2, route_eval_n=6, zero_shot=False, arms=["talentrl"], max_steps=3,
-                 sim_threshold=0.0, K=2, k_reduced=1, sft_tasks=12, sft_n=1, sft_batch=4, sft_lr=1e-4,
+                 sim_threshold=0.0, K=2, k_reduced=1, sft_tasks=11, sft_n=1, sft_batch=4, sft_lr=1e-4,
                  sft_epochs=1, exec_epochs=1, sft_match=True,
-                 steps=1, prompts_per_step=2, G=3, train_controls=False, lr=1e-5,
+                 steps=1, prompts_per_step=2, G=2, train_controls=False, lr=1e-5,
                  max_new_tokens=48, route_max_tokens=64, micro_batch=4,
                  evolve_every=0, val_tasks=4, evolve_max_tokens=48, sampler="auto", vllm_kv_seqs=32),
     # Table 4 (the flag defaults) on GPUs, rollouts on vLLM, its primary backbone Qwen2.5-7B-Instruct
