@@ -783,8 +783,7 @@ PARTS = ("all", "seen", "unseen")  # the held-out questions of all templates, of
 
 
 def routers_scored(results, labels_key):
-    """routing_accuracy (tasks/search_world.py) of every router against the c* labels of `labels_key`
-    ("held_out" or "train"): the no-training routers and the trained ones' greedy routes."""
+    """routing_accuracy vs the c* of `labels_key` ("held_out", "train"): no-training and trained routers."""
     lab = results.get("routing", {})
     routers = dict(lab.get("baselines", {}).get(labels_key, {}))
     if labels_key == "train":  # the SFT tasks: TalentRL-SFT's greedy routes of its own training tasks
@@ -875,7 +874,9 @@ def aggregate_seeds(run_dirs):
     v = dict(pooled=routing_verdict(entries), seeds=routing_verdict(seeds))
     print(f"\nRouting on unseen templates beats the strongest no-training router: pooled "
           f"{v['pooled']['generalises']}, seeds as the unit {v['seeds']['generalises']}\n")
-    print(stats.format_power(entries, PRESETS["gpu"]["eval_n"] / PRESETS["tiny"]["eval_n"]))  # its power
+    tiny, gpu, rt = PRESETS["tiny"], PRESETS["gpu"]["eval_n"], [e for e in entries if "routing" in e["claim"]]
+    print(stats.format_power(rt, gpu / max(tiny["eval_n"], tiny["route_eval_n"])), stats.format_power(
+        [e for e in entries if e not in rt], gpu / tiny["eval_n"]), sep="\n")
     em = [e for r in runs for _, e in r.get("talentrl", {}).get("items", {}).values()]
     if em and not any("skillrl" in r for r in runs):  # the SkillRL baseline: --arms skillrl talentrl
         m = stats.mde(len(em), p0=float(np.mean(em)), two_proportions=True)  # pairing lowers it
@@ -889,8 +890,7 @@ def check_fits(prompts, max_new, args, what):
     """An over-long prompt is an error, never an engine's silent empty completion (invalid, R = 0)."""
     if over := [len(p) for p in prompts if len(p) + max_new > args.max_model_len]:
         raise ValueError(f"talentrl: {len(over)} {what}(s) of up to {max(over)} tokens + {max_new} new "
-                         f"tokens exceed --max-model-len {args.max_model_len}; raise it or shorten the "
-                         f"context (--K, --topk-docs)")
+                         f"tokens exceed --max-model-len {args.max_model_len}: raise it or lower --K")
 
 
 def save_results(run_dir, results, dist):
