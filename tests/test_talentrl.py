@@ -767,14 +767,17 @@ def test_tiny_runs_talentrl_alone_and_the_skillrl_baseline_is_a_flag(tmp_path, c
         {k: dict(items={"q": ("nq", 1.0)}) for k in ("skillrl", "talentrl")})}
     assert "success, all: TalentRL vs SkillRL" in claims
     # without the baseline, --aggregate says what a SkillRL comparison at these seeds' n could detect
+    route = "routing accuracy vs c*, held-out, unseen templates: TalentRL vs the strongest no-training router"
     for i, em in enumerate(([1, 0, 0, 0], [1, 1, 0, 0])):  # TalentRL's success 3/8 over 2 seeds
         res = {"talentrl": dict(items={f"q{j}": ("nq", e) for j, e in enumerate(em)})}
-        stats.write_results(tmp_path / f"s{i}", res, T.build_headline(res))
+        stats.write_results(tmp_path / f"s{i}", res, T.build_headline(res) + [
+            stats.compare(route, "TalentRL", "router", [1, 0, 1], [1, 1, 1], primary=True)])  # 3 routed per seed
     T.main(["--aggregate", str(tmp_path / "s0"), str(tmp_path / "s1")])
+    out = capsys.readouterr().out  # one gpu seed routes 100 per split where tiny routes --route-eval-n 6
+    assert f"--preset gpu, one seed: {route}: n = {round(3 * 100 / 6)}, mde" in out
     m = stats.mde(8, p0=3 / 8, two_proportions=True)
     assert 0.5 < m < 0.625  # 8 items per arm: only a large effect, and at most 1 − 3/8
-    assert f"n = 8, TalentRL's success 0.375, two independent proportions' mde {m:.3f}" in \
-        capsys.readouterr().out
+    assert f"n = 8, TalentRL's success 0.375, two independent proportions' mde {m:.3f}" in out
 
 
 # ----- issue #50 §4: the execution turn, resume of Â_talent and of TalentRL-SFT's metrics -----
