@@ -495,7 +495,7 @@ class World:
         self.passages = render_passages(self.world)
         self.P_emb = embed(embedder, [p["text"] for p in self.passages])  # (n_passages, 384)
         self.questions = build_questions(self.world, args.seed, args.n_train,  # talentrl's routing-only eval
-                                         max(args.eval_n, getattr(args, "route_eval_n", 0) or 0))
+                                         max(args.eval_n, args.route_eval_n))
         self.set_bank(*load_skillbank(args.skillbank))
         self.cache, self.q_emb = {}, {}
         self.set_talents(load_talents(args.talents, self.bank))
