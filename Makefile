@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .PHONY: install bubblewrap cuda-check demo test bench clean precision-compare gpu-smoke \
-        evidence results-table
+        evidence results-table prepare-selfplay
 
 install: $(STAMP) bubblewrap cuda-check
 
@@ -100,6 +100,14 @@ evidence: install
 	    > results/$$name/tiny/REPORT.txt; \
 	done
 	$(BIN)/python stats.py --readme  # as make results-table, without a second install check
+
+# The tiny preset's prepared warm-ups (#48 §1, skill_selfplay differences 13-14): LoRA adapters of both players
+# per family, committed in data/selfplay/warmup; rebuild them after changing a warm-up flag of the tiny preset.
+prepare-selfplay: install
+	for fam in tool zebra; do \
+	  $(BIN)/python skill_selfplay.py --preset tiny --family $$fam --prepare-warmup \
+	    --run-dir runs/prepare-selfplay-$$fam || exit 1; \
+	done
 
 # The README's results block (between its results-table markers) from results/ alone.
 results-table: install

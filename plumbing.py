@@ -1559,9 +1559,7 @@ class MasterAdamW(torch.optim.AdamW):
         step = int(self.state[self.masters()[0]].get("step", 0)) if self.state else 0
         g = torch.Generator(self.masters()[0].device).manual_seed(step)
         for p, m in zip(self.model_params, self.masters()):
-            noise = torch.randint(0, 1 << 16, m.shape, generator=g, dtype=torch.int32, device=m.device)
-            # exact in bf16
-            p.copy_((m.view(torch.int32) + noise).bitwise_and_(-(1 << 16)).view(torch.float32))
+            p.copy_(round_bf16(m, g))  # exact in bf16
         self.mark_written()
 
     def zero_grad(self, set_to_none=True):
@@ -1581,6 +1579,13 @@ class MasterAdamW(torch.optim.AdamW):
         self.write_back()
 
 
+def round_bf16(x, g):
+    """fp32 x rounded to bf16 values (still fp32), up with probability (x − x↓) / ulp, so E = x: 16 random
+    bits from generator g added below bf16's mantissa, then cut off."""
+    noise = torch.randint(0, 1 << 16, x.shape, generator=g, dtype=torch.int32, device=x.device)
+    return (x.contiguous().view(torch.int32) + noise).bitwise_and_(-(1 << 16)).view(torch.float32)
+
+
 def make_optimizer(model, args, lr=None):
     """AdamW (the fused kernel: one pass over the weights, 4-5x the default loop on the 2-core CPU);
     MasterAdamW (fp32 masters and moments) when the weights are bf16. lr: a stage's own rate (default
@@ -1588,6 +1593,126 @@ def make_optimizer(model, args, lr=None):
     opt = MasterAdamW if any(p.dtype == torch.bfloat16 for p in model.parameters()) else torch.optim.AdamW
     return opt(model.parameters(), lr=args.lr if lr is None else lr, weight_decay=args.weight_decay,
                fused=True)
+
+# ----- LoRA: the committed output of a prepare-style warm-up (#48 §1) -----
+# A warm-up that is not in the paper (skill_selfplay's differences 13-14) is trained once as LoRA adapters
+# (Hu et al. 2021: W' = W + (α/r)·B·A, rank r, W frozen), committed under data/ (a few MB) with the command
+# that rebuilds it, and merged into the policy's weights when a run starts, instead of SFT steps in each run.
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class LoRALinear(torch.nn.Module):
+    """base(x) + (α/r)·B·A·x, base frozen; A ~ N(0, 1/in), B = 0: training starts at the base model."""
+
+    def __init__(self, base, r, alpha):
+        super().__init__()
+        self.base, self.scale, dev = base, alpha / r, base.weight.device
+        self.A = torch.nn.Parameter(torch.randn(r, base.in_features, device=dev) / base.in_features**0.5)
+        self.B = torch.nn.Parameter(torch.zeros(base.out_features, r, device=dev))
+
+    def forward(self, x):
+        return self.base(x) + (x.to(self.A.dtype) @ self.A.t() @ self.B.t()).to(x.dtype) * self.scale
+
+
+def add_lora(model, r, alpha):
+    """Freeze `model` and wrap each LORA_TARGETS linear layer in LoRALinear (then its only trainable
+    parameters)."""
+    model.requires_grad_(False)
+    wrapped = 0
+    for mod in list(model.modules()):
+        for name, child in list(mod.named_children()):
+            if name in LORA_TARGETS and isinstance(child, torch.nn.Linear):
+                setattr(mod, name, LoRALinear(child, r, alpha))
+                wrapped += 1
+    if not wrapped:
+        raise SystemExit(f"nanoskill: the model has no linear layer named {', '.join(LORA_TARGETS)} for LoRA")
+    return model
+
+
+def weights_fingerprint(model):
+    """crc32 of the first matrix (the token embedding) rounded to bf16: the same for an fp32 or a bf16 load
+    of one checkpoint, and another for another model."""
+    w = next(p for p in getattr(model, "module", model).parameters() if p.dim() == 2)
+    return f"{zlib.crc32(w.detach().to(torch.bfloat16).view(torch.int16).cpu().numpy().tobytes()):08x}"
+
+
+def save_lora(model, path, meta):
+    """The LoRALinear adapters of `model` (A, B in bf16) and `meta` (JSON; scale added) as one safetensors
+    file."""
+    from safetensors.torch import save_file
+    tensors, scale = {}, None
+    for name, m in model.named_modules():
+        if isinstance(m, LoRALinear):
+            tensors[name + ".A"] = m.A.detach().to(torch.bfloat16).contiguous().cpu()
+            tensors[name + ".B"] = m.B.detach().to(torch.bfloat16).contiguous().cpu()
+            scale = m.scale
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    save_file(tensors, path, metadata={"nanoskill": json.dumps({**meta, "scale": scale})})
+
+
+def read_lora(path):
+    """(meta, tensors) of save_lora's file; a missing or corrupt file is one error line."""
+    from safetensors import safe_open
+    try:
+        with safe_open(path, "pt") as f:
+            meta = json.loads((f.metadata() or {})["nanoskill"])
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+        if not isinstance(meta, dict) or not isinstance(meta.get("scale"), (int, float)):
+            raise ValueError("no scale in its metadata")
+    except Exception as e:
+        raise SystemExit(f"nanoskill: cannot read the LoRA adapter {path}: {type(e).__name__}: {e}")
+    return meta, tensors
+
+
+@torch.no_grad()
+def merge_lora(model, path):
+    """W ← W + (α/r)·B·A for every adapter in save_lora's file, in place, in fp32 (bf16 weights: rounded as
+    MasterAdamW rounds, stochastically, so that deltas below bf16's resolution survive in expectation);
+    returns its metadata. A layer the model lacks, or of another shape: one error line."""
+    meta, tensors = read_lora(path)
+    layers, g = dict(getattr(model, "module", model).named_modules()), torch.Generator().manual_seed(0)
+    for name in sorted(k[:-2] for k in tensors if k.endswith(".A")):
+        lin, A, B = layers.get(name), tensors[name + ".A"].float(), tensors.get(name + ".B")
+        if (not isinstance(lin, torch.nn.Linear) or B is None or A.dim() != 2 or B.dim() != 2
+                or (B.shape[0], A.shape[1]) != tuple(lin.weight.shape) or B.shape[1] != A.shape[0]):
+            raise SystemExit(f"nanoskill: the LoRA adapter {path} does not fit this model at {name}")
+        w = lin.weight
+        merged = w.float() + meta["scale"] * (B.float().to(w.device) @ A.to(w.device))
+        w.copy_(round_bf16(merged.cpu(), g).to(w.device) if w.dtype == torch.bfloat16 else merged)
+    return meta
+
+def prepare_lora(args, dist, train, name, recipe):
+    """A prepare step (#48 §1): `train(model, tok)` (an SFT warm-up) on π^(0) loaded in fp32 with LoRA
+    adapters of rank --lora-rank, α --lora-alpha; they go to <--warmup-adapters>/<name>.safetensors with the
+    recipe (the flags the warm-up depends on), π^(0)'s fingerprint and the command that rebuilds them."""
+    if not args.warmup_adapters:
+        raise SystemExit("nanoskill: --prepare-warmup writes into --warmup-adapters: name a folder")
+    model, tok = load_model(args.model, dist, "float32")
+    fingerprint, path = weights_fingerprint(model), os.path.join(args.warmup_adapters, name + ".safetensors")
+    metrics = train(add_lora(model, args.lora_rank, args.lora_alpha), tok)
+    if dist.is_main:
+        save_lora(model, path, {"recipe": recipe, "fingerprint": fingerprint, "model": args.model,
+                                "rank": args.lora_rank, "alpha": args.lora_alpha, "lr": args.lora_lr,
+                                "seed": args.seed, "sft": metrics, "command": " ".join(sys.argv)})
+        print(f"prepared {path}: SFT loss {metrics.get('sft_loss', float('nan')):.3f} over "
+              f"{metrics.get('sft_steps')} steps, {os.path.getsize(path) / 2**20:.1f} MiB")
+
+
+def use_prepared(model, folder, name, recipe):
+    """Merge prepare_lora's adapter <folder>/<name>.safetensors into `model` when it was made for this recipe
+    and these weights: (True, what was merged), else (False, why not: the caller warms up by itself; folder
+    '': (False, ''))."""
+    path = os.path.join(folder, name + ".safetensors")
+    if not folder or not os.path.exists(path):
+        return False, folder and f"no prepared warm-up at {path}"
+    meta = read_lora(path)[0]
+    made_for = meta.get("recipe") if isinstance(meta.get("recipe"), dict) else {}
+    differ = [k for k in sorted(recipe) if made_for.get(k) != recipe[k]]
+    differ += ["model"] * (meta.get("fingerprint") != weights_fingerprint(model))
+    if differ:
+        return False, f"{path} was prepared for another {', '.join(differ)}"
+    merge_lora(model, path)
+    return True, f"merged the prepared LoRA adapter {path} (rank {meta.get('rank')}, lr {meta.get('lr')})"
 
 # ----- checkpoints -----
 # A run killed anywhere (SIGKILL, the OOM killer, a pre-empted node) resumes to the same result:
@@ -2165,6 +2290,19 @@ def renamed_flags(parser, renames):
     """renames {"--old-name": "--new-name"}: each old name gives 'error: --old-name is now --new-name'."""
     for old, new in renames.items():
         parser.add_argument(old, action=_Renamed, new=new, dest=f"_renamed_{old.lstrip('-')}")
+
+
+def add_prepare_args(g, what):
+    """The flags of a prepare step (prepare_lora): `what` names the warm-up it replaces."""
+    g.add_argument("--warmup-adapters", default="",
+                   help=f"folder of prepared LoRA adapters of {what}, merged at start instead of its SFT "
+                        "steps when made for this run's flags and model (else the SFT runs, as printed); "
+                        "'' = off")
+    g.add_argument("--prepare-warmup", action="store_true",
+                   help="train that warm-up once as LoRA adapters into --warmup-adapters, then exit")
+    g.add_argument("--lora-rank", type=int, default=8, help="rank r of the prepared adapters")
+    g.add_argument("--lora-alpha", type=float, default=16.0, help="their α (W' = W + (α/r)·B·A)")
+    g.add_argument("--lora-lr", type=float, default=1e-3, help="the prepare step's learning rate")
 
 
 # ----- plumbing for talentrl: a teacher's tokenizer, phase timestamps, Figure 2a -----

@@ -32,7 +32,7 @@ Differences from the paper (the eight that matter most; all 14 in docs/skill_sel
  5. D(t) = the proposer's GRPO rollouts plus a fixed-size collection pass (--collect-prompts × G).
  8. A proposal is the JSON object its reply opens with, else reward −1.
 10. Aids for a small model (tiny preset): grammar-constrained proposals, solver prefill/grid schema.
-13-14. SFT warm-ups of proposer and solver before iteration 0 (paper 0 steps; tiny: 10 and 12).
+13-14. SFT warm-ups of both players before iteration 0 (paper none; tiny: 10, 12 steps, prepared as LoRA).
 """
 import argparse
 import collections
@@ -49,35 +49,37 @@ import numpy as np
 
 from grpo import (Rollout, add_grpo_args, chat_ids, grpo_update, parse_with_preset, sample_group_rollouts,
                   seed_everything, sft_loop)
-from plumbing import broadcast_object, gather_objects, reduce_metrics, reset_prefix_cache, setup_distributed
-from plumbing import (LOOP_KEYS, DealtSampler, HFSampler, check_context, check_keys, check_resume,
-                      controller_fields, frozen_snapshot, iteration_metrics, json_text, load_model,
-                      load_policy, log_metrics, loop_failures, make_optimizer, make_sampler, plot_loop,
-                      plot_run, preflight, read_items, read_library, read_records, resume_or_start, run_main,
-                      save_generations, save_iteration, same_row, schema_sampler, solver_signal, usable_value)
+from plumbing import (LOOP_KEYS, DealtSampler, HFSampler, add_prepare_args, broadcast_object, check_context,
+                      check_keys, check_resume, controller_fields, frozen_snapshot, gather_objects,
+                      iteration_metrics, json_text, load_model, load_policy, log_metrics, loop_failures,
+                      make_optimizer, make_sampler, plot_loop, plot_run, preflight, prepare_lora,
+                      read_library, read_records, reduce_metrics, reset_prefix_cache, resume_or_start,
+                      run_main, same_row, save_generations, save_iteration, schema_sampler, setup_distributed,
+                      solver_signal, usable_value, use_prepared)
 from stats import aggregate_main, compare, format_headline, print_table, read_results, vs_chance
 from stats import write_results
-from tasks.tool_calls import (BFCL_CATEGORIES, TOOL_TASK_SCHEMA, TOOL_TASK_SPEC, TOOL_VALIDATOR_KEYS,
-                              bfcl_by_category, call_budget, call_key, derive_tool_validator, evaluate_bfcl,
-                              gate_tool_task, parse_tool_calls, print_bfcl_intervals, scripted_tool_tasks,
-                              tool_messages, tool_package_error)
+from tasks.tool_calls import (TOOL_TASK_SCHEMA, TOOL_TASK_SPEC, TOOL_VALIDATOR_KEYS, bfcl_headline,
+                              call_budget, call_key, derive_tool_validator, evaluate_bfcl, gate_tool_task,
+                              parse_tool_calls, print_bfcl_intervals, scripted_tool_tasks, tool_messages,
+                              tool_package_error)
 from tasks.zebra import (ZEBRA_COMPILER_KEYS, ZEBRA_TASK_SCHEMA, ZEBRA_TASK_SPEC, ZEBRA_VALIDATOR_KEYS,
                          derive_zebra_validator, evaluate_zebra, gate_zebra_blueprint, grade_grid,
-                         grid_budget, grid_schema, render_zebra_prompt, trivial_baselines, zebra_heldout,
+                         grid_budget, grid_schema, render_zebra_prompt, trivial_baselines, zebra_headline,
                          zebra_package_error, zebra_sft_puzzles)
 
 
 # ----- config: presets, flags (Table 5) and the arms of §4.3 -----
 
+LIBRARIES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "selfplay")  # S(0) folders
 PRESETS = {
-    # 2-core CPU, embedded 135M model: both players warmed up (differences 13-14), temperature 0.7, the aids
-    # of difference 10, held-out zebra 2 houses, greedy (docs/skill_selfplay.md, "The tiny preset")
-    "tiny": dict(T=2, M=8, proposer_prompts=2, proposer_G=2, proposer_steps=1, collect_prompts=16,
-                 solver_G=4, solver_steps=2, solver_batch=4, eval_samples=1,
-                 eval_temperature=0.0, max_new_tokens=96, controller_max_new_tokens=96, induce_min=1,
-                 zebra_eval_scales="two", rg_eval_n=2, lr=1e-5, sampler="auto", micro_batch=2,
-                 temperature=0.7, proposer_grammar=True, solver_aid=True, proposer_sft_steps=10,
-                 proposer_sft_batch=6, solver_sft_steps=12),
+    # 2-core CPU, embedded 135M, the teaching run (#48): T = 1; both players warmed up (differences 13-14,
+    # prepared once), temperature 0.7, the aids of difference 10, zebra 2 houses, greedy (docs: "tiny preset")
+    "tiny": dict(T=1, M=8, proposer_prompts=2, proposer_G=2, proposer_steps=1, collect_prompts=16, solver_G=4,
+                 solver_steps=2, solver_batch=4, eval_samples=1, eval_temperature=0.0, max_new_tokens=96,
+                 controller_max_new_tokens=96, induce_min=1, zebra_eval_scales="two", rg_eval_n=2, lr=1e-5,
+                 sampler="auto", micro_batch=2, temperature=0.7, proposer_grammar=True, solver_aid=True,
+                 proposer_sft_steps=10, proposer_sft_batch=6, solver_sft_steps=12,
+                 warmup_adapters=os.path.join(LIBRARIES, "warmup")),
     # Table 5 (flag defaults, BY_FAMILY["paper"]), its ablations' Qwen3-4B-Instruct; 8192 new tokens + prompt
     "paper": dict(model="Qwen/Qwen3-4B-Instruct-2507", max_model_len=12288),
     # one GPU of ≥ 80 GB, at most 1 h (estimated, not run), Qwen3-0.6B (two policies and engines fit): π_solve
@@ -85,7 +87,6 @@ PRESETS = {
     "gpu": dict(model="Qwen/Qwen3-0.6B", sampler="auto", T=2, M=256, proposer_prompts=32, proposer_steps=2,
                 collect_prompts=128, solver_steps=4, solver_batch=32, eval_samples=2, max_new_tokens=1024,
                 proposer_max_new_tokens=1024, max_model_len=4096, induce_min=4, grad_checkpointing=True)}
-LIBRARIES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "selfplay")  # S(0) folders
 # Per-family values by preset; they fill the flags no preset or argv set (parse_args), the preset's first,
 # then the paper's (Table 5). Why the tiny ones: docs/skill_selfplay.md, "The tiny preset".
 _PAPER_BOTH = dict(K=10, proposer_max_new_tokens=8192, proposer_sft_steps=0, proposer_sft_batch=0,
@@ -94,8 +95,12 @@ BY_FAMILY = {
     "paper": {"tool": dict(_PAPER_BOTH, M=8000, proposer_steps=5, solver_steps=15, induce_min=20),
               "zebra": dict(_PAPER_BOTH, M=1920, proposer_steps=3, solver_steps=10, induce_min=10)},
     "tiny": {"tool": dict(library=os.path.join(LIBRARIES, "tool_tiny"), K=8, proposer_max_new_tokens=448,
-                          eval_n=25), "zebra": dict(K=4, proposer_max_new_tokens=320)},
+                          eval_n=20), "zebra": dict(K=4, proposer_max_new_tokens=320)},
 }
+# the flags the warm-ups of differences 13-14 depend on (with S(0)'s folder and the proposal grammar)
+WARMUP_FLAGS = ("family", "skill_only", "solver_aid", "proposer_sft_steps", "proposer_sft_batch",
+                "solver_sft_steps", "solver_sft_tasks", "solver_sft_batch", "eval_seed", "zebra_eval_scales",
+                "zebra_eval_per_scale", "zebra_eval_decided")
 ARMS = ("unguided", "skill_only", "uniform_routing", "frozen_skills", "frozen_proposer",
         "frozen_feedback_solver")
 
@@ -145,6 +150,7 @@ def build_parser():
     g.add_argument("--solver-sft-tasks", type=int, default=64, help="tasks (puzzles) of that warm-up")
     g.add_argument("--solver-sft-batch", type=int, default=8, help="tasks per solver SFT step, at random")
     g.add_argument("--solver-sft-lr", type=float, default=1e-4, help="learning rate of that warm-up")
+    add_prepare_args(g, "both warm-ups (tiny: data/selfplay/warmup; make prepare-selfplay rebuilds them)")
     g.add_argument("--proposer-max-new-tokens", type=int, default=None,
                    help="proposer generation limit; paper 8192 (tiny: 448 tool, 320 zebra)")
     g.add_argument("--solver-G", type=int, default=5, help="solver rollouts per task; paper 5")
@@ -178,7 +184,7 @@ def build_parser():
                    help="probes by the solver as it enters self-play, frozen, not π_solve^(t)")
     g = p.add_argument_group("evaluation (Table 5: avg@8, temperature 1.0; its top-k 40 is not applied)")
     g.add_argument("--eval-n", type=int, default=None,
-                   help="held-out items per BFCL category, drawn with --data-seed (0 = all 808; tiny: 25)")
+                   help="held-out items per BFCL category, drawn with --data-seed (0 = all 808; tiny: 20)")
     g.add_argument("--eval-samples", type=int, default=8, help="samples per held-out item (avg@k); paper 8")
     g.add_argument("--eval-temperature", type=float, default=1.0,
                    help="held-out sampling temperature; paper 1.0 (0 = greedy)")
@@ -587,7 +593,7 @@ def collection_pass(t, P, pkgs, stats, args, rng, dist):
 
 # ----- method: training loop (warm-ups, proposer phase, solver phase) -----
 
-def prime_proposer(proposer, tok, pkgs, args, dist, grammar):
+def prime_proposer(proposer, tok, pkgs, args, dist, grammar, lr):
     """--proposer-sft-steps (difference 13): SFT of the proposer on S(0)'s worked examples."""
     prefix = "" if grammar else PROPOSER_PREFIX[args.family]
     examples = []
@@ -601,12 +607,12 @@ def prime_proposer(proposer, tok, pkgs, args, dist, grammar):
             prompt = prefilled_prompt(tok, proposer_messages(args.family, stream_pkg), prefix)
             examples.append((prompt, target))
     # grpo.sft_loop: L_SFT = − Σ log π(y_t | x, y_<t) / Σ 1 over the target tokens of each step's examples
-    return sft_loop(proposer, examples, args, dist, args.proposer_sft_lr, args.proposer_sft_batch,
+    return sft_loop(proposer, examples, args, dist, lr, args.proposer_sft_batch,
                     args.proposer_sft_steps, seed=f"{args.seed}-proposer-sft",
                     log_dir=os.path.join(args.run_dir, "proposer_sft"))
 
 
-def prime_solver(solver, tok, args, dist):
+def prime_solver(solver, tok, args, dist, lr):
     """--solver-sft-steps (difference 14): SFT of the solver on tasks outside S(0) and held-out."""
     prefix, _ = answer_prefix(args)
     rng, examples = random.Random(f"{args.seed}-solver-sft"), []
@@ -620,7 +626,7 @@ def prime_solver(solver, tok, args, dist):
             answer = json_text(sol)  # compact, as the grid schema decodes it (vLLM, ConstrainedHFSampler)
             target = tok.encode(answer, add_special_tokens=False) + [tok.eos_token_id]
             examples.append((prefilled_prompt(tok, solver_messages("zebra", p), ""), target))
-    return sft_loop(solver, examples, args, dist, args.solver_sft_lr, args.solver_sft_batch,
+    return sft_loop(solver, examples, args, dist, lr, args.solver_sft_batch,
                     args.solver_sft_steps, seed=f"{args.seed}-solver-sft-draw",
                     log_dir=os.path.join(args.run_dir, "solver_sft"))
 
@@ -835,40 +841,14 @@ def print_main_table(history, family, baselines=()):
 def run_results(args, history, baselines, rows):
     """(results, headline) of a finished run, every comparison paired over held-out items; results' "loop":
     the loop per iteration (LOOP_KEYS), "final_items"/"final_ids": the last row's items (for --versus)."""
-    arm, last = arm_name(args), history[-1][0]
+    arm = arm_name(args)
     loop = {k: [r.get(k) for r in rows] for k in LOOP_KEYS}
     results = {"family": args.family, "arm": arm, "seed": args.seed, "data_seed": args.data_seed,
                "history": [list(h) for h in history], "trivial": [list(b) for b in baselines], "rows": rows,
                "loop": loop, "loop_failures": loop_failures(loop) if rows else []}
-    headline = []
-    if args.family == "zebra":  # the last iteration vs base, vs the warm-up, vs the best trivial answer
-        final = read_items(args.run_dir, last)
-        results["final_items"] = {m: [it[m] for it in final] for m in ("cell", "grid")}
-        results["final_ids"] = ids = [it["i"] for it in final]  # puzzle i is the same in every seed: clusters
-        for m in ("cell", "grid"):
-            trivial = {kind: [it[m] for it in read_items(args.run_dir, "trivial " + kind)]
-                       for kind, _ in baselines}
-            kind = max(trivial, key=lambda k: np.mean(trivial[k]))  # the best trivial answer on this metric
-            refs = [(ref, [it[m] for it in read_items(args.run_dir, ref)]) for ref in ("base", "solver SFT")
-                    if ref != last and ref in dict(history)] + [(f"trivial: {kind}", trivial[kind])]
-            for ref, ref_items in refs:  # chance: the best trivial answer's mean, printed beside each entry
-                headline.append(compare(f"held-out zebra {m} accuracy, {arm}: last iteration vs {ref}",
-                                        f"{arm} {last}", ref, results["final_items"][m], ref_items,
-                                        chance=float(np.mean(trivial[kind])), item_ids=ids,
-                                        primary=m == "grid" and ref != "solver SFT"))
-    else:
-        results["bfcl"] = {name: bfcl_by_category(read_items(args.run_dir, name)) for name, _ in history}
-        final = [it for it in read_items(args.run_dir, last) if it["n"]]
-        results["final_items"] = {"BFCL simple": [it["hits"] / it["n"] for it in final]}
-        results["final_ids"], base = [it["id"] for it in final], read_items(args.run_dir, "base")
-        for name in [h for h, _ in history[1:] if h in ("solver SFT", last)]:
-            items, which = read_items(args.run_dir, name), "last iteration" if name == last else "warm-up"
-            for cat in ["simple"] + BFCL_CATEGORIES:  # all items (the headline), then each category
-                keep = lambda its: [it for it in its if it["n"] and cat in ("simple", it["category"])]
-                acc = lambda its: [it["hits"] / it["n"] for it in keep(its)]
-                headline.append(compare(f"BFCL {cat}, {arm}: {which} vs base", f"{arm} {name}", "base",
-                                        acc(items), acc(base), item_ids=[it["id"] for it in keep(items)],
-                                        primary=name == last and cat == "simple"))
+    names = [h for h, _ in history]  # zebra: the last row vs base, the warm-up and the best trivial answer
+    headline = (zebra_headline(args.run_dir, names, [b for b, _ in baselines], arm, results)
+                if args.family == "zebra" else bfcl_headline(args.run_dir, names, arm, results))
     if args.versus:  # the other arm on the same items: the paper's comparison, paired per item (Table 2)
         other, ids = read_versus(args), results["final_ids"]
         if other.get("final_ids") != ids:
@@ -895,29 +875,50 @@ def run_results(args, history, baselines, rows):
 
 # ----- main -----
 
+def warmup_recipe(args, grammar):
+    """The flags the two warm-ups depend on: a prepared adapter serves only a run with the same ones."""
+    library = os.path.basename(os.path.normpath(args.library or os.path.join(LIBRARIES, args.family)))
+    return {**{k: getattr(args, k) for k in WARMUP_FLAGS}, "library": library, "grammar": grammar}
+
+
+def prepare_warmup(args):
+    """--prepare-warmup (#48 §1): both warm-ups trained once as LoRA adapters on π^(0), written to
+    --warmup-adapters with their recipe; a run then merges them (warm_up) instead of running their SFT."""
+    dist, grammar = setup_distributed(), args.proposer_grammar and args.sampler != "hf"
+    pkgs, _ = load_library(args.library or os.path.join(LIBRARIES, args.family), args.family)
+    for role in ("proposer", "solver"):
+        seed_everything(args.seed)
+        prepare_lora(args, dist, lambda m, tok: prime_solver(m, tok, args, dist, args.lora_lr)
+                     if role == "solver" else prime_proposer(m, tok, pkgs, args, dist, grammar, args.lora_lr),
+                     f"{args.family}-{role}", warmup_recipe(args, grammar))
+
+
 def warm_up(P, pkgs, history, args, dist):
-    """Before iteration 0 (differences 13-14, every arm): SFT of proposer, then solver (its row)."""
+    """Before iteration 0 (differences 13-14, every arm): SFT of proposer, then solver (its row); with
+    --warmup-adapters, each warm-up prepared once (prepare_warmup) for this run's recipe is merged instead."""
     say = print if dist.is_main else (lambda *a, **k: None)
-    if args.proposer_sft_steps and pkgs:
-        t0, grammar = time.time(), proposal_decoding(args, P.p_sampler)[1] is not None
-        m = prime_proposer(P.proposer, P.tok, pkgs, args, dist, grammar)
-        P.p_sampler.sync(P.proposer)
-        say(f"proposer SFT warm-up on {len(pkgs)} worked examples: loss {m.get('sft_loss', 0):.3f}, "
-            f"{time.time() - t0:.0f}s")
+    grammar = proposal_decoding(args, P.p_sampler)[1] is not None
+    for role, model, sampler in (("proposer", P.proposer, P.p_sampler), ("solver", P.solver, P.s_sampler)):
+        if not (args.solver_sft_steps if role == "solver" else args.proposer_sft_steps and pkgs):
+            continue
+        t0, recipe = time.time(), warmup_recipe(args, grammar)
+        merged, why = use_prepared(model, args.warmup_adapters, f"{args.family}-{role}", recipe)
+        if not merged:
+            m = (prime_solver(model, P.tok, args, dist, args.solver_sft_lr) if role == "solver"
+                 else prime_proposer(model, P.tok, pkgs, args, dist, grammar, args.proposer_sft_lr))
+            why = (f"SFT{f' ({why})' * bool(why)}: {m.get('sft_steps')} steps on {m.get('sft_examples')} "
+                   f"examples, loss {m.get('sft_loss', float('nan')):.3f}, {time.time() - t0:.0f}s")
+        say(f"{role} warm-up: {why}")
+        sampler.sync(model)
     if args.solver_sft_steps:
-        t0 = time.time()
-        m = prime_solver(P.solver, P.tok, args, dist)
-        P.s_sampler.sync(P.solver)
-        say(f"solver SFT warm-up on {args.solver_sft_tasks} scripted {args.family} tasks: loss "
-            f"{m.get('sft_loss', 0):.3f}, {time.time() - t0:.0f}s")
         history.append(("solver SFT", evaluate(P.s_sampler, P.tok, args, dist, "solver SFT")))  # warm-up only
 
 
 def main(argv=None):
     """Algorithm 2: T iterations of proposer GRPO, curriculum and solver GRPO, library evolution."""
     args = parse_args(argv)
-    if args.aggregate:  # pool finished runs (one per seed and arm) and exit
-        return aggregate_main(args.aggregate)
+    if args.aggregate or args.prepare_warmup:  # pool finished runs (seeds, arms), or prepare the warm-ups
+        return aggregate_main(args.aggregate) if args.aggregate else prepare_warmup(args)
     check_resume(args)  # --resume with the run's own settings, or one line naming the changed flags
     dist = setup_distributed()  # python: rank 0 of 1; torchrun: gloo on CPU, NCCL on GPUs
     frozen = int(args.frozen_feedback_solver)  # the probes' frozen solver (below), with its own engine
@@ -929,13 +930,12 @@ def main(argv=None):
     # reference of both and the controller π_control; the initial library S(0) with its statistics σ
     (proposer, tok), (solver, _) = load_policy(args, dist), load_policy(args, dist)
     base, _ = load_model(args.model, dist, args.dtype, trainable=False)
-    ref = base if args.beta > 0 else None
     opt_p, opt_s = make_optimizer(proposer, args), make_optimizer(solver, args)
     lib_dir = args.library or os.path.join(LIBRARIES, args.family)
     pkgs, stats = load_library(lib_dir, args.family)
     if not pkgs and not args.unguided:
         raise SystemExit(f"no valid skill package in {lib_dir}")
-    P = Players(proposer, solver, ref, opt_p, opt_s, None, None, None, None, tok)
+    P = Players(proposer, solver, base if args.beta > 0 else None, opt_p, opt_s, None, None, None, None, tok)
     start, history, rows, extra = 0, [], [], resume_or_start(P, args, dist)
     if extra:
         start, history, rows = extra["iteration"], extra["history"], extra["rows"]

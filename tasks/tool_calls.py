@@ -25,8 +25,8 @@ import sys
 
 import numpy as np
 
-from plumbing import gather_objects, tag_blocks, usable_value
-from stats import wilson_ci
+from plumbing import gather_objects, read_items, tag_blocks, usable_value
+from stats import compare, wilson_ci
 
 # ----- the solver's prompt and the reply format -----
 
@@ -521,3 +521,23 @@ def print_bfcl_intervals(results):
         print(name.ljust(12) + "  ".join(
             f"{c.replace('simple_', '')}: {100 * v['acc']:.1f} [{100 * v['ci95'][0]:.1f}, "
             f"{100 * v['ci95'][1]:.1f}] ({v['hits']}/{v['n']})" for c, v in cats.items() if v["n"]))
+
+
+def bfcl_headline(run_dir, rows, arm, results):
+    """skill_selfplay's held-out comparisons, paired over BFCL items: the warm-up ("solver SFT") and the last
+    row (rows[-1]) vs base, all items (the headline), then each category. Fills results' bfcl (per row and
+    category), final_items and final_ids; returns the entries."""
+    last, headline = rows[-1], []
+    results["bfcl"] = {name: bfcl_by_category(read_items(run_dir, name)) for name in rows}
+    final = [it for it in read_items(run_dir, last) if it["n"]]
+    results["final_items"] = {"BFCL simple": [it["hits"] / it["n"] for it in final]}
+    results["final_ids"], base = [it["id"] for it in final], read_items(run_dir, "base")
+    for name in [h for h in rows[1:] if h in ("solver SFT", last)]:
+        items, which = read_items(run_dir, name), "last iteration" if name == last else "warm-up"
+        for cat in ["simple"] + BFCL_CATEGORIES:
+            keep = lambda its: [it for it in its if it["n"] and cat in ("simple", it["category"])]
+            acc = lambda its: [it["hits"] / it["n"] for it in keep(its)]
+            headline.append(compare(f"BFCL {cat}, {arm}: {which} vs base", f"{arm} {name}", "base",
+                                    acc(items), acc(base), item_ids=[it["id"] for it in keep(items)],
+                                    primary=name == last and cat == "simple"))
+    return headline

@@ -28,7 +28,8 @@ import re
 
 import numpy as np
 
-from plumbing import brace_candidates, gather_objects, save_generations
+from plumbing import brace_candidates, gather_objects, read_items, save_generations
+from stats import compare
 from tasks.tool_calls import json_object
 
 # ----- the runtime: clue types, value pools, scales -----
@@ -640,3 +641,24 @@ def trivial_baselines(args, dist):
         save_generations(args, "trivial " + kind, items, dist)
         rows.append((kind, res))
     return rows
+
+
+def zebra_headline(run_dir, rows, trivial_kinds, arm, results):
+    """skill_selfplay's held-out comparisons, paired over puzzles (puzzle i is the same in every seed: the
+    clusters): the last row (rows[-1]) vs base, vs the warm-up, and vs the best trivial answer on each metric
+    (its mean is every entry's chance line). Fills results' final_items and final_ids; returns the entries."""
+    last, headline = rows[-1], []
+    final = read_items(run_dir, last)
+    results["final_items"] = {m: [it[m] for it in final] for m in ("cell", "grid")}
+    results["final_ids"] = ids = [it["i"] for it in final]
+    for m in ("cell", "grid"):
+        trivial = {kind: [it[m] for it in read_items(run_dir, "trivial " + kind)] for kind in trivial_kinds}
+        kind = max(trivial, key=lambda k: np.mean(trivial[k]))
+        refs = [(ref, [it[m] for it in read_items(run_dir, ref)]) for ref in ("base", "solver SFT")
+                if ref != last and ref in rows] + [(f"trivial: {kind}", trivial[kind])]
+        for ref, ref_items in refs:
+            headline.append(compare(f"held-out zebra {m} accuracy, {arm}: last iteration vs {ref}",
+                                    f"{arm} {last}", ref, results["final_items"][m], ref_items,
+                                    chance=float(np.mean(trivial[kind])), item_ids=ids,
+                                    primary=m == "grid" and ref != "solver SFT"))
+    return headline

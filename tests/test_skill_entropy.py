@@ -828,13 +828,13 @@ DATA_DIGEST = """
 import hashlib, json, sys
 sys.path.insert(0, sys.argv[1])
 import skill_selfplay as P
-import tasks.reward_bench as R, tasks.search_world as T, tasks.skill_bank as E
+import tasks.reward_bench as R, tasks.search_world as T, tasks.skill_bank as E, tasks.zebra as Z
 bank = E.load_bank(str(E.DATA / "bank.json"))
 sp = P.parse_with_preset(P.build_parser(), P.PRESETS, argv=["--preset", "tiny"], name="skill_selfplay")
 data = dict(
     ske=[E.seed_pool(bank, d, s, split, 0) for d, s in E.bank_keys(bank, "verifiable") for split in ("train", "test")],
     rm=[R.sft_items(0, 4), R.if_prompts(0, 8, "test"), R.math_items("bench-math", 0, 8)],
-    sp=P.zebra_heldout(sp)[0],
+    sp=Z.zebra_heldout(sp)[0],
     tr=T.build_questions(T.build_world(0), 0, 20, 6))
 print(hashlib.md5(json.dumps(data, sort_keys=True, default=lambda o: type(o).__name__).encode()).hexdigest())
 """

@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import skill_selfplay as S  # noqa: E402
 from plumbing import (SELFPLAY_LOGS, checkpoint_extra, effective_skills, json_text, parse_package,  # noqa: E402
-                      plot_diagnostics, render_package)
-from tasks.tool_calls import tool_schema_error  # noqa: E402
-from tasks.zebra import count_solutions, extract_json, make_zebra_puzzles, solution_grid  # noqa: E402
+                      plot_diagnostics, read_items, render_package)
+from tasks.tool_calls import BFCL_CATEGORIES, tool_schema_error  # noqa: E402
+from tasks.zebra import count_solutions, extract_json, make_zebra_puzzles, solution_grid, zebra_heldout  # noqa: E402
 from conftest import ONE_THREAD, run_group  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -592,8 +592,8 @@ def test_smoke_tiny(tmp_path, tiny_model_dir):
     assert [name for name, _ in out["history"]] == ["base", "solver SFT", "iter 1"]
     # the iter-1 row's grid and cell accuracy, regraded from its saved replies by Eq. 15's checker: per puzzle the
     # mean over its replies (avg@k), then the mean over the held-out puzzles
-    puzzles, _ = S.zebra_heldout(S.parse_args(flags))
-    items = S.read_items(run, "iter 1")
+    puzzles, _ = zebra_heldout(S.parse_args(flags))
+    items = read_items(run, "iter 1")
     graded = [[S.grade_grid(t, puzzles[it["i"]][1], puzzles[it["i"]][2]) for t in it["answers"]] for it in items]
     mean = lambda xs: sum(xs) / len(xs)
     assert len(items) == len(puzzles) and out["history"][-1][1]["zebra_grid"] == pytest.approx(
@@ -1010,7 +1010,8 @@ def test_flags_take_any_argparse_spelling():
     assert (tool.proposer_sft_steps, tool.solver_sft_steps, tool.proposer_max_new_tokens, tool.K) == (10, 12, 448, 8)
     assert tool.library.endswith(os.path.join("selfplay", "tool_tiny")) and zebra.library is None and zebra.K == 4
     assert (zebra.proposer_sft_steps, zebra.proposer_sft_batch, zebra.solver_sft_steps) == (10, 6, 12)
-    assert (zebra.proposer_max_new_tokens, zebra.zebra_eval_scales, tool.eval_n) == (320, "two", 25)  # per category
+    assert (zebra.proposer_max_new_tokens, zebra.zebra_eval_scales, tool.eval_n) == (320, "two", 20)  # per category
+    assert tool.T == zebra.T == 1 and tool.warmup_adapters == zebra.warmup_adapters != ""  # prepared warm-ups (#48)
     assert [S.parse_args(["--family", "tool", "--preset", p]).eval_n for p in ("paper", "gpu")] == [0, 0]  # 808
     assert S.parse_args(["--family=zebra", "--preset=tiny", "--proposer-sft-steps=0"]).proposer_sft_steps == 0
     assert S.parse_args(["--family", "tool", "--preset", "tiny", "--solver-sft-steps=0"]).solver_sft_steps == 0
@@ -1266,7 +1267,7 @@ def _finished_run(root, arm_flags, seed, cells, recs, sft=None, versus=None):
                         + (["--versus", versus] if versus else []))
     from plumbing import Dist
     baselines = S.trivial_baselines(args, Dist())
-    n = len(S.zebra_heldout(args)[0])
+    n = len(zebra_heldout(args)[0])
     rows = [("base", 0.0)] + ([("solver SFT", sft)] if sft is not None else []) + [("iter 1", cells)]
     for row, c in rows:
         S.save_generations(args, row, [{"i": i, "cell": c, "grid": 0.0} for i in range(n)], Dist())
@@ -1370,14 +1371,14 @@ def test_prime_proposer_targets_are_the_worked_examples(monkeypatch):
     monkeypatch.setattr(grpo, "sft_update", lambda model, opt, examples, *a: seen.extend(examples) or {"sft_loss": 0.0})
     args = S.parse_args(["--family", "zebra", "--proposer-sft-steps", "1", "--run-dir", "/tmp/pt-13-prime"])
     model = torch.nn.Linear(1, 1)
-    S.prime_proposer(model, tok, pkgs, args, Dist(), grammar=False)
+    S.prime_proposer(model, tok, pkgs, args, Dist(), grammar=False, lr=1e-4)
     assert len(seen) == 4
     for pkg, stream in [(p, s) for p in pkgs for s in (p, None)]:  # grpo.sft_loop shuffles the batch: any order
         prompt = S.prefilled_prompt(tok, S.proposer_messages("zebra", stream), S.PROPOSER_PREFIX["zebra"])
         assert any(p == prompt and t[-1] == tok.eos_token_id
                    and S.PROPOSER_PREFIX["zebra"] + tok.decode(t[:-1]) == json.dumps(pkg["example"]) for p, t in seen)
     seen.clear()
-    S.prime_proposer(model, tok, pkgs, args, Dist(), grammar=True)
+    S.prime_proposer(model, tok, pkgs, args, Dist(), grammar=True, lr=1e-4)
     assert any(tok.decode(t[:-1]) == json_text(pkgs[0]["example"]) for _, t in seen)  # compact, as the grammar decodes
 
 
@@ -1390,7 +1391,7 @@ def test_proposer_sft_batch_draws_that_many_examples(monkeypatch):
     monkeypatch.setattr(grpo, "sft_update", lambda model, opt, examples, *a: seen.append(examples) or {"sft_loss": 0.0})
     args = S.parse_args(["--family", "zebra", "--proposer-sft-steps", "3", "--proposer-sft-batch", "2",
                          "--run-dir", "/tmp/pt-13-prime-batch"])
-    S.prime_proposer(torch.nn.Linear(1, 1), tok, pkgs, args, Dist(), grammar=False)
+    S.prime_proposer(torch.nn.Linear(1, 1), tok, pkgs, args, Dist(), grammar=False, lr=1e-4)
     assert [len(b) for b in seen] == [2, 2, 2] and len({id(e) for b in seen for e in b}) >= 3
 
 
@@ -1417,7 +1418,7 @@ def test_prime_solver_targets_are_the_reference_calls(monkeypatch):
     monkeypatch.setattr(grpo, "sft_update", lambda model, opt, examples, *a: seen.extend(examples) or {"sft_loss": 0.0})
     args = S.parse_args(["--family", "tool", "--preset", "tiny", "--solver-sft-steps", "2", "--solver-sft-tasks", "6",
                          "--solver-sft-batch", "3", "--run-dir", "/tmp/pt-13-prime-solver"])
-    S.prime_solver(torch.nn.Linear(1, 1), tok, args, Dist())
+    S.prime_solver(torch.nn.Linear(1, 1), tok, args, Dist(), 1e-4)
     tasks = S.scripted_tool_tasks(random.Random(f"{args.seed}-solver-sft"), 6)  # the warm-up's own draw
     assert len(seen) == 6
     prefix, _ = S.answer_prefix(args)
@@ -1439,10 +1440,10 @@ def test_prime_solver_zebra_targets_are_the_grids_of_puzzles_outside_the_heldout
     monkeypatch.setattr(grpo, "sft_update", lambda model, opt, examples, *a: seen.extend(examples) or {"sft_loss": 0.0})
     args = S.parse_args(["--family", "zebra", "--preset", "tiny", "--solver-sft-steps", "1", "--solver-sft-tasks", "8",
                          "--run-dir", "/tmp/pt-13-prime-solver"])
-    S.prime_solver(torch.nn.Linear(1, 1), tok, args, Dist())
-    heldout = {S.render_zebra_prompt(p) for _, p, _ in S.zebra_heldout(args)[0]}
+    S.prime_solver(torch.nn.Linear(1, 1), tok, args, Dist(), 1e-4)
+    heldout = {S.render_zebra_prompt(p) for _, p, _ in zebra_heldout(args)[0]}
     puzzles = {S.render_zebra_prompt(p): (p, sol) for _, p, sol in make_zebra_puzzles(
-        f"{args.data_seed}-solver-sft", S.zebra_heldout(args)[1], 8)}
+        f"{args.data_seed}-solver-sft", zebra_heldout(args)[1], 8)}
     assert 1 <= len(seen) <= 8
     for prompt, target in seen:
         text = tok.decode(prompt)
@@ -1470,8 +1471,8 @@ def test_every_table_row_uses_one_sampler_schema_temperature_and_budget(tiny_mod
                   "--proposer-sft-steps", "0", "--solver-sft-steps", "1", "--solver-sft-batch", "2",
                   "--max-new-tokens", "4", "--sampler", "hf", "--no-plots", "--run-dir", str(tmp_path)])
     assert [name for name, _ in out["history"]] == ["base", "solver SFT"]
-    assert len(calls) == 2 * len(S.BFCL_CATEGORIES)
-    n = len(S.BFCL_CATEGORIES)  # one sampler, the (trainable) solver's; per category one budget (call_budget)
+    assert len(calls) == 2 * len(BFCL_CATEGORIES)
+    n = len(BFCL_CATEGORIES)  # one sampler, the (trainable) solver's; per category one budget (call_budget)
     assert calls[:n] == calls[n:] and len({c[0] for c in calls}) == 1 and calls[0][1]
     assert sorted(os.listdir(tmp_path / "eval")) == ["base.jsonl", "solver_SFT.jsonl"]
 
@@ -1498,18 +1499,18 @@ def test_an_iteration_without_a_solver_step_copies_the_last_row_under_greedy_dec
                   "--sampler", "hf", "--no-plots", "--run-dir", str(tmp_path)])
     (_, base), (_, warm), (name, last) = out["history"]
     assert name == "iter 1" and out["rows"][0]["solver_pg_steps"] == 0
-    n = len(S.BFCL_CATEGORIES)
+    n = len(BFCL_CATEGORIES)
     if temperature == "0":
         assert last == warm and len(calls) == 2 * n, calls
-        assert S.read_items(tmp_path, "iter 1") == S.read_items(tmp_path, "solver SFT") != []
+        assert read_items(tmp_path, "iter 1") == read_items(tmp_path, "solver SFT") != []
     else:
         assert len(calls) == 3 * n, calls
-        assert len(S.read_items(tmp_path, "iter 1")) == len(S.read_items(tmp_path, "solver SFT"))
+        assert len(read_items(tmp_path, "iter 1")) == len(read_items(tmp_path, "solver SFT"))
 
 
 def _zebra_gold(args):
     """Gold grids in play: the held-out set's and every S(0) worked example's."""
-    puzzles, _ = S.zebra_heldout(args)
+    puzzles, _ = zebra_heldout(args)
     sols = [sol for _, _, sol in puzzles]
     for pkg in _library("zebra"):
         n, pos = count_solutions(pkg["example"], 2)
@@ -1561,7 +1562,7 @@ def test_heldout_eval_resets_the_prefix_cache_fits_the_budget_and_saves_every_ge
             return super().generate(prompts, n)
     sampler = Recording()
     res = S.evaluate(sampler, tok, args, Dist(), "iter 1")
-    puzzles, _ = S.zebra_heldout(args)
+    puzzles, _ = zebra_heldout(args)
     budget = S.answer_budget(args, tok, [sol for _, _, sol in puzzles])
     assert sampler.seen == [(len(puzzles), args.eval_samples, budget, 0.0, 1, len(puzzles))]
     items = [json.loads(line) for line in open(tmp_path / "eval" / "iter_1.jsonl")]
@@ -1576,7 +1577,7 @@ def test_trivial_baselines_are_scored_by_the_same_checker_and_printed(tmp_path, 
     args = S.parse_args(["--family", "zebra", "--preset", "tiny", "--run-dir", str(tmp_path)])
     rows = S.trivial_baselines(args, Dist())
     assert [name for name, _ in rows] == ["constant", "listed order", "clue reader", "clue reader+not"]
-    puzzles, _ = S.zebra_heldout(args)
+    puzzles, _ = zebra_heldout(args)
     const = [json.loads(line) for line in open(tmp_path / "eval" / "trivial_constant.jsonl")]
     listed = [json.loads(line) for line in open(tmp_path / "eval" / "trivial_listed_order.jsonl")]
     for (_, p, sol), c, o in zip(puzzles, const, listed):
@@ -1601,7 +1602,7 @@ def test_task_and_grid_schemas_compile_under_xgrammar_and_admit_the_gold_grid():
     for family in ("tool", "zebra"):
         assert compiler.compile_json_schema(json.dumps(S.TASK_SCHEMA[family]), any_whitespace=False, separators=(",", ":")) is not None
     args = S.parse_args(["--family", "zebra", "--preset", "tiny"])
-    puzzles, _ = S.zebra_heldout(args)
+    puzzles, _ = zebra_heldout(args)
     for _, p, sol in puzzles[::10] + puzzles[-1:]:
         vllm_grammar = compiler.compile_json_schema(json.dumps(S.grid_schema(p)), any_whitespace=False, separators=(",", ":"))
         matcher = xgr.GrammarMatcher(vllm_grammar)
@@ -1663,7 +1664,7 @@ def test_frozen_feedback_solver_keeps_the_post_warm_up_solver_across_a_resume(ti
     run = tmp_path / "run"
     flags = ["--family", "tool", "--preset", "tiny", "--model", tiny_model_dir, "--eval-n", "1", "--proposer-sft-steps",
              "1", "--solver-sft-steps", "2", "--solver-sft-batch", "4", "--solver-sft-lr", "1e-2", "--max-new-tokens",
-             "4", "--sampler", "hf", "--no-plots", "--frozen-feedback-solver", "--run-dir", str(run)]
+             "4", "--sampler", "hf", "--no-plots", "--frozen-feedback-solver", "--T", "2", "--run-dir", str(run)]
     with pytest.raises(_StopBeforeIteration):
         S.main(flags)
     P = seen.pop("P")
@@ -1760,3 +1761,138 @@ def test_answer_budget_fits_the_reference_tool_call():
     n = len(tok.encode("<tool_call>" + json.dumps(long_call) + "</tool_call>", add_special_tokens=False)) + 1
     assert n > args.max_new_tokens and S.answer_budget(args, tok, [long_call]) >= n
     assert S.answer_budget(args, tok, [{"name": "f", "arguments": {}}]) == args.max_new_tokens
+
+
+# ----- the prepared warm-ups (#48 §1): LoRA adapters W' = W + (α/r)·B·A, merged at start -----
+
+def _lora_tiny(tiny_model_dir, seed=0):
+    import torch
+    from plumbing import Dist, add_lora, load_model
+    model, tok = load_model(tiny_model_dir, Dist(), "float32")
+    add_lora(model, 4, 8.0)
+    torch.manual_seed(seed)
+    for m in model.modules():  # B as training leaves it (nonzero), bf16-exact as save_lora stores A and B
+        if hasattr(m, "B"):
+            m.B.data = torch.randn_like(m.B).mul_(0.05).bfloat16().float()
+            m.A.data = m.A.data.bfloat16().float()
+    return model, tok
+
+
+def test_lora_adapter_starts_at_the_base_model_and_only_its_A_B_train(tiny_model_dir):
+    """LoRALinear: B = 0 at the start, so the wrapped model computes what the base computes; add_lora freezes
+    every base weight and wraps all seven projections of each layer."""
+    import torch
+    from plumbing import Dist, LoRALinear, add_lora, load_model
+    base, _ = load_model(tiny_model_dir, Dist(), "float32")
+    model, _ = load_model(tiny_model_dir, Dist(), "float32")
+    add_lora(model, 4, 8.0)
+    x = torch.tensor([[1, 5, 9, 2]])
+    assert torch.equal(model(x).logits, base(x).logits)
+    trainable = {n.rsplit(".", 1)[-1] for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable == {"A", "B"}
+    assert sum(isinstance(m, LoRALinear) for m in model.modules()) == 7 * 2
+
+
+def test_lora_merge_computes_W_plus_alpha_over_r_BA(tiny_model_dir, tmp_path):
+    """merge_lora(save_lora(adapters)): the plain model with W + (α/r)·B·A merged computes the same logits as
+    the model with its adapters; the file holds A and B only (a few MB for the 135M model)."""
+    import torch
+    from plumbing import Dist, load_model, merge_lora, save_lora
+    model, _ = _lora_tiny(tiny_model_dir)
+    x = torch.tensor([[1, 5, 9, 2, 7]])
+    want = model(x).logits
+    save_lora(model, str(tmp_path / "a.safetensors"), {"recipe": {}})
+    plain, _ = load_model(tiny_model_dir, Dist(), "float32")
+    assert not torch.allclose(plain(x).logits, want, atol=1e-3)  # the adapters change the output
+    meta = merge_lora(plain, str(tmp_path / "a.safetensors"))
+    assert meta["scale"] == 8.0 / 4
+    assert torch.allclose(plain(x).logits, want, atol=1e-4)
+
+
+def test_lora_merge_into_bf16_weights_keeps_deltas_below_their_resolution_in_expectation(tiny_model_dir, tmp_path):
+    """bf16 weights: W + (α/r)·B·A is rounded stochastically (MasterAdamW's rounding), so a delta of 1/10 of a
+    bf16 ulp moves the weights by that much on average; rounding to nearest would drop it."""
+    import torch
+    from plumbing import Dist, load_model, merge_lora, save_lora
+    model, _ = _lora_tiny(tiny_model_dir)
+    for m in model.modules():
+        if hasattr(m, "B"):
+            m.B.data.fill_(1e-3)
+            m.A.data.fill_(1e-3)  # delta = 2 · 4 · 1e-6 = 8e-6 per entry
+    save_lora(model, str(tmp_path / "a.safetensors"), {})
+    plain, _ = load_model(tiny_model_dir, Dist(), "bfloat16")
+    w0 = plain.model.layers[0].mlp.down_proj.weight.float().clone()
+    merge_lora(plain, str(tmp_path / "a.safetensors"))
+    moved = (plain.model.layers[0].mlp.down_proj.weight.float() - w0).mean().item()
+    want = 2.0 * 4 * float(torch.tensor(1e-3).bfloat16()) ** 2
+    assert want < 0.2 * w0.abs().mean().item() * 2**-8  # well below bf16's resolution at these weights
+    assert moved == pytest.approx(want, rel=0.15)
+
+
+def test_use_prepared_merges_only_for_its_recipe_and_model(tiny_model_dir, tmp_path):
+    """use_prepared: merged when the recipe and π^(0)'s fingerprint match; another recipe value or another
+    model: not merged, and the reason names what differs (the run then warms up by SFT); no folder: nothing; a
+    corrupt file: one error line, never a silent fallback."""
+    import torch
+    from plumbing import Dist, load_model, save_lora, use_prepared, weights_fingerprint
+    model, _ = _lora_tiny(tiny_model_dir)
+    plain, _ = load_model(tiny_model_dir, Dist(), "float32")
+    save_lora(model, str(tmp_path / "zebra-solver.safetensors"),
+              {"recipe": {"family": "zebra", "steps": 12}, "fingerprint": weights_fingerprint(plain)})
+    assert use_prepared(plain, "", "zebra-solver", {"family": "zebra", "steps": 12}) == (False, "")
+    merged, why = use_prepared(plain, str(tmp_path), "zebra-proposer", {})
+    assert not merged and "no prepared warm-up" in why
+    w0 = plain.model.layers[0].self_attn.q_proj.weight.clone()
+    merged, why = use_prepared(plain, str(tmp_path), "zebra-solver", {"family": "zebra", "steps": 10})
+    assert not merged and why.endswith("prepared for another steps")
+    assert torch.equal(plain.model.layers[0].self_attn.q_proj.weight, w0)  # untouched
+    other, _ = load_model(tiny_model_dir, Dist(), "float32")
+    with torch.no_grad():
+        other.model.embed_tokens.weight.add_(0.5)
+    merged, why = use_prepared(other, str(tmp_path), "zebra-solver", {"family": "zebra", "steps": 12})
+    assert not merged and why.endswith("prepared for another model")
+    merged, why = use_prepared(plain, str(tmp_path), "zebra-solver", {"family": "zebra", "steps": 12})
+    assert merged and "merged" in why and not torch.equal(plain.model.layers[0].self_attn.q_proj.weight, w0)
+    (tmp_path / "zebra-solver.safetensors").write_bytes(b"\x00\x01garbage")
+    with pytest.raises(SystemExit, match="cannot read the LoRA adapter"):
+        use_prepared(plain, str(tmp_path), "zebra-solver", {"family": "zebra", "steps": 12})
+
+
+@pytest.mark.parametrize("family", ["tool", "zebra"])
+def test_committed_tiny_warmups_are_made_for_the_tiny_recipe_and_the_embedded_model(family):
+    """data/selfplay/warmup: the prepared adapters the tiny preset merges; each was made for the tiny preset's
+    current warm-up flags and the embedded model, so a change of either that would leave them stale fails here
+    (rebuild: make prepare-selfplay)."""
+    from plumbing import Dist, load_model, read_lora, weights_fingerprint
+    args = S.parse_args(["--preset", "tiny", "--family", family])
+    embedded, _ = load_model("embedded", Dist(), "float32", trainable=False)
+    for role in ("proposer", "solver"):
+        meta, tensors = read_lora(os.path.join(args.warmup_adapters, f"{family}-{role}.safetensors"))
+        assert meta["recipe"] == S.warmup_recipe(args, grammar=True), role
+        assert meta["fingerprint"] == weights_fingerprint(embedded) and meta["sft"]["sft_steps"] > 0
+        assert len(tensors) == 2 * 7 * 30  # A and B of all seven projections of SmolLM2-135M's 30 layers
+
+
+def test_prepare_warmup_then_a_run_merges_it_and_a_changed_flag_runs_the_sft(tiny_model_dir, tmp_path, capsys):
+    """--prepare-warmup trains both warm-ups as LoRA adapters into --warmup-adapters; a run with the same
+    flags merges them (no SFT step runs: no proposer_sft/ or solver_sft/ log), and one with another warm-up
+    flag (--solver-sft-tasks; the two share one recipe) runs both SFT warm-ups and says why."""
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "zebra_tiny.md").write_text(TINY_ZEBRA_PACKAGE)
+    common = ["--family", "zebra", "--preset", "tiny", "--model", tiny_model_dir, "--library", str(tmp_path / "lib"),
+              "--proposer-sft-steps", "2", "--solver-sft-steps", "2", "--solver-sft-tasks", "2", "--sampler", "hf",
+              "--warmup-adapters", str(tmp_path / "adapters"), "--lora-rank", "2", "--zebra-eval-per-scale", "1"]
+    S.main(common + ["--prepare-warmup", "--run-dir", str(tmp_path / "prep")])
+    assert sorted(os.listdir(tmp_path / "adapters")) == ["zebra-proposer.safetensors", "zebra-solver.safetensors"]
+    small = ["--T", "0", "--rg-eval-n", "0", "--max-new-tokens", "16", "--no-plots"]
+    capsys.readouterr()
+    out = S.main(common + small + ["--run-dir", str(tmp_path / "run")])
+    printed = capsys.readouterr().out
+    assert printed.count("merged the prepared LoRA adapter") == 2, printed
+    assert not (tmp_path / "run" / "proposer_sft").exists() and not (tmp_path / "run" / "solver_sft").exists()
+    assert [name for name, _ in out["history"]] == ["base", "solver SFT"]
+    S.main(common + small + ["--solver-sft-tasks", "3", "--run-dir", str(tmp_path / "run2")])
+    printed = capsys.readouterr().out
+    assert printed.count("was prepared for another solver_sft_tasks): 2 steps") == 2, printed  # one recipe: both
+    assert "merged the prepared LoRA adapter" not in printed
+    assert (tmp_path / "run2" / "solver_sft").exists() and (tmp_path / "run2" / "proposer_sft").exists()
