@@ -1677,6 +1677,9 @@ def merge_lora(model, path):
                 or (B.shape[0], A.shape[1]) != tuple(lin.weight.shape) or B.shape[1] != A.shape[0]):
             raise SystemExit(f"nanoskill: the LoRA adapter {path} does not fit this model at {name}")
         w = lin.weight
+        if isinstance(w, DTensor):
+            raise SystemExit(f"nanoskill: {path} merges into whole weights, not FSDP shards: drop --fsdp, or "
+                             "give --warmup-adapters '' (the warm-up's SFT then runs)")
         merged = w.float() + meta["scale"] * (B.float().to(w.device) @ A.to(w.device))
         w.copy_(round_bf16(merged.cpu(), g).to(w.device) if w.dtype == torch.bfloat16 else merged)
     return meta
