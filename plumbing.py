@@ -1684,6 +1684,7 @@ def merge_lora(model, path):
         w.copy_(round_bf16(merged.cpu(), g).to(w.device) if w.dtype == torch.bfloat16 else merged)
     return meta
 
+
 def prepare_lora(args, dist, train, name, recipe):
     """A prepare step (#48 §1): `train(model, tok)` (an SFT warm-up) on π^(0) loaded in fp32 with LoRA
     adapters of rank --lora-rank, α --lora-alpha; they go to <--warmup-adapters>/<name>.safetensors with the

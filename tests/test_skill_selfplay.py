@@ -1896,3 +1896,25 @@ def test_prepare_warmup_then_a_run_merges_it_and_a_changed_flag_runs_the_sft(tin
     assert printed.count("was prepared for another solver_sft_tasks): 2 steps") == 2, printed  # one recipe: both
     assert "merged the prepared LoRA adapter" not in printed
     assert (tmp_path / "run2" / "solver_sft").exists() and (tmp_path / "run2" / "proposer_sft").exists()
+
+
+# ----- smoke: the tiny preset itself, one process, as `make demo` and `make evidence` run it -----
+@pytest.mark.heavy(270)
+def test_smoke_tiny_preset_zebra_one_process(tmp_path):
+    """#48's teaching run end to end on the embedded model, unshrunk, on the preset's own sampler: both committed
+    warm-ups merged (no SFT step in the run), one iteration that proposes, collects, solves, evolves and
+    evaluates, and a headline whose every comparison carries its mde."""
+    out = run_group([sys.executable, "skill_selfplay.py", "--family", "zebra", "--preset", "tiny", "--run-dir",
+                     str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=1800,
+                    env=dict(os.environ, TOKENIZERS_PARALLELISM="false"))
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert out.stdout.count("merged the prepared LoRA adapter") == 2, out.stdout[-3000:]
+    assert not (tmp_path / "proposer_sft").exists() and not (tmp_path / "solver_sft").exists()
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert [h[0] for h in res["history"]] == ["base", "solver SFT", "iter 1"]
+    row = res["rows"][0]
+    assert row["n_proposals_parsed"] > 0 and row["pool_size"] > 0, row
+    assert all(row[k] > 0 for k in ("time_propose", "time_collect", "time_solve", "time_eval")), row
+    assert res["history"][1][1]["zebra_grid"] > res["history"][0][1]["zebra_grid"]  # the warm-up's lift
+    claims = [e for e in res["headline"] if e["claim"].startswith("held-out zebra")]
+    assert len(claims) == 6 and all("mde" in e for e in claims)
