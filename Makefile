@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .PHONY: install bubblewrap cuda-check demo test bench clean precision-compare gpu-smoke \
-        evidence results-table prepare-selfplay
+        evidence results-table prepare-selfplay prepare-skill-rm
 
 install: $(STAMP) bubblewrap cuda-check
 
@@ -108,6 +108,11 @@ prepare-selfplay: install
 	  $(BIN)/python skill_selfplay.py --preset tiny --family $$fam --prepare-warmup \
 	    --run-dir runs/prepare-selfplay-$$fam || exit 1; \
 	done
+
+# The tiny preset's prepared judges (#48 §1, skill_rm difference 8): one LoRA adapter per SFT-warmed judge,
+# committed in data/skill_rm/judges; rebuild them after changing a judge SFT flag of the tiny preset.
+prepare-skill-rm: install
+	$(BIN)/python skill_rm.py --preset tiny --prepare-warmup --run-dir runs/prepare-skill-rm
 
 # The README's results block (between its results-table markers) from results/ alone.
 results-table: install

@@ -34,9 +34,9 @@ Differences from the paper (the 8 that matter most; the full list of 11 is in do
   6. Tool calls: one JSON object per turn; the parser also takes <tool_call> tags, calls, [[A]] verdicts.
   7. Every judge turn is decoded under a JSON schema (`turn_schema`): xgrammar under vLLM, else
      plumbing's ConstrainedHFSampler; the plain judge so answers at once with a 0-1 score.
-  8. Judge SFT warm-up (`--judge-sft-steps`, on in tiny) on scripted traces of a split nothing else uses:
-     plain and skill judge the same steps, the python-tool judge as many supervised tokens as the skill
-     judge; the paper's judges are not trained. A scripted `oracle` that knows the label is the upper bound.
+  8. Judge SFT (`--judge-sft-steps`; tiny: prepared once as LoRA) on scripted traces of a split nothing else
+     uses: plain and skill judge the same steps, python_only as many supervised tokens as the skill judge;
+     the paper's judges are not trained. A scripted `oracle` that knows the label is the upper bound.
 """
 import argparse
 import copy
@@ -51,12 +51,12 @@ import torch
 
 from grpo import add_grpo_args, chat_ids, grpo_update, parse_with_preset, sft_loop, sample_group_rollouts
 from grpo import seed_everything
-from plumbing import (TOOL_NAMES, Dist, GrammarReplay, SkillError, Stages, VLLMSampler, cpu_snapshot,
-                      preflight, first_json_object, load_model, load_policy, log_metrics, make_judge,
+from plumbing import (TOOL_NAMES, Dist, GrammarReplay, SkillError, Stages, VLLMSampler, add_prepare_args,
+                      cpu_snapshot, first_json_object, load_model, load_policy, log_metrics, make_judge,
                       make_judge_sampler, make_optimizer, make_sampler, on_ranks, parse_label,
                       parse_text_rating, parse_text_verdict, parse_tool_call, per_rank, plot_curves,
-                      read_skill_folder, reduce_metrics, renamed_flags, restore_snapshot, setup_distributed,
-                      run_main, unwrap, xgrammar_schema)
+                      preflight, prepare_lora, read_skill_folder, reduce_metrics, renamed_flags,
+                      restore_snapshot, run_main, setup_distributed, unwrap, use_prepared, xgrammar_schema)
 from sandbox import run_sandboxed
 from stats import (aggregate_main, compare, format_headline, parse_number, print_table, vs_chance,
                    write_results)
@@ -73,13 +73,13 @@ ROOT = Path(__file__).resolve().parent
 # ----- config: presets and flags -----
 
 PRESETS = {
-    # 2-core CPU, the embedded SmolLM2-135M as judge and policy (judges SFT-warmed, difference 8): 3 epochs of
-    # 32 traces per judge, python_only their supervised tokens (one epoch of 64 left the skill judge
-    # position-locked); every benchmark item judged.
-    "tiny": dict(sampler="auto", lr=2e-6, beta=0.0, bon_prompts=4, bon_N=4, steps=2, prompts_per_step=2,
+    # 2-core CPU, SmolLM2-135M as judge and policy; judge SFT (difference 8) prepared once as LoRA; one item
+    # per category and set, drawn per seed; one GRPO step per reward
+    "tiny": dict(sampler="auto", lr=2e-6, beta=0.0, bon_prompts=4, bon_N=4, steps=1, prompts_per_step=2,
                  eval_n=8, judge_max_new_tokens=128, max_new_tokens=48, max_turns=3, rl_max_turns=3,
                  methods="baseline,python_only,skill_rm,oracle", judge_sft_steps=24, judge_sft_items=4,
-                 judge_sft_batch=4, judge_sft_lr=1e-4),
+                 judge_sft_batch=4, judge_sft_lr=1e-4, warmup_adapters=str(ROOT / "data/skill_rm/judges"),
+                 bench_per_cat=1),
     # the flag defaults (judge at temperature 0, 5 turns, 7 in RL); no model: here one is judge and policy
     "paper": dict(model=None),  # (the paper's judge Qwen3.5-27B, its policy Llama-3.1-Tulu-3-8B-SFT)
     # one GPU of ≥ 80 GB, at most 1 h (estimated, not run), Qwen3-1.7B as judge and policy: Skill-RM vs the
@@ -90,6 +90,9 @@ PRESETS = {
 }
 RENAMED = {"--rl-steps": "--steps", "--rl-prompts": "--prompts-per-step", "--rl-eval-prompts": "--eval-n",
            "--skip-bench": "--no-benchmark", "--skip-bon": "--no-bon", "--skip-rl": "--no-rl"}
+# the flags the judges' SFT warm-ups depend on (with the skills folder): a prepared adapter serves only these
+JUDGE_SFT_FLAGS = ("judge_sft_steps", "judge_sft_batch", "judge_sft_items", "constrained", "max_turns",
+                   "max_resources", "resource_chars", "code_max_chars")
 
 
 def build_parser():
@@ -124,6 +127,7 @@ def build_parser():
     g.add_argument("--judge-sft-micro-batch", type=int, default=1,
                    help="traces per forward/backward (a trace runs to ~1.4k tokens)")
     g.add_argument("--judge-sft-lr", type=float, default=5e-5, help="AdamW learning rate of the judge SFT")
+    add_prepare_args(g, "the judges (tiny: data/skill_rm/judges; make prepare-skill-rm rebuilds them)")
     g = p.add_argument_group("benchmark (§5)")
     g.add_argument("--benchmark", action=on_off, default=True, help="the pairwise / best-of-4 benchmark")
     g.add_argument("--bench", default=str(ROOT / "data/skill_rm/bench.jsonl"),
@@ -156,8 +160,7 @@ def check_args(args):
     """Stop before any model loads when flags cannot give a result (clear message, no traceback)."""
     bad = [v for v in args.rl_rewards.split(",") if v not in RL_VARIANTS]
     if bad and args.rl:
-        raise SystemExit(f"skill_rm: unknown --rl-rewards {', '.join(bad)} "
-                         f"(choose from {', '.join(RL_VARIANTS)})")
+        raise SystemExit(f"skill_rm: unknown --rl-rewards {','.join(bad)} (choose: {', '.join(RL_VARIANTS)})")
     if args.eval_n < 1 and args.rl:
         raise SystemExit("skill_rm: --eval-n must be at least 1 (the RL table needs a held-out test set)")
 
@@ -603,12 +606,16 @@ def token_matched(examples, target, batch, seed=0):
     return [examples[i] for i in order[:n]]
 
 
-def judge_sft(judge, tok, skills, args, dist, method):
-    """A new bf16 judge, SFT-warmed on scripted traces of the SFT split (skill_rm: use_skill → run_verifier
+def judge_sft(judge, tok, skills, args, dist, method, lr=None, model=None):
+    """A new judge, SFT-warmed on scripted traces of the SFT split (skill_rm: use_skill → run_verifier
     → final_answer; python_only: python_sandbox with its own check → final_answer; the plain judge: the
     answer). The plain and skill judges train the same steps × examples; python_only as many supervised
-    tokens as skill_rm (token_matched; the plain judge stays step-matched: docs/skill_rm.md)."""
-    grammar = GrammarReplay(tok, unwrap(judge).config.vocab_size) if args.constrained else None
+    tokens as skill_rm (token_matched; the plain judge stays step-matched: docs/skill_rm.md).
+    model: train it in place at lr (prepare_judges' LoRA) and return sft_loop's metrics instead."""
+    # a schema's fixed text leaves the loss only under HF decoding, which forces its canonical tokens;
+    # xgrammar (vLLM) leaves their tokenization to the judge, so there it is trained (docs/skill_rm.md)
+    hf = args.constrained and args.sampler == "hf"
+    grammar = GrammarReplay(tok, unwrap(judge).config.vocab_size) if hf else None
     examples = sft_examples(tok, skills, args, method, grammar)
     steps, batch = args.judge_sft_steps, args.judge_sft_batch
     if method == "python_only":
@@ -619,20 +626,43 @@ def judge_sft(judge, tok, skills, args, dist, method):
         examples = token_matched(examples, target, batch, args.seed)
         steps = len(examples) // max(batch, 1)
     dtype = torch.float32 if args.precision == "fp32" else torch.bfloat16
-    model = copy.deepcopy(judge).to(dtype).train().requires_grad_(True)
-    sft_loop(model, examples, args, dist, args.judge_sft_lr, batch, steps, seed=args.seed,
-             log_dir=Path(args.run_dir) / f"judge_sft_{method}", micro_batch=args.judge_sft_micro_batch)
-    return model.to(torch.bfloat16).eval().requires_grad_(False)
+    trained = copy.deepcopy(judge).to(dtype).train().requires_grad_(True) if model is None else model
+    metrics = sft_loop(trained, examples, args, dist, lr or args.judge_sft_lr, batch, steps, seed=args.seed,
+                       log_dir=Path(args.run_dir) / f"judge_sft_{method}",
+                       micro_batch=args.judge_sft_micro_batch)
+    return metrics if model is not None else trained.eval().requires_grad_(False)
+
+
+def judge_recipe(args):
+    """The flags the judges' SFT warm-ups depend on: a prepared adapter serves only a run with the same."""
+    return {**{k: getattr(args, k) for k in JUDGE_SFT_FLAGS}, "skills": Path(args.skills_dir).name,
+            "fixed_tokens_trained": args.sampler != "hf"}
+
+
+def prepare_judges(args):
+    """--prepare-warmup (#48 §1): each judge's SFT once as LoRA in --warmup-adapters (see warmed_judge)."""
+    dist, skills = setup_distributed(), load_skills(args.skills_dir)
+    for method in [m for m in ("baseline", "skill_rm", "python_only") if m in args.methods.split(",")]:
+        seed_everything(args.seed)
+        train = lambda m, tok: judge_sft(m, tok, skills, args, dist, method, args.lora_lr, model=m)
+        prepare_lora(args, dist, train, f"judge-{method}", judge_recipe(args))
 
 
 def warmed_judge(stages, backbone, tok, skills, args, dist, method):
-    """The SFT-warmed judge of `method` (judge_sft), or its weights from a finished stage (`Stages`)."""
+    """The SFT-warmed judge of `method`: its weights from a finished stage (`Stages`), or its prepared adapter
+    merged into the backbone (prepare_judges; only one made for this recipe and model), else judge_sft."""
     name, weights = f"judge_sft_{method}", stages.dir / f"judge_sft_{method}.pt"
-    if stages.load(name) is not None and weights.exists():
-        model = copy.deepcopy(unwrap(backbone)).to(torch.bfloat16)
+    done = stages.load(name) is not None and weights.exists()
+    model = copy.deepcopy(unwrap(backbone)) if done or args.warmup_adapters else None
+    if done:
         model.load_state_dict(torch.load(weights, map_location="cpu"))
         return model.eval().requires_grad_(False)
-    model = judge_sft(backbone, tok, skills, args, dist, method)
+    merged, why = use_prepared(model, args.warmup_adapters, f"judge-{method}", judge_recipe(args))
+    if merged:
+        print(f"judge {method}: {why}")
+        return model.eval().requires_grad_(False)
+    t0, model = time.time(), judge_sft(backbone, tok, skills, args, dist, method)
+    print(f"judge {method}: SFT{f' ({why})' * bool(why)}, {time.time() - t0:.0f} s")
     if dist.is_main:  # every rank holds the same replica (judge_sft): rank 0 saves it
         torch.save(unwrap(model).state_dict(), weights.with_suffix(".tmp"))
         weights.with_suffix(".tmp").replace(weights)
@@ -887,8 +917,8 @@ def build_headline(by_set, bon, rl, methods, clusters=None):
 
 def main(argv=None):
     args = parse_with_preset(build_parser(), PRESETS, argv=argv, name="skill_rm")
-    if args.aggregate:
-        return aggregate_main(args.aggregate)
+    if args.aggregate or args.prepare_warmup:  # pool finished runs (seeds), or prepare the judges' warm-ups
+        return aggregate_main(args.aggregate) if args.aggregate else prepare_judges(args)
     check_args(args)
     dist = setup_distributed()
     stages = Stages(args, dist)  # --resume: finished stages read back; other settings stop it here
