@@ -52,8 +52,8 @@ import torch
 from grpo import add_grpo_args, chat_ids, grpo_update, parse_with_preset, sft_loop, sample_group_rollouts
 from grpo import seed_everything
 from plumbing import (TOOL_NAMES, Dist, GrammarReplay, SkillError, Stages, VLLMSampler, add_prepare_args,
-                      cpu_snapshot, first_json_object, load_model, load_policy, log_metrics, make_judge,
-                      make_judge_sampler, make_optimizer, make_sampler, on_ranks, parse_label,
+                      compute_dtype, cpu_snapshot, first_json_object, load_model, load_policy, log_metrics,
+                      make_judge, make_judge_sampler, make_optimizer, make_sampler, on_ranks, parse_label,
                       parse_text_rating, parse_text_verdict, parse_tool_call, per_rank, plot_curves,
                       preflight, prepare_lora, read_skill_folder, reduce_metrics, renamed_flags,
                       restore_snapshot, run_main, setup_distributed, unwrap, use_prepared, xgrammar_schema)
@@ -612,9 +612,7 @@ def judge_sft(judge, tok, skills, args, dist, method, lr=None, model=None):
     answer). The plain and skill judges train the same steps × examples; python_only as many supervised
     tokens as skill_rm (token_matched; the plain judge stays step-matched: docs/skill_rm.md).
     model: train it in place at lr (prepare_judges' LoRA) and return sft_loop's metrics instead."""
-    # a schema's fixed text leaves the loss only under HF decoding, which forces its canonical tokens;
-    # xgrammar (vLLM) leaves their tokenization to the judge, so there it is trained (docs/skill_rm.md)
-    hf = args.constrained and args.sampler == "hf"
+    hf = not judge_recipe(args)["fixed_tokens_trained"]  # GrammarReplay: the loss skips a schema's fixed text
     grammar = GrammarReplay(tok, unwrap(judge).config.vocab_size) if hf else None
     examples = sft_examples(tok, skills, args, method, grammar)
     steps, batch = args.judge_sft_steps, args.judge_sft_batch
@@ -625,7 +623,7 @@ def judge_sft(judge, tok, skills, args, dist, method, lr=None, model=None):
         batch = min(batch or len(examples), len(examples))
         examples = token_matched(examples, target, batch, args.seed)
         steps = len(examples) // max(batch, 1)
-    dtype = torch.float32 if args.precision == "fp32" else torch.bfloat16
+    dtype = getattr(torch, compute_dtype(args))
     trained = copy.deepcopy(judge).to(dtype).train().requires_grad_(True) if model is None else model
     metrics = sft_loop(trained, examples, args, dist, lr or args.judge_sft_lr, batch, steps, seed=args.seed,
                        log_dir=Path(args.run_dir) / f"judge_sft_{method}",
@@ -634,9 +632,11 @@ def judge_sft(judge, tok, skills, args, dist, method, lr=None, model=None):
 
 
 def judge_recipe(args):
-    """The flags the judges' SFT warm-ups depend on: a prepared adapter serves only a run with the same."""
+    """The flags the judges' SFT warm-ups depend on: a prepared adapter serves only a run with the same. A
+    schema's fixed text is trained unless HF decoding forces its canonical tokens; xgrammar (vLLM) leaves
+    their tokenization to the judge, so there it is trained (docs/skill_rm.md)."""
     return {**{k: getattr(args, k) for k in JUDGE_SFT_FLAGS}, "skills": Path(args.skills_dir).name,
-            "fixed_tokens_trained": args.sampler != "hf"}
+            "fixed_tokens_trained": not (args.constrained and args.sampler == "hf")}
 
 
 def prepare_judges(args):
