@@ -74,12 +74,12 @@ ROOT = Path(__file__).resolve().parent
 
 PRESETS = {
     # 2-core CPU, SmolLM2-135M as judge and policy; judge SFT (difference 8) prepared once as LoRA; one item
-    # per category and set, drawn per seed; one GRPO step per reward
+    # per category and set, drawn per seed; one GRPO step per reward; 0.5 GiB of KV in each vLLM engine (4)
     "tiny": dict(sampler="auto", lr=2e-6, beta=0.0, bon_prompts=4, bon_N=4, steps=1, prompts_per_step=2,
                  eval_n=8, judge_max_new_tokens=128, max_new_tokens=48, max_turns=3, rl_max_turns=3,
                  methods="baseline,python_only,skill_rm,oracle", judge_sft_steps=24, judge_sft_items=4,
                  judge_sft_batch=4, judge_sft_lr=1e-4, warmup_adapters=str(ROOT / "data/skill_rm/judges"),
-                 bench_per_cat=1),
+                 bench_per_cat=1, vllm_kv_gib=0.5),
     # the flag defaults (judge at temperature 0, 5 turns, 7 in RL); no model: here one is judge and policy
     "paper": dict(model=None),  # (the paper's judge Qwen3.5-27B, its policy Llama-3.1-Tulu-3-8B-SFT)
     # one GPU of ≥ 80 GB, at most 1 h (estimated, not run), Qwen3-1.7B as judge and policy: Skill-RM vs the

@@ -432,6 +432,15 @@ def test_smoke_tiny_preset_one_process(tmp_path):
     claims = res["headline"]
     assert any(e["claim"].startswith("held-out: pairwise accuracy: Skill-RM vs plain judge with") for e in claims)
     assert claims and all("mde" in e for e in claims)
+    # no signal, no pass: every judge's verdicts valid (1.0 on seed 0, 12-07, both CPU classes), the scripted oracle
+    # at 100 % in every category and format, the RL judges valid too
+    bench = {f"{name}|{k}": v for name, rows in res["benchmark"].items() for k, v in rows.items()}
+    for method in ("baseline", "python_only", "skill_rm"):
+        rows = [v for k, v in bench.items() if k.split("|")[1] == method]
+        assert rows and sum(r["valid"] for r in rows) / len(rows) >= 0.9, (method, rows)
+    assert all(v["score"] == 1.0 for k, v in bench.items() if k.split("|")[1] == "oracle"), bench
+    assert all(res["bon"][m]["invalid"] <= 0.1 for m in ("baseline", "skill_rm"))
+    assert all(res["rl"][r]["judge_valid"] >= 0.9 for r in ("skill_rm", "anchored")), res["rl"]
 
 
 # ----- #49: the held-out set, the no-model baselines and the check that catches a judge copying a dev rule -----
