@@ -131,9 +131,10 @@ gpu-smoke:
 
 # Two xdist workers of one thread each: most long tests are one-thread subprocesses that left the second core
 # idle, and two 2-thread processes on 2 cores would slow each other 5-10x. tests/conftest.py starts the longest
-# tests first (their @pytest.mark.heavy seconds). `make test TEST_WORKERS=0` runs in one process (2 threads).
+# tests first (their @pytest.mark.heavy seconds); --dist loadgroup runs the tests of one xdist_group one after
+# another on one worker (conftest.MEMORY_GROUP). `make test TEST_WORKERS=0` runs in one process (2 threads).
 TEST_WORKERS ?= 2
-XDIST := $(if $(filter-out 0,$(TEST_WORKERS)),OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 PYTEST_ADDOPTS="-n $(TEST_WORKERS) --maxschedchunk 1")
+XDIST := $(if $(filter-out 0,$(TEST_WORKERS)),OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 PYTEST_ADDOPTS="-n $(TEST_WORKERS) --dist loadgroup")
 test: install
 	$(XDIST) $(BIN)/python -m pytest -q -o tmp_path_retention_policy=failed --durations=30 tests
 

@@ -15,6 +15,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 # a test's time limit: max(DEFAULT_TIMEOUT_S, HEAVY_TIMEOUT_FACTOR × its @pytest.mark.heavy seconds) (_add_time_limits)
 DEFAULT_TIMEOUT_S, HEAVY_TIMEOUT_FACTOR = 300, 5  # 3× failed a sound test (116 s) at load 10 on 2 cores
+# the embedded-model tests largest in memory, never two at once under `make test` (xdist_group(MEMORY_GROUP)):
+# skill_rm's unshrunk tiny run (four vLLM engines; peak RSS 8.5 GiB in bf16, 11.2 in fp32), talentrl's (8.7 GiB
+# in bf16) and the judge-SFT test (full fine-tuning in the worker). CI 12-07 (no native bf16, so fp32) lost
+# three tiny runs to the kernel's SIGKILL with two of these side by side
+MEMORY_GROUP = "embedded_memory"
 
 
 def run_group(args, *, timeout, check=False, **kwargs):
@@ -75,15 +80,12 @@ def _seconds(item):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Longest test first, so `make test` (two xdist workers, one thread each, --maxschedchunk 1) starts the two
-    longest at once, one per worker, and fills the rest around them. xdist hands each worker two tests at the
-    start (items 0-1 and 2-3), so slot 1 gets a light test and the second-longest opens worker 2. The rest keep
-    file order (a stable sort); without xdist the order only moves the heavy tests to the front."""
+    """Longest test first. `make test` runs two xdist workers of one thread each under --dist loadgroup: the tests
+    of MEMORY_GROUP are one unit, run in this order on one worker, and every other test is a unit of its own, so
+    the group opens worker 1 and the longest other tests open worker 2 while the rest fill in around them.
+    Without xdist the order only moves the heavy tests to the front (a stable sort: the rest keep file order)."""
     items.sort(key=_seconds, reverse=True)
     _add_time_limits(config, items)
-    light = next((i for i, it in enumerate(items) if _seconds(it) == 0), None)
-    if light is not None and light > 1:
-        items.insert(1, items.pop(light))
 
 
 def _add_time_limits(config, items):

@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import plumbing  # noqa: E402
 import skill_rm as S  # noqa: E402
+from conftest import MEMORY_GROUP  # noqa: E402
 from plumbing import ConstrainedHFSampler, FreeString, json_text, schema_instances  # noqa: E402
 from sandbox import CODE_IMPORTS  # noqa: E402
 from tasks import reward_bench as rb  # noqa: E402
@@ -415,6 +416,7 @@ def test_smoke_tiny_preset(tmp_path, capsys):
 
 
 @pytest.mark.heavy(600)
+@pytest.mark.xdist_group(MEMORY_GROUP)
 def test_smoke_tiny_preset_one_process(tmp_path):
     """#48's teaching run end to end on the embedded model, unshrunk, on the preset's own sampler: the three committed
     judges merged (no SFT step in the run), the benchmark on both sets, best-of-N, RL with each reward, and a headline
@@ -1158,7 +1160,7 @@ def test_grammar_replay_decided_is_a_choice_of_text_not_of_tokenization(tiny_mod
     assert g.decided(schema, tok.encode('{"x":1}', add_special_tokens=False))[-1] == 1  # rejected: 1 from there on
 
 
-@pytest.mark.parametrize("warm", [pytest.param("sft", marks=pytest.mark.heavy(1280)),
+@pytest.mark.parametrize("warm", [pytest.param("sft", marks=[pytest.mark.heavy(1280), pytest.mark.xdist_group(MEMORY_GROUP)]),
                                   pytest.param("prepared", marks=pytest.mark.heavy(400))])
 def test_sft_skill_judge_beats_the_coin_and_is_not_position_locked(tmp_path, warm):
     """Issue #26 §1 and §4, the signal the shrunk smoke run cannot carry: the embedded model, SFT-warmed exactly as the

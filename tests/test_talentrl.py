@@ -17,7 +17,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 import talentrl as T  # noqa: E402
 import tasks.search_world as S  # noqa: E402
 
-from conftest import ONE_THREAD, run_group  # noqa: E402  (two ranks of two threads on a 2-core CPU ran the smoke ~6x slower)
+from conftest import MEMORY_GROUP, ONE_THREAD, run_group  # noqa: E402  (two ranks of two threads on a 2-core CPU ran the smoke ~6x slower)
 
 
 # ----- equations -----
@@ -545,7 +545,7 @@ def test_teacher_path_rolls_out_in_its_own_tokenizer(tiny_world, tok):
     teacher = UtilityTeacher(ttok, W, plans)  # reads its prompts with the teacher's tokenizer
     rows, st = T.build_sft_data(teacher, tok, W, [q], args, ttok)
     assert st["chosen"] == {"talent_bridge_entity": 1}
-    (rp, route, _), (p, ids, mask) = rows["route"][0], rows["exec"][0]
+    (rp, route, _), (_, ids, mask) = rows["route"][0], rows["exec"][0]
     # the rows are in the policy's tokens: they decode to the routing prompt and the teacher's answer
     assert q["question"] in tok.decode(rp) and T.parse_route(tok.decode(route), set(W.by_id)) == "talent_bridge_entity"
     assert tok.decode([i for i, m in zip(ids, mask) if m]) == f"<answer>{q['answer']}</answer>"
@@ -846,6 +846,7 @@ def test_talentrl_sft_results_are_the_same_after_a_resume(tiny_world, monkeypatc
 
 # ----- smoke: the tiny preset itself, one process, as `make demo` and `make evidence` run it -----
 @pytest.mark.heavy(470)
+@pytest.mark.xdist_group(MEMORY_GROUP)
 def test_smoke_tiny_preset_one_process(tmp_path):
     """#48's teaching run end to end on the embedded model, unshrunk, on the preset's own sampler (vLLM where it
     starts). Fails when the run shows no signal: no valid route, no held-out answer right, no routing claim."""
