@@ -4,9 +4,11 @@ seconds of the whole command and of each tiny run in it (the `(N s)` of each REP
     .venv/bin/python bench/demo_time.py [--commit HEAD] [--out results/bench]
 
 The commit is cloned into a temporary folder with no .venv, so `make demo` there installs everything before it
-runs (from the same package indexes as a first `make demo`); the folder is deleted afterwards unless --keep.
+runs, as on a fresh machine: pip without its cache (PIP_NO_CACHE_DIR) and the embedded model converted again
+(NANOSKILL_CACHE in the folder). The folder is deleted afterwards unless --keep.
 "install and the rest" is the whole command's wall time less the runs' own. Run it alone on the machine."""
 import argparse
+import os
 import re
 import shutil
 import subprocess
@@ -36,7 +38,8 @@ subprocess.run(["git", "-C", str(clone), "checkout", "-q", commit], check=True)
 print(f"demo_time: make demo in a fresh clone of {commit} ({clone}); log: {tmp / 'demo.log'}", flush=True)
 t0 = time.time()
 with open(tmp / "demo.log", "w") as log:
-    rc = subprocess.run(["make", "demo"], cwd=clone, stdout=log, stderr=subprocess.STDOUT).returncode
+    env = {**os.environ, "PIP_NO_CACHE_DIR": "1", "NANOSKILL_CACHE": str(tmp / "cache")}
+    rc = subprocess.run(["make", "demo"], cwd=clone, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
 wall = time.time() - t0
 report = clone / "runs/demo/REPORT.md"
 # REPORT.md's header per run: "## <script>.py --preset tiny [--family F] (<seconds> s)"
