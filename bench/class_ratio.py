@@ -21,11 +21,13 @@ import stats  # noqa: E402
 p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 p.add_argument("--commit", default="80ee833", help="the commit both sides ran")
 p.add_argument("--runs", default="grpo,skill_entropy", help="scripts run with --preset tiny (seed 0)")
-p.add_argument("--recorded", default="grpo=168,skill_entropy=400", help="the other class's wall s per run")
+# the recorded side: this script on a 2-core avx512_bf16 machine, 12-08 (the 12-04 figures it replaced, 168 and
+# 400 s from a make demo, were 2.2-2.8x these at the same commit)
+p.add_argument("--recorded", default="grpo=60,skill_entropy=178", help="the other class's wall s per run")
 p.add_argument("--recorded-class", default="avx512_bf16", help="the other class, as provenance names it")
 p.add_argument("--recorded-source", help="where the recorded figures come from",
-               default="make demo from a fresh clone of 80ee833 on a 2-core AMD EPYC with avx512_bf16, "
-                       "2026-12-04 (commit 878b065)")
+               default="bench/class_ratio.py on a 2-core AMD EPYC with avx512_bf16, 2026-12-08 "
+                       "(results/bench/class_ratio-avx512_bf16.json)")
 p.add_argument("--repo", default=str(ROOT), help="the git repository that holds --commit")
 p.add_argument("--out", help="also write OUT/class_ratio-<CPU class>.json (results/bench)")
 args = p.parse_args()
