@@ -17,7 +17,7 @@ sys.path.insert(0, str(ROOT))
 import plumbing  # noqa: E402
 import skill_entropy as se  # noqa: E402
 import tasks.skill_bank as sb  # noqa: E402
-from conftest import run_group  # noqa: E402
+from conftest import MEMORY_GROUP, run_group  # noqa: E402
 
 A, B, C = ("math", "arithmetic_operations"), ("logic", "syllogistic_deduction"), ("coding", "list_filtering")
 
@@ -180,6 +180,7 @@ def test_spearman():
 
 
 @pytest.mark.heavy(368)
+@pytest.mark.xdist_group(MEMORY_GROUP)
 def test_tiny_preset_smoke(tmp_path):
     """Every stage end to end on the embedded model, shrunk further with flags, on the preset's own sampler (vLLM where
     it starts; with 2 RL steps 305 s, 2-core AMD EPYC with avx512_bf16, 2026-12-03). Fails when the run

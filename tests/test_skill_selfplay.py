@@ -17,7 +17,7 @@ from plumbing import (SELFPLAY_LOGS, checkpoint_extra, effective_skills, json_te
                       plot_diagnostics, read_items, render_package)
 from tasks.tool_calls import BFCL_CATEGORIES, tool_schema_error  # noqa: E402
 from tasks.zebra import count_solutions, extract_json, make_zebra_puzzles, solution_grid, zebra_heldout  # noqa: E402
-from conftest import ONE_THREAD, run_group  # noqa: E402
+from conftest import MEMORY_GROUP, ONE_THREAD, run_group  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -1900,6 +1900,7 @@ def test_prepare_warmup_then_a_run_merges_it_and_a_changed_flag_runs_the_sft(tin
 
 # ----- smoke: the tiny preset itself, one process, as `make demo` and `make evidence` run it -----
 @pytest.mark.heavy(270)
+@pytest.mark.xdist_group(MEMORY_GROUP)
 def test_smoke_tiny_preset_zebra_one_process(tmp_path):
     """#48's teaching run end to end on the embedded model, unshrunk, on the preset's own sampler: both committed
     warm-ups merged (no SFT step in the run), one iteration that proposes, collects, solves, evolves and
