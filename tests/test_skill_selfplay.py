@@ -1360,7 +1360,7 @@ def test_versus_pairs_skill_sp_with_unguided_over_bfcl_items_and_refuses_other_r
     assert not [e for e in headline if "vs unguided" in e["claim"]]
 
 
-def test_prime_proposer_targets_are_the_worked_examples(monkeypatch):
+def test_prime_proposer_targets_are_the_worked_examples(monkeypatch, tmp_path):
     """--proposer-sft-steps: each package's skill prompt and the exploration prompt, each followed by the example
     as the proposer writes it (after the prefilled opening, or whole under the grammar). grpo.sft_update
     (tested in test_grpo.py) is replaced by a recorder: what is checked here is the data it is given."""
@@ -1369,7 +1369,7 @@ def test_prime_proposer_targets_are_the_worked_examples(monkeypatch):
     from plumbing import Dist
     tok, pkgs, seen = _tok(), _library("zebra")[:2], []
     monkeypatch.setattr(grpo, "sft_update", lambda model, opt, examples, *a: seen.extend(examples) or {"sft_loss": 0.0})
-    args = S.parse_args(["--family", "zebra", "--proposer-sft-steps", "1", "--run-dir", "/tmp/pt-13-prime"])
+    args = S.parse_args(["--family", "zebra", "--proposer-sft-steps", "1", "--run-dir", str(tmp_path)])
     model = torch.nn.Linear(1, 1)
     S.prime_proposer(model, tok, pkgs, args, Dist(), grammar=False, lr=1e-4)
     assert len(seen) == 4
@@ -1382,7 +1382,7 @@ def test_prime_proposer_targets_are_the_worked_examples(monkeypatch):
     assert any(tok.decode(t[:-1]) == json_text(pkgs[0]["example"]) for _, t in seen)  # compact, as the grammar decodes
 
 
-def test_proposer_sft_batch_draws_that_many_examples(monkeypatch):
+def test_proposer_sft_batch_draws_that_many_examples(monkeypatch, tmp_path):
     """--proposer-sft-batch B: each SFT step trains on B of the examples, drawn with a seeded rng."""
     import torch
     import grpo
@@ -1390,7 +1390,7 @@ def test_proposer_sft_batch_draws_that_many_examples(monkeypatch):
     tok, pkgs, seen = _tok(), _library("zebra")[:3], []
     monkeypatch.setattr(grpo, "sft_update", lambda model, opt, examples, *a: seen.append(examples) or {"sft_loss": 0.0})
     args = S.parse_args(["--family", "zebra", "--proposer-sft-steps", "3", "--proposer-sft-batch", "2",
-                         "--run-dir", "/tmp/pt-13-prime-batch"])
+                         "--run-dir", str(tmp_path)])
     S.prime_proposer(torch.nn.Linear(1, 1), tok, pkgs, args, Dist(), grammar=False, lr=1e-4)
     assert [len(b) for b in seen] == [2, 2, 2] and len({id(e) for b in seen for e in b}) >= 3
 
@@ -1408,7 +1408,7 @@ def test_scripted_tool_tasks_pass_the_gate_and_state_every_argument():
     assert len({S.call_key(t["call"]) for t in tasks}) >= 30
 
 
-def test_prime_solver_targets_are_the_reference_calls(monkeypatch):
+def test_prime_solver_targets_are_the_reference_calls(monkeypatch, tmp_path):
     """--solver-sft-steps: the prompt is what the solver sees (with the answer prefix), and prefix + target is a
     reply that tool_reward scores as the scripted task's own reference call (R = 1), not merely as its own parse."""
     import torch
@@ -1417,7 +1417,7 @@ def test_prime_solver_targets_are_the_reference_calls(monkeypatch):
     tok, seen = _tok(), []
     monkeypatch.setattr(grpo, "sft_update", lambda model, opt, examples, *a: seen.extend(examples) or {"sft_loss": 0.0})
     args = S.parse_args(["--family", "tool", "--preset", "tiny", "--solver-sft-steps", "2", "--solver-sft-tasks", "6",
-                         "--solver-sft-batch", "3", "--run-dir", "/tmp/pt-13-prime-solver"])
+                         "--solver-sft-batch", "3", "--run-dir", str(tmp_path)])
     S.prime_solver(torch.nn.Linear(1, 1), tok, args, Dist(), 1e-4)
     tasks = S.scripted_tool_tasks(random.Random(f"{args.seed}-solver-sft"), 6)  # the warm-up's own draw
     assert len(seen) == 6
@@ -1430,7 +1430,7 @@ def test_prime_solver_targets_are_the_reference_calls(monkeypatch):
         assert S.tool_reward(reply, by_prompt[tok.decode(prompt)]["call"])[:3] == (1.0, True, True)
 
 
-def test_prime_solver_zebra_targets_are_the_grids_of_puzzles_outside_the_heldout_set(monkeypatch):
+def test_prime_solver_zebra_targets_are_the_grids_of_puzzles_outside_the_heldout_set(monkeypatch, tmp_path):
     """Zebra warm-up: runtime puzzles of the held-out scales, none equal to a held-out puzzle; each target is
     the JSON grid that Eq. 15 scores as the full solution (R = 1)."""
     import torch
@@ -1439,7 +1439,7 @@ def test_prime_solver_zebra_targets_are_the_grids_of_puzzles_outside_the_heldout
     tok, seen = _tok(), []
     monkeypatch.setattr(grpo, "sft_update", lambda model, opt, examples, *a: seen.extend(examples) or {"sft_loss": 0.0})
     args = S.parse_args(["--family", "zebra", "--preset", "tiny", "--solver-sft-steps", "1", "--solver-sft-tasks", "8",
-                         "--run-dir", "/tmp/pt-13-prime-solver"])
+                         "--run-dir", str(tmp_path)])
     S.prime_solver(torch.nn.Linear(1, 1), tok, args, Dist(), 1e-4)
     heldout = {S.render_zebra_prompt(p) for _, p, _ in zebra_heldout(args)[0]}
     puzzles = {S.render_zebra_prompt(p): (p, sol) for _, p, sol in make_zebra_puzzles(
