@@ -19,12 +19,12 @@ sys.path.insert(0, str(ROOT))
 import plumbing  # noqa: E402
 import skill_rm as S  # noqa: E402
 from conftest import MEMORY_GROUP, SLOW  # noqa: E402
-
-SLOW_WHY = ("the in-run full-weight judge SFT (1,280 s, one thread), a path tiny no longer takes (it merges the "
-            "prepared adapters, tested by [prepared]): NANOSKILL_SLOW_TESTS=1 runs it")
 from plumbing import ConstrainedHFSampler, FreeString, json_text, schema_instances  # noqa: E402
 from sandbox import CODE_IMPORTS  # noqa: E402
 from tasks import reward_bench as rb  # noqa: E402
+
+SLOW_WHY = ("the in-run full-weight judge SFT (1,280 s, one thread), a path tiny no longer takes (it merges the "
+            "prepared adapters, tested by [prepared]): NANOSKILL_SLOW_TESTS=1 runs it")
 
 SKILLS = ROOT / "data" / "skills"
 
